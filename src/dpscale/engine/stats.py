@@ -1,0 +1,77 @@
+"""Per-step communication measurements, cheap enough to take on every synced step.
+
+Times are host wall-clock (`time.perf_counter`) relative to the end of forward, in ms. On CUDA
+the host learns of completion only when it waits, so there `end_ms` is an upper bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class BucketTiming:
+    index: int
+    nbytes: int
+    start_s: float = 0.0
+    end_s: float = 0.0
+
+
+@dataclass
+class BucketStats:
+    index: int
+    nbytes: int
+    start_ms: float
+    end_ms: float
+
+
+@dataclass
+class StepStats:
+    """What the last synced backward spent where.
+
+    - `backward_ms`: end of forward until autograd finished (the loss and backward compute).
+    - `comm_ms`: time during which at least one bucket's reduction was in flight.
+    - `exposed_comm_ms`: end of backward compute until every reduction had finished: the
+      communication that overlap did not hide.
+    """
+
+    step: int
+    backward_ms: float
+    comm_ms: float
+    exposed_comm_ms: float
+    buckets: list[BucketStats] = field(default_factory=list)
+
+    @property
+    def comm_bytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_timings(
+        cls, *, step: int, t0: float, t_backward_end: float, t_done: float, timings: list[BucketTiming]
+    ) -> StepStats:
+        ms = lambda t: (t - t0) * 1e3
+        buckets = [BucketStats(t.index, t.nbytes, ms(t.start_s), ms(t.end_s)) for t in timings]
+        return cls(
+            step=step,
+            backward_ms=ms(t_backward_end),
+            comm_ms=_union_ms(buckets),
+            exposed_comm_ms=max(0.0, (t_done - t_backward_end) * 1e3),
+            buckets=buckets,
+        )
+
+
+def _union_ms(buckets: list[BucketStats]) -> float:
+    total, cur_start, cur_end = 0.0, None, None
+    for b in sorted(buckets, key=lambda b: b.start_ms):
+        if cur_end is None or b.start_ms > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = b.start_ms, b.end_ms
+        else:
+            cur_end = max(cur_end, b.end_ms)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total

@@ -1,0 +1,178 @@
+"""Numerical equivalence, the test of record: data parallelism equals the computation it replaces.
+
+Tolerances: fp32 gradients of a sum over a batch split in W parts and averaged differ from the
+single-process gradient only by the order of floating-point additions; 1e-6 relative (with a
+1e-7 absolute floor for entries near zero) is a few ulps for these sizes. Parameters after 10
+SGD steps against torch DDP: both average the same fp32 buckets, so they agree to 1e-6.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpscale import DistributedDataParallel
+from dpscale.testing.multirank import run_ranks
+
+RTOL, ATOL = 1e-6, 1e-7
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 5))
+
+
+def make_data(n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 12, generator=g), torch.randint(0, 5, (n,), generator=g)
+
+
+def grads_one_step(rank, world, per_rank, bucket_cap_mb):
+    model = DistributedDataParallel(
+        make_model(), bucket_cap_mb=bucket_cap_mb, first_bucket_cap_mb=bucket_cap_mb
+    )
+    x, y = make_data(per_rank * world)
+    shard = slice(rank * per_rank, (rank + 1) * per_rank)
+    nn.functional.cross_entropy(model(x[shard]), y[shard]).backward()
+    assert model.last_step_stats is not None
+    return {n: p.grad.clone() for n, p in model.module.named_parameters()}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gradients_equal_single_process_on_concatenated_batch(world):
+    per_rank = 6
+    # tiny buckets so that several reductions are in flight at once
+    results = run_ranks(grads_one_step, world, per_rank, 0.001)
+    ref = make_model()
+    x, y = make_data(per_rank * world)
+    nn.functional.cross_entropy(ref(x), y).backward()
+    for rank_grads in results:
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(rank_grads[n], p.grad, rtol=RTOL, atol=ATOL, msg=n)
+
+
+def train_10_steps(rank, world, engine):
+    model = make_model(seed=rank)  # different init on purpose: construction must broadcast rank 0's
+    if engine == "torch":
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.002)
+    else:
+        ddp = DistributedDataParallel(model, bucket_cap_mb=0.002)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    x, y = make_data(8 * world * 10, seed=3)
+    for step in range(10):
+        lo = (step * world + rank) * 8
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(x[lo : lo + 8]), y[lo : lo + 8]).backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in ddp.module.named_parameters()}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_parameters_after_10_sgd_momentum_steps_equal_torch_ddp(world):
+    ours = run_ranks(train_10_steps, world, "dpscale")
+    theirs = run_ranks(train_10_steps, world, "torch")
+    for n in ours[0]:
+        for r in range(world):
+            torch.testing.assert_close(ours[r][n], ours[0][n], rtol=0, atol=0, msg=f"replicas differ: {n}")
+        torch.testing.assert_close(ours[0][n], theirs[0][n], rtol=1e-6, atol=1e-7, msg=n)
+
+
+def accumulate(rank, world, k, mode):
+    model = DistributedDataParallel(make_model())
+    per_micro = 4
+    x, y = make_data(per_micro * k * world, seed=5)
+    mine = torch.arange(rank * per_micro * k, (rank + 1) * per_micro * k)
+    chunks = mine.split(per_micro)
+    for j, idx in enumerate(chunks):
+        last = j == k - 1
+
+        # each micro-batch loss is a mean over 4 samples; divide by k so the sum is the k*4 mean
+        def step():
+            (nn.functional.cross_entropy(model(x[idx]), y[idx]) / k).backward()
+
+        if last:
+            step()
+        elif mode == "no_sync":
+            with model.no_sync():
+                step()
+        else:
+            model.require_backward_grad_sync = False
+            step()
+            model.require_backward_grad_sync = True
+    return {n: p.grad.clone() for n, p in model.module.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["no_sync", "toggle"])
+def test_accumulation_equals_k_times_larger_batch(mode):
+    world, k = 2, 3
+    results = run_ranks(accumulate, world, k, mode)
+    ref = make_model()
+    x, y = make_data(4 * k * world, seed=5)
+    nn.functional.cross_entropy(ref(x), y).backward()
+    for rank_grads in results:
+        for n, p in ref.named_parameters():
+            torch.testing.assert_close(rank_grads[n], p.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+
+def no_sync_restores_on_error(rank, world):
+    model = DistributedDataParallel(make_model())
+    try:
+        with model.no_sync():
+            raise KeyError("inside")
+    except KeyError:
+        pass
+    return model.require_backward_grad_sync
+
+
+def test_no_sync_restores_state_when_body_raises():
+    assert run_ranks(no_sync_restores_on_error, 1) == [True]
+
+
+def grads_after_zero_grad_without_none(rank, world):
+    """zero_grad(set_to_none=False) keeps .grad as the bucket view: autograd adds in place."""
+    model = DistributedDataParallel(make_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    x, y = make_data(8 * world, seed=9)
+    out = []
+    for _ in range(2):
+        opt.zero_grad(set_to_none=False)
+        nn.functional.cross_entropy(model(x[rank * 8 : rank * 8 + 8]), y[rank * 8 : rank * 8 + 8]).backward()
+        out.append({n: p.grad.clone() for n, p in model.module.named_parameters()})
+    return out
+
+
+def test_in_place_zeroed_grads_give_same_result_each_step():
+    res = run_ranks(grads_after_zero_grad_without_none, 2)
+    ref = make_model()
+    x, y = make_data(16, seed=9)
+    nn.functional.cross_entropy(ref(x), y).backward()
+    for per_step in res:
+        for grads in per_step:
+            for n, p in ref.named_parameters():
+                torch.testing.assert_close(grads[n], p.grad, rtol=RTOL, atol=ATOL, msg=n)
+
+
+def state_dict_keys(rank, world):
+    model = make_model()
+    ours = DistributedDataParallel(model).state_dict().keys()
+    theirs = nn.parallel.DistributedDataParallel(model).state_dict().keys()
+    return list(ours), list(theirs)
+
+
+def test_state_dict_keys_match_torch_ddp():
+    ((ours, theirs),) = run_ranks(state_dict_keys, 1)
+    assert ours == theirs
+    assert all(k.startswith("module.") for k in ours)
+
+
+def test_unknown_keyword_is_type_error():
+    with pytest.raises(TypeError):
+        DistributedDataParallel(make_model(), bucket_cap=3)
+
+
+def world_is_initialized(rank, world):
+    return dist.is_initialized()
+
+
+def test_harness_gives_a_process_group():
+    assert run_ranks(world_is_initialized, 2) == [True, True]
