@@ -87,7 +87,7 @@ def accumulate(rank, world, k, mode):
         last = j == k - 1
 
         # each micro-batch loss is a mean over 4 samples; divide by k so the sum is the k*4 mean
-        def step():
+        def step(idx=idx):
             (nn.functional.cross_entropy(model(x[idx]), y[idx]) / k).backward()
 
         if last:

@@ -189,9 +189,9 @@ class Reducer:
                 view.copy_(p.grad)
                 bucket.needs_scaling |= self.comm_hook is None
             bucket.pending -= 1
-        if missing:
-            self._launch_ready_buckets()
-            used = self._globally_used(missing)
+        self._launch_ready_buckets()
+        # every rank must issue this collective, also one that saw every gradient
+        used = self._globally_used(missing) if self.find_unused_parameters else {}
         self._wait_all()
         for i in missing:
             bucket, pos = self._slot[i]
