@@ -1,0 +1,42 @@
+"""Wrap one model the way each compared engine would, so benchmarks differ only in the engine.
+
+- `dpscale`: this project's DistributedDataParallel.
+- `torch`: torch.nn.parallel.DistributedDataParallel, the reference users would pick instead.
+- `local`: the bare model, never synchronized: the compute ceiling a data-parallel engine can
+  approach but not beat.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from ..engine import DistributedDataParallel
+
+ENGINES = ("dpscale", "torch", "local")
+
+
+def wrap(
+    model: nn.Module,
+    engine: str,
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    bucket_cap_mb: float = 25.0,
+) -> nn.Module:
+    if engine == "dpscale":
+        return DistributedDataParallel(model, process_group=process_group, bucket_cap_mb=bucket_cap_mb)
+    if engine == "torch":
+        return nn.parallel.DistributedDataParallel(
+            model, process_group=process_group, bucket_cap_mb=bucket_cap_mb
+        )
+    if engine == "local":
+        return model
+    raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+
+
+def parse_engines(text: str) -> list[str]:
+    names = [e.strip() for e in text.split(",") if e.strip()]
+    bad = [e for e in names if e not in ENGINES]
+    if bad or not names:
+        raise ValueError(f"unknown engine(s) {bad or text!r}; choose from {', '.join(ENGINES)}")
+    return names
