@@ -1,0 +1,345 @@
+"""Checkpoints on disk: atomic writes, verified loads, and the RNG state that makes a resume exact.
+
+A checkpoint is a directory `step-XXXXXXXX` holding one `torch.save` file per payload entry and a
+`manifest.json` (written last) with each file's size and SHA-256. Files on disk are untrusted: every
+load is checked against the manifest and goes through `torch.load(weights_only=True)`, so a tampered
+file is reported and skipped, never executed. There is a single writer (rank 0); no torch.distributed here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import warnings
+from collections import OrderedDict
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+_STEP_DIR = re.compile(r"step-(\d{8,})")
+_TMP_DIR = re.compile(r"\.tmp-step-(\d{8,})-.*")
+_STEM = re.compile(r"[A-Za-z0-9_-]+")
+# exactly the containers and leaves torch.load(weights_only=True) rebuilds without an allowlist;
+# OrderedDict, torch.Size and Parameter are what state_dict() and optimizers actually produce
+_CONTAINERS = (dict, OrderedDict, list, tuple, torch.Size)
+_LEAVES = (int, float, str, bool, type(None))
+
+
+class CheckpointError(ValueError):
+    """No usable checkpoint: the message names each rejected file and why."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was rejected and an older one will be tried."""
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    step: int
+    payload: dict[str, Any]
+    # one line per newer checkpoint that was rejected on the way to this one (empty if none)
+    skipped: list[str]
+
+
+class _Rejected(Exception):
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"checkpoint {path}: {reason}")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def save_checkpoint(
+    root: str | os.PathLike[str], step: int, payload: dict[str, Any], *, keep_last: int = 3
+) -> Path:
+    """Write `payload` (stem -> weights_only-safe object) as checkpoint `step` under `root`; returns its path.
+
+    Keeps `keep_last` checkpoints: this one and the `keep_last - 1` others with the highest steps.
+    Also removes `.tmp-*` directories left by a writer that was killed.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 (got {keep_last}); it is how many checkpoints to keep")
+    if type(step) is not int or step < 0:
+        raise ValueError(f"step must be a non-negative int (got {step!r})")
+    if not payload:
+        raise ValueError("payload is empty; pass at least one entry such as {'model': model.state_dict()}")
+    for stem, obj in payload.items():
+        if not isinstance(stem, str) or not _STEM.fullmatch(stem):
+            raise ValueError(f"payload key {stem!r} is not a file stem; use letters, digits, '_' or '-'")
+        _check_weights_only_safe(obj, stem)
+
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot create checkpoint root {root}: {e.strerror}") from e
+    # single writer: any other tmp directory is a leftover from a writer that was killed
+    for stale in root.glob(".tmp-*"):
+        shutil.rmtree(stale)
+
+    tmp = root / f".tmp-step-{step:08d}-{secrets.token_hex(8)}"
+    tmp.mkdir()
+    final = root / step_dir_name(step)
+    aside = None
+    try:
+        files = []
+        for stem, obj in payload.items():
+            path = tmp / f"{stem}.pt"
+            with open(path, "wb") as f:
+                torch.save(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            files.append({"name": path.name, "size_bytes": path.stat().st_size, "sha256": _sha256(path)})
+        # the manifest goes last: a directory without one is by definition incomplete
+        manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files}
+        with open(tmp / MANIFEST_NAME, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+
+        # a directory cannot be renamed onto a non-empty one, so an existing checkpoint of this step
+        # is moved aside first. A crash between the two renames leaves both as .tmp-* (removed by the
+        # next save); older checkpoints are untouched, so only this step is lost.
+        aside = _move_aside(final, step) if final.exists() else None
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        if aside is not None and not final.exists():
+            os.replace(aside, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside)
+
+    older = sorted((s, p) for s, p in _step_dirs(root) if p != final)
+    for old_step, path in older[: max(0, len(older) - (keep_last - 1))]:
+        shutil.rmtree(_move_aside(path, old_step))
+    return final
+
+
+def load_latest(
+    root: str | os.PathLike[str], *, expected_stems: Collection[str] = ()
+) -> LoadedCheckpoint | None:
+    """Load the newest checkpoint under `root` that verifies; None if there is none at all.
+
+    Each rejected newer checkpoint is warned about (CheckpointWarning) and listed in `skipped`.
+    Raises CheckpointError if checkpoints exist but none verifies. A checkpoint lacking any of
+    `expected_stems` (e.g. {"model", "optimizer"}) is rejected like a corrupt one.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    skipped: list[str] = []
+    for step, path in sorted(_step_dirs(root), reverse=True):
+        try:
+            manifest_step, stems = _verify(path, expected_stems)
+            if manifest_step != step:
+                raise _Rejected(path / MANIFEST_NAME, f"manifest says step {manifest_step}, not {step}")
+            payload = _load(path, stems)
+        except _Rejected as e:
+            skipped.append(str(e))
+            warnings.warn(f"{e}; trying an older checkpoint", CheckpointWarning, stacklevel=2)
+            continue
+        _remove_tmp_dirs_before(root, step)
+        return LoadedCheckpoint(path=path, step=step, payload=payload, skipped=skipped)
+    if skipped:
+        raise CheckpointError(f"no valid checkpoint under {root}:\n" + "\n".join(skipped))
+    return None
+
+
+def load_checkpoint(
+    path: str | os.PathLike[str], *, expected_stems: Collection[str] = ()
+) -> LoadedCheckpoint:
+    """Verify and load the one checkpoint directory `path`; CheckpointError names the bad file and why."""
+    path = Path(path)
+    try:
+        step, stems = _verify(path, expected_stems)
+        payload = _load(path, stems)
+    except _Rejected as e:
+        raise CheckpointError(str(e)) from None
+    return LoadedCheckpoint(path=path, step=step, payload=payload, skipped=[])
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's torch (and initialized CUDA), numpy-global and `random` states, weights_only-safe."""
+    bit_generator, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        # uint32 key as int64: every value fits and int64 tensors round-trip everywhere
+        "numpy": {
+            "bit_generator": bit_generator,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+    }
+    # only if already initialized: querying would otherwise create a CUDA context in a CPU-only run
+    if torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state`: the next numbers drawn equal those drawn after the capture."""
+    for key in ("torch", "numpy", "python"):
+        if key not in state:
+            raise ValueError(f"RNG state has no {key!r} entry; pass a dict from capture_rng_state()")
+    torch.set_rng_state(state["torch"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            np_state["bit_generator"],
+            np_state["key"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    py_state = state["python"]
+    random.setstate((py_state["version"], tuple(py_state["internal"]), py_state["gauss_next"]))
+    if "cuda" in state:
+        if not torch.cuda.is_available():
+            # a GPU run resumed on CPU for debugging: its CUDA streams cannot be reproduced anyway
+            warnings.warn(
+                "RNG state has CUDA generators but CUDA is unavailable; ignoring them",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+        elif len(state["cuda"]) != torch.cuda.device_count():
+            raise ValueError(
+                f"RNG state has {len(state['cuda'])} CUDA generators but {torch.cuda.device_count()} devices "
+                "are visible; set CUDA_VISIBLE_DEVICES as in the run that saved it"
+            )
+        else:
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _verify(directory: Path, expected_stems: Collection[str]) -> tuple[int, list[str]]:
+    """Check `directory` against its manifest; returns the step and the file stems it lists."""
+    manifest_path = directory / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise _Rejected(manifest_path, "missing (partial checkpoint: the writer did not finish)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        if manifest["format_version"] != FORMAT_VERSION:
+            raise _Rejected(
+                manifest_path, f"format_version {manifest['format_version']} is not {FORMAT_VERSION}"
+            )
+        step = manifest["step"]
+        entries = [(e["name"], e["size_bytes"], e["sha256"]) for e in manifest["files"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise _Rejected(manifest_path, f"unparseable ({type(e).__name__}: {e})") from None
+    if type(step) is not int or not entries:
+        raise _Rejected(manifest_path, "unparseable (step is not an int, or no files are listed)")
+    stems = []
+    for name, size_bytes, sha256 in entries:
+        # names come from an untrusted file: no path separators, so nothing outside `directory` is read
+        if not isinstance(name, str) or not name.endswith(".pt") or not _STEM.fullmatch(name[:-3]):
+            raise _Rejected(manifest_path, f"lists an invalid file name {name!r}")
+        path = directory / name
+        if not path.is_file():
+            raise _Rejected(path, "missing")
+        actual_size = path.stat().st_size
+        if actual_size != size_bytes:
+            raise _Rejected(
+                path, f"size {actual_size} bytes, manifest says {size_bytes} (truncated or changed)"
+            )
+        if _sha256(path) != sha256:
+            raise _Rejected(path, "sha256 mismatch (file changed or corrupt)")
+        stems.append(name[:-3])
+    missing = sorted(set(expected_stems) - set(stems))
+    if missing:
+        raise _Rejected(manifest_path, f"lists no file for {missing}")
+    return step, stems
+
+
+def _load(directory: Path, stems: list[str]) -> dict[str, Any]:
+    payload = {}
+    for stem in stems:
+        path = directory / f"{stem}.pt"
+        try:
+            payload[stem] = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # untrusted bytes can fail in many ways; every one means "reject"
+            raise _Rejected(path, f"refused by torch.load(weights_only=True): {_one_line(e)}") from None
+    return payload
+
+
+def _check_weights_only_safe(obj: Any, where: str) -> None:
+    # checked at save time: a checkpoint that weights_only loading refuses would only fail at resume
+    if isinstance(obj, torch.Tensor):
+        if type(obj) not in (torch.Tensor, torch.nn.Parameter):
+            raise ValueError(f"payload[{where}] is a {type(obj).__name__}; save a plain tensor instead")
+    elif type(obj) in _CONTAINERS:
+        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+        for key, value in items:
+            if isinstance(obj, dict):
+                _check_weights_only_safe(key, f"{where} key {key!r}")
+            _check_weights_only_safe(value, f"{where}[{key!r}]")
+    elif type(obj) not in _LEAVES:
+        raise ValueError(
+            f"payload[{where}] is a {type(obj).__name__}, which torch.load(weights_only=True) refuses; "
+            "convert it to tensors, dicts, lists, tuples, int, float, str, bool or None"
+        )
+
+
+def _step_dirs(root: Path) -> list[tuple[int, Path]]:
+    return [(int(m[1]), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+
+
+def _move_aside(path: Path, step: int) -> Path:
+    # renaming before deleting means a crash mid-delete leaves a .tmp-* (cleaned later), never a
+    # half-deleted step-* directory that a loader would have to reject
+    aside = path.parent / f".tmp-step-{step:08d}-discard-{secrets.token_hex(8)}"
+    os.replace(path, aside)
+    return aside
+
+
+def _remove_tmp_dirs_before(root: Path, step: int) -> None:
+    # Only tmp directories older than the checkpoint just loaded: a reader (an evaluator, say) may
+    # run while the trainer writes a newer step, and must not delete that write. Newer leftovers are
+    # removed by the next save. Best effort, so a reader on a read-only mount can still load.
+    for path in root.glob(".tmp-*"):
+        m = _TMP_DIR.fullmatch(path.name)
+        if m and int(m[1]) < step:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    # a rename or a new file is durable only once its directory entry is flushed
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc)
+    # torch's weights_only message is a page of advice; the reason is after this marker
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip().split("\n\n", 1)[0]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", " ".join(text.split()))
+    return f"{type(exc).__name__}: {text[:200]}"
