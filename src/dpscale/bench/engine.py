@@ -148,17 +148,23 @@ def format_result(res: EngineBenchResult) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="mlp,transformer")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="mlp,transformer", help="comma-separated built-in models")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--per-worker-batch", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--rounds", type=int, default=15, help="rounds; each engine runs once per round")
     p.add_argument("--steps-per-round", type=int, default=4)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    p.add_argument("--json", action="store_true", help="print the results as a JSON list on the last line")
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    models = [m for m in args.models.split(",") if m]
+    for m in models:
+        get_workload(m)  # unknown names fail before anything starts
+    if args.world_size < 1 or args.per_worker_batch < 1 or args.rounds < 1 or args.steps_per_round < 1:
+        raise ValueError("--world-size, --per-worker-batch, --rounds and --steps-per-round must be >= 1")
     results = []
-    for m in args.models.split(","):
+    for m in models:
         res = run(
             m,
             args.world_size,
@@ -170,7 +176,14 @@ def main(argv: list[str] | None = None) -> None:
         results.append(res.to_dict())
     if args.json:
         print(json.dumps(results))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return run_from_args(p.parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,0 +1,502 @@
+"""All-reduce bench (`dpscale bench allreduce`): time vs message size per transport and world size.
+
+Modelled on nccl-tests' all_reduce_perf, on CPU ranks: for every (transport, world size, size) a
+float32 tensor of size/4 elements is summed in place. Each iteration is timed on every rank with no
+barrier in the loop; an iteration's time is the slowest rank's (what the next collective waits
+for), and a point's time is the median over iterations. Before timing, each point is checked once
+(rank r contributes r+1 everywhere; the sum must be n(n+1)/2), so a broken transport fails loudly
+instead of reporting fast times.
+
+Figures (GB/s = 1e9 bytes/s, sizes binary):
+    algbw_GBps = bytes / time
+    busbw_GBps = algbw * 2(n-1)/n   (nccl-tests' all-reduce convention; 0 for n = 1)
+and per (transport, n > 1) a latency-bandwidth fit t = alpha + bytes/beta.
+
+JSON (`AllReduceResult.to_dict()`; the `--json` line is the "points" list alone):
+    {"config": {"transports": [str], "world_sizes": [int], "sizes_bytes": [int], "iters": int | null},
+     "points": [{"transport": str, "world_size": int, "bytes": int, "time_us": float,
+                 "algbw_GBps": float, "busbw_GBps": float}, ...],
+     "fits": [{"transport": str, "world_size": int, "alpha_us": float, "beta_GBps": float | null,
+               "points": int, "rms_rel_error": float}, ...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from matplotlib.ticker import NullLocator
+
+from ..testing.multirank import run_ranks
+from .args import format_size, parse_int_list, parse_name_list, parse_size_list
+from .report import Image, ReportDir, Section, Table, new_figure
+
+DEFAULT_SIZES_BYTES = [4 * 4**k for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
+BUSBW_CONVENTION = (
+    "busbw = algbw * 2(n-1)/n (nccl-tests all-reduce convention: the traffic each link of a ring "
+    "carries); 0 for world size 1, where nothing crosses a link"
+)
+WARMUP_ITERS = 3
+# Adaptive iteration count: enough for a stable median, short enough for a 13-size sweep.
+TARGET_POINT_S = 0.3
+MIN_ITERS, MAX_ITERS = 5, 200
+
+
+# ---- transports ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankTransport:
+    """One rank's end of a transport. `all_reduce` sums a tensor in place across ranks and returns
+    only once the result is in the tensor (GPU transports synchronize), so wall time measures it."""
+
+    all_reduce: Callable[[torch.Tensor], None]
+    close: Callable[[], None]
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+def _always_available(world_size: int) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class TransportSpec:
+    """How to open a transport on a rank. `setup(rank, world_size)` runs inside every rank, where the
+    default (gloo) process group already exists; it must be a module-level function, since the spec
+    is pickled into the ranks. `unavailable(world_size)` says why it cannot run here, or None."""
+
+    setup: Callable[[int, int], RankTransport]
+    description: str
+    unavailable: Callable[[int], str | None] = _always_available
+
+
+TRANSPORTS: dict[str, TransportSpec] = {}
+
+
+def register_transport(name: str, spec: TransportSpec) -> None:
+    TRANSPORTS[name] = spec
+
+
+def _gloo_setup(rank: int, world_size: int) -> RankTransport:
+    # The default group belongs to the harness that created it; closing is its job, not ours.
+    return RankTransport(all_reduce=lambda t: dist.all_reduce(t), close=lambda: None)
+
+
+def _nccl_unavailable(world_size: int) -> str | None:
+    if not torch.cuda.is_available():
+        return "it needs CUDA and torch.cuda.is_available() is False here"
+    if world_size > torch.cuda.device_count():
+        return f"it needs one GPU per rank; world size {world_size} > {torch.cuda.device_count()} GPUs"
+    return None
+
+
+def _nccl_setup(rank: int, world_size: int) -> RankTransport:
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    group = dist.new_group(backend="nccl")
+
+    def all_reduce(t: torch.Tensor) -> None:
+        dist.all_reduce(t, group=group)
+        torch.cuda.synchronize(device)  # NCCL returns at enqueue; the clock must see completion
+
+    return RankTransport(
+        all_reduce=all_reduce, close=lambda: dist.destroy_process_group(group), device=device
+    )
+
+
+register_transport("gloo", TransportSpec(_gloo_setup, "torch.distributed gloo (CPU tensors)"))
+register_transport(
+    "nccl", TransportSpec(_nccl_setup, "torch.distributed NCCL (one GPU per rank)", _nccl_unavailable)
+)
+
+
+# ---- config and results -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllReduceConfig:
+    transports: list[str] = field(default_factory=lambda: ["gloo"])  # --transport: names in TRANSPORTS
+    world_sizes: list[int] = field(default_factory=lambda: [1, 2])  # --world-sizes: ranks per sweep
+    # --sizes: message sizes; a size is rounded down to whole float32 elements (at least one)
+    sizes_bytes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES_BYTES))
+    iters: int | None = None  # --iters: timed iterations per point; None = adaptive (~0.3 s a point)
+
+    def __post_init__(self) -> None:
+        for flag, values in (("--transport", self.transports), ("--world-sizes", self.world_sizes)):
+            if not values:
+                raise ValueError(f"{flag}: the list is empty; give at least one value")
+            dupes = sorted({v for v in values if values.count(v) > 1})
+            if dupes:
+                raise ValueError(f"{flag}: {', '.join(map(str, dupes))} listed more than once")
+        unknown = [t for t in self.transports if t not in TRANSPORTS]
+        if unknown:
+            raise ValueError(
+                f"--transport: unknown {', '.join(unknown)}; choose from {', '.join(TRANSPORTS)}"
+            )
+        if any(n < 1 for n in self.world_sizes):
+            raise ValueError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
+        for t in self.transports:
+            for n in self.world_sizes:
+                reason = TRANSPORTS[t].unavailable(n)
+                if reason:
+                    raise ValueError(f"--transport: {t} cannot run at world size {n}: {reason}")
+        if not self.sizes_bytes or any(s < 1 for s in self.sizes_bytes):
+            raise ValueError(f"--sizes: give at least one size, each >= 1 byte; got {self.sizes_bytes}")
+        if self.iters is not None and self.iters < 1:
+            raise ValueError(f"--iters: must be >= 1 (or omitted for adaptive), got {self.iters}")
+
+    def message_numels(self) -> list[int]:
+        """float32 element counts to sweep, ascending; sizes that round alike are measured once."""
+        return sorted({max(1, s // 4) for s in self.sizes_bytes})
+
+
+@dataclass(frozen=True)
+class AllReducePoint:
+    transport: str
+    world_size: int
+    bytes: int  # bytes reduced per rank (whole float32 elements)
+    time_us: float  # median over iterations of the slowest rank's time
+    algbw_GBps: float
+    busbw_GBps: float
+
+    @classmethod
+    def from_time(cls, transport: str, world_size: int, num_bytes: int, time_us: float) -> AllReducePoint:
+        algbw = num_bytes / (time_us * 1e-6) / 1e9
+        return cls(
+            transport, world_size, num_bytes, time_us, algbw, algbw * 2 * (world_size - 1) / world_size
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LatencyBandwidthFit:
+    transport: str
+    world_size: int
+    alpha_us: float  # fixed cost per call
+    beta_GBps: float | None  # asymptotic algbw; None when time does not grow with size
+    points: int
+    rms_rel_error: float  # how well t = alpha + bytes/beta describes the points
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AllReduceResult:
+    config: AllReduceConfig
+    points: list[AllReducePoint]
+    fits: list[LatencyBandwidthFit]
+
+    def to_dict(self) -> dict:
+        return {
+            "config": asdict(self.config),
+            "points": [p.to_dict() for p in self.points],
+            "fits": [f.to_dict() for f in self.fits],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> AllReduceResult:
+        """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
+        # Validation is skipped: an old run's transports need not be registered (or usable) now.
+        config = object.__new__(AllReduceConfig)
+        config.__dict__.update(doc["config"])
+        points = [AllReducePoint(**p) for p in doc["points"]]
+        return cls(config, points, [LatencyBandwidthFit(**f) for f in doc["fits"]])
+
+
+class TransportCheckError(RuntimeError):
+    """A transport returned a wrong sum; its timings would be meaningless."""
+
+
+# ---- measurement (inside the ranks) -------------------------------------------------------------
+
+
+def _timed_s(all_reduce: Callable[[torch.Tensor], None], tensor: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    all_reduce(tensor)
+    return time.perf_counter() - t0
+
+
+def _check(transport: RankTransport, rank: int, world_size: int, numel: int) -> str | None:
+    tensor = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=transport.device)
+    transport.all_reduce(tensor)
+    expected = world_size * (world_size + 1) / 2  # small integers: exact in float32
+    if bool((tensor == expected).all()):
+        return None
+    lo, hi = tensor.min().item(), tensor.max().item()
+    return f"rank {rank}: expected every element to be {expected:g}, got values in [{lo:g}, {hi:g}]"
+
+
+def _time_point(transport: RankTransport, numel: int, iters: int | None) -> list[float]:
+    # Zeros: repeated in-place sums of anything else grow n-fold per call and reach inf (or pass
+    # through denormals, which are slow on CPU) within a long run.
+    tensor = torch.zeros(numel, dtype=torch.float32, device=transport.device)
+    warm = [_timed_s(transport.all_reduce, tensor) for _ in range(WARMUP_ITERS)]
+    if iters is None:
+        # Every rank must run the same number of collectives: agree on the slowest estimate.
+        estimate = torch.tensor([statistics.median(warm)], dtype=torch.float64)
+        dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+        iters = min(MAX_ITERS, max(MIN_ITERS, math.ceil(TARGET_POINT_S / max(estimate.item(), 1e-9))))
+    return [_timed_s(transport.all_reduce, tensor) for _ in range(iters)]
+
+
+def _rank_sweep(
+    rank: int, world_size: int, specs: dict[str, TransportSpec], numels: list[int], iters: int | None
+) -> dict:
+    times: dict[str, dict[int, list[float]]] = {}
+    for name, spec in specs.items():
+        transport = spec.setup(rank, world_size)
+        try:
+            times[name] = {}
+            for numel in numels:
+                error = _check(transport, rank, world_size, numel)
+                # Agree over the harness's gloo group so that all ranks stop together, rather than
+                # the healthy ones hanging in the next collective.
+                bad = torch.tensor([error is not None], dtype=torch.int32)
+                dist.all_reduce(bad)
+                if bad.item():
+                    where = f"transport {name!r}, world size {world_size}, {numel * 4} bytes"
+                    return {"failed": True, "error": f"{where}: {error}" if error else None}
+                times[name][numel] = _time_point(transport, numel, iters)
+        finally:
+            transport.close()
+    return {"failed": False, "times": times}
+
+
+# ---- orchestration ------------------------------------------------------------------------------
+
+
+def run(config: AllReduceConfig) -> AllReduceResult:
+    """Measure every (transport, world size, size) of `config`; one set of ranks per world size."""
+    specs = {name: TRANSPORTS[name] for name in config.transports}
+    numels = config.message_numels()
+    cores = os.cpu_count() or 1
+    points = []
+    for world_size in config.world_sizes:
+        if world_size > cores:
+            print(
+                f"warning: world size {world_size} > {cores} logical cores; ranks time-share cores, so "
+                "the figures measure the scheduler as much as the transport",
+                file=sys.stderr,
+            )
+        # Generous: a hang still ends (with every rank's stack), a slow shared machine does not.
+        timeout_s = 120 + len(numels) * len(specs) * (30 + 2 * (config.iters or 0))
+        per_rank = run_ranks(_rank_sweep, world_size, specs, numels, config.iters, timeout_s=timeout_s)
+        if any(r["failed"] for r in per_rank):
+            errors = "; ".join(r["error"] for r in per_rank if r.get("error"))
+            raise TransportCheckError(f"all-reduce returned a wrong sum: {errors}")
+        for name in config.transports:
+            for numel in numels:
+                per_iter_s = [
+                    max(ts) for ts in zip(*(r["times"][name][numel] for r in per_rank), strict=True)
+                ]
+                time_us = statistics.median(per_iter_s) * 1e6
+                points.append(AllReducePoint.from_time(name, world_size, numel * 4, time_us))
+    return AllReduceResult(config, points, fit_all(points))
+
+
+def fit_latency_bandwidth(
+    sizes_bytes: Sequence[int], times_us: Sequence[float]
+) -> tuple[float, float | None, float]:
+    """Least-squares fit of t = alpha + bytes/beta; returns (alpha_us, beta_GBps or None, rms_rel_error).
+
+    Residuals are relative (each row divided by its t): plain least squares would let the largest
+    messages' absolute noise, which is bigger than alpha itself, decide the latency.
+    """
+    b, t = np.asarray(sizes_bytes, dtype=np.float64), np.asarray(times_us, dtype=np.float64)
+    if len(b) < 2 or len(set(b.tolist())) < 2:
+        raise ValueError("a latency-bandwidth fit needs points at two or more different sizes")
+    design = np.column_stack([np.ones_like(b), b]) / t[:, None]
+    (alpha_us, us_per_byte), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    rms = float(np.sqrt(np.mean(((alpha_us + b * us_per_byte - t) / t) ** 2)))
+    # bytes/us -> GB/s: * 1e6 / 1e9
+    beta_GBps = float(1e-3 / us_per_byte) if us_per_byte > 0 else None
+    return float(alpha_us), beta_GBps, rms
+
+
+def fit_all(points: Sequence[AllReducePoint]) -> list[LatencyBandwidthFit]:
+    """One fit per (transport, world size > 1) with two or more sizes; world size 1 moves no data."""
+    groups: dict[tuple[str, int], list[AllReducePoint]] = {}
+    for p in points:
+        if p.world_size > 1:
+            groups.setdefault((p.transport, p.world_size), []).append(p)
+    fits = []
+    for (transport, world_size), group in groups.items():
+        if len({p.bytes for p in group}) < 2:
+            continue
+        alpha, beta, rms = fit_latency_bandwidth([p.bytes for p in group], [p.time_us for p in group])
+        fits.append(LatencyBandwidthFit(transport, world_size, alpha, beta, len(group), rms))
+    return fits
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+_COLUMNS = ("transport", "world_size", "size", "bytes", "time_us", "algbw_GBps", "busbw_GBps")
+
+
+def format_table(result: AllReduceResult) -> str:
+    """The points as a fixed-width terminal table, one line per point."""
+    lines = ["{:<10}{:>6}{:>8}{:>12}{:>12}{:>12}{:>12}".format(*_COLUMNS[:1], "world", *_COLUMNS[2:])]
+    for p in result.points:
+        lines.append(
+            f"{p.transport:<10}{p.world_size:>6}{format_size(p.bytes):>8}{p.bytes:>12}"
+            f"{p.time_us:>12.1f}{p.algbw_GBps:>12.4g}{p.busbw_GBps:>12.4g}"
+        )
+    return "\n".join(lines)
+
+
+def format_fits(result: AllReduceResult) -> str:
+    if not result.fits:
+        return "latency-bandwidth fit: none (needs world size > 1 and two or more sizes)"
+    lines = ["latency-bandwidth fit t = alpha + bytes/beta (beta is the asymptotic algbw):"]
+    for f in result.fits:
+        beta = f"{f.beta_GBps:.3g} GB/s" if f.beta_GBps is not None else "n/a (time does not grow with size)"
+        lines.append(
+            f"  {f.transport} n={f.world_size}: alpha = {f.alpha_us:.1f} us, beta = {beta} "
+            f"(rms relative error {f.rms_rel_error:.1%} over {f.points} sizes)"
+        )
+    return "\n".join(lines)
+
+
+def _size_axis(ax, sizes: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(sizes))
+    while len(ticks) > 14:  # keep labels readable on long sweeps
+        ticks = ticks[::2]
+    ax.set_xticks(ticks, [format_size(s) for s in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("message size (bytes, binary units)")
+    ax.grid(True, which="major", alpha=0.35)
+
+
+def _series(points: Sequence[AllReducePoint]) -> dict[tuple[str, int], list[AllReducePoint]]:
+    series: dict[tuple[str, int], list[AllReducePoint]] = {}
+    for p in points:
+        series.setdefault((p.transport, p.world_size), []).append(p)
+    return series
+
+
+def plot_busbw(points: Sequence[AllReducePoint]):
+    """Bus bandwidth vs message size, one line per (transport, world size > 1)."""
+    fig = new_figure()
+    ax = fig.add_subplot()
+    for (transport, n), group in _series(points).items():
+        if n > 1:  # busbw is 0 by definition at n = 1
+            ax.plot(
+                [p.bytes for p in group],
+                [p.busbw_GBps for p in group],
+                marker="o",
+                label=f"{transport}, n={n}",
+            )
+    if ax.lines:
+        ax.legend(title="transport, world size")
+    else:
+        ax.text(0.5, 0.5, "no world size > 1 measured", transform=ax.transAxes, ha="center")
+    _size_axis(ax, [p.bytes for p in points])
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("All-reduce bus bandwidth, busbw = algbw * 2(n-1)/n")
+    return fig
+
+
+def plot_latency(points: Sequence[AllReducePoint]):
+    """Median time per all-reduce vs message size (log-log), one line per (transport, world size)."""
+    fig = new_figure()
+    ax = fig.add_subplot()
+    for (transport, n), group in _series(points).items():
+        ax.plot([p.bytes for p in group], [p.time_us for p in group], marker="o", label=f"{transport}, n={n}")
+    ax.legend(title="transport, world size")
+    _size_axis(ax, [p.bytes for p in points])
+    ax.set_yscale("log")
+    ax.set_ylabel("time per all-reduce (us, median of slowest rank)")
+    ax.set_title("All-reduce latency")
+    return fig
+
+
+def write_report(result: AllReduceResult, report: ReportDir) -> None:
+    """Fill `report` with report.json, allreduce.csv, the two plots and report.md."""
+    doc = result.to_dict()
+    report.write_json(doc, config=doc["config"])
+    report.write_csv("allreduce", doc["points"])
+    report.save_figure(plot_busbw(result.points), "allreduce_busbw")
+    report.save_figure(plot_latency(result.points), "allreduce_latency")
+    rows = [{**p, "size": format_size(p["bytes"])} for p in doc["points"]]
+    fmt = {"time_us": ".1f", "algbw_GBps": ".4g", "busbw_GBps": ".4g"}
+    fit_fmt = {"alpha_us": ".1f", "beta_GBps": ".3g", "rms_rel_error": ".1%"}
+    iters = result.config.iters or f"adaptive ({MIN_ITERS}-{MAX_ITERS}, ~{TARGET_POINT_S} s per point)"
+    method = (
+        f"In-place float32 sum; {WARMUP_ITERS} warm-up and {iters} timed iterations per point. An "
+        "iteration's time is the slowest rank's; a point's is the median over iterations. GB/s = 1e9 B/s."
+    )
+    fit_text = "t = alpha + bytes/beta, least squares on relative error; beta is the asymptotic algbw."
+    report.write_markdown(
+        "All-reduce bench",
+        [
+            Section("Results", [method, BUSBW_CONVENTION + ".", Table(rows, _COLUMNS, fmt)]),
+            Section(
+                "Latency-bandwidth fit",
+                [fit_text, Table(doc["fits"], list(LatencyBandwidthFit.__annotations__), fit_fmt)],
+            ),
+            Section(
+                "Plots",
+                [
+                    Image("allreduce_busbw.png", "bus bandwidth vs message size"),
+                    "World size 1 moves no data between ranks and is left out of the bandwidth plot.",
+                    Image("allreduce_latency.png", "time per all-reduce vs message size"),
+                ],
+            ),
+        ],
+    )
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transport", default="gloo", help=f"comma-separated, from: {', '.join(TRANSPORTS)}")
+    parser.add_argument("--world-sizes", default="1,2", help="comma-separated rank counts (default 1,2)")
+    parser.add_argument(
+        "--sizes", default=None, help="comma-separated sizes, binary K/M/G (default 4,16,...,64M)"
+    )
+    parser.add_argument(
+        "--iters", type=int, default=None, help="timed iterations per point (default adaptive)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the points as JSON on the last line")
+    parser.add_argument(
+        "--report-dir", default="reports", help="base directory for the report (default reports)"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> AllReduceConfig:
+    return AllReduceConfig(
+        transports=parse_name_list(args.transport, flag="--transport", choices=list(TRANSPORTS)),
+        world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
+        sizes_bytes=parse_size_list(args.sizes, flag="--sizes") if args.sizes else list(DEFAULT_SIZES_BYTES),
+        iters=args.iters,
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    result = run(config)
+    print(format_table(result))
+    print(BUSBW_CONVENTION)
+    print(format_fits(result))
+    report = ReportDir.create(args.report_dir, "allreduce")
+    write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps([p.to_dict() for p in result.points]))
+    return 0

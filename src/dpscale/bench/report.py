@@ -1,0 +1,211 @@
+"""Write one bench run's report directory: report.json, CSV tables, PNG plots and report.md.
+
+Every bench renders through this writer, so all reports share one layout:
+
+    reports/20261129T183012Z-allreduce/
+        report.json   {"command", "argv", "command_line", "config", "system", "results", "created_utc"}
+        *.csv         one row per measured point
+        *.png         plots (matplotlib, Agg: no display needed)
+        report.md     system, exact command line, then the bench's tables and plots
+
+`results` in report.json is the bench's own documented JSON (its result dataclass's `to_dict()`);
+the markdown and the plots are rendered from the same data, so an old run can be re-rendered or
+compared from its report.json alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from .sysinfo import collect_system_info, describe_system
+
+# A column format is a format spec (".2f") or a function of the cell's value.
+CellFormat = str | Callable[[object], str]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# Enough for sharp lines when the PNG is shown at its natural size in a markdown viewer.
+_DPI = 120
+
+
+@dataclass(frozen=True)
+class Table:
+    """A markdown table rendered from rows of dicts (see `markdown_table`)."""
+
+    rows: Sequence[Mapping[str, object]]
+    columns: Sequence[str]
+    formats: Mapping[str, CellFormat] | None = None
+    headers: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Image:
+    """A PNG already saved in the report directory, embedded as `![alt](file)`."""
+
+    file: str
+    alt: str
+
+
+@dataclass(frozen=True)
+class Section:
+    """A `## heading` followed by blocks: markdown text (str), a Table or an Image, in order."""
+
+    heading: str
+    blocks: Sequence[str | Table | Image]
+
+
+def markdown_table(
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[str],
+    formats: Mapping[str, CellFormat] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> str:
+    """Render rows as a GitHub markdown table; numeric columns are right-aligned.
+
+    `formats` maps a column to a format spec (".3g") or a function; missing values show as "-".
+    `headers` maps a column to its header text (default: the column name).
+    """
+    formats, headers = formats or {}, headers or {}
+    unknown = [c for c in (*formats, *headers) if c not in columns]
+    if unknown:
+        raise ValueError(f"formats/headers name columns {unknown} that are not in columns {list(columns)}")
+
+    def cell(column: str, value: object) -> str:
+        if value is None:
+            return "-"
+        fmt = formats.get(column)
+        text = fmt(value) if callable(fmt) else format(value, fmt or "")
+        return text.replace("|", "\\|")
+
+    def numeric(column: str) -> bool:
+        values = [r.get(column) for r in rows if r.get(column) is not None]
+        return bool(values) and all(isinstance(v, int | float) for v in values)
+
+    lines = [
+        "| " + " | ".join(headers.get(c, c) for c in columns) + " |",
+        "|" + "|".join("---:" if numeric(c) else ":---" for c in columns) + "|",
+    ]
+    lines += ["| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def new_figure(width_in: float = 8.0, height_in: float = 4.5) -> Figure:
+    """A figure on the Agg canvas, made without pyplot: no display, no global figure registry."""
+    fig = Figure(figsize=(width_in, height_in), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+@dataclass(frozen=True)
+class ReportDir:
+    """One bench run's output directory; build it with `ReportDir.create`."""
+
+    path: Path
+    command: str
+    argv: list[str]
+    system: dict
+
+    @classmethod
+    def create(
+        cls, base: str | Path = "reports", command: str = "allreduce", *, argv: Sequence[str] | None = None
+    ) -> ReportDir:
+        """Make `<base>/<UTC time like 20261129T183012Z>-<command>/`, never reusing a directory.
+
+        `argv` is the command line to record (default: this process's, with the program shown by
+        its name only, e.g. `dpscale bench allreduce --sizes 4K`).
+        """
+        if not _NAME_RE.match(command):
+            raise ValueError(f"command {command!r} cannot name a directory; use letters, digits, _ . -")
+        if argv is None:
+            argv = [Path(sys.argv[0]).name, *sys.argv[1:]]
+        base = Path(base)
+        base.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        # Two runs in the same second (a script, a test) get -2, -3, ...; mkdir without exist_ok
+        # is the atomic claim, so concurrent creators cannot both take one name.
+        for n in range(1, 1000):
+            path = base / (f"{stamp}-{command}" if n == 1 else f"{stamp}-{command}-{n}")
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return cls(path=path, command=command, argv=list(argv), system=collect_system_info())
+        raise RuntimeError(f"could not find a free report directory name under {base} for {stamp}")
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+    def _file(self, name: str, suffix: str) -> Path:
+        if not _NAME_RE.match(name):
+            raise ValueError(f"file name {name!r} must be a plain name (letters, digits, _ . -)")
+        return self.path / (name if name.endswith(suffix) else name + suffix)
+
+    def write_json(self, results: object, *, config: Mapping | None = None) -> Path:
+        """Write report.json; `results` is the bench's documented JSON (e.g. `result.to_dict()`)."""
+        doc = {
+            "command": self.command,
+            "argv": self.argv,
+            "command_line": self.command_line,
+            "config": dict(config) if config is not None else None,
+            "system": self.system,
+            "results": results,
+            "created_utc": self.system["timestamp_utc"],
+        }
+        path = self.path / "report.json"
+        # allow_nan=False: NaN/Infinity are not JSON; a bench that produces them has a bug to fix
+        # here rather than a file other tools cannot read.
+        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        return path
+
+    def write_csv(self, name: str, rows: Sequence[Mapping[str, object]]) -> Path:
+        """Write rows as `<name>.csv`; the header is the union of the rows' keys in first-seen order."""
+        columns: dict[str, None] = {}
+        for row in rows:
+            columns.update(dict.fromkeys(row))
+        path = self._file(name, ".csv")
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(columns))
+            writer.writeheader()
+            writer.writerows(rows)
+        return path
+
+    def save_figure(self, fig: Figure, name: str) -> Path:
+        """Save `fig` as `<name>.png` (use `new_figure()` to make one without pyplot)."""
+        path = self._file(name, ".png")
+        fig.savefig(path, dpi=_DPI, format="png")
+        return path
+
+    def write_markdown(self, title: str, sections: Sequence[Section]) -> Path:
+        """Write report.md: system, the exact command line, then `sections` in order."""
+        lines = [f"# {title}", "", "## System", "", *describe_system(self.system), ""]
+        lines += ["## Command", "", "```", self.command_line, "```", ""]
+        for section in sections:
+            lines += [f"## {section.heading}", ""]
+            for block in section.blocks:
+                lines += [self._render_block(block), ""]
+        path = self.path / "report.md"
+        path.write_text("\n".join(lines))
+        return path
+
+    def _render_block(self, block: str | Table | Image) -> str:
+        if isinstance(block, Table):
+            return markdown_table(block.rows, block.columns, block.formats, block.headers)
+        if isinstance(block, Image):
+            # A broken image link in a report is easy to miss; refuse it while it is easy to fix.
+            if not (self.path / block.file).is_file():
+                raise ValueError(f"image {block.file!r} is not in {self.path}; save_figure it first")
+            return f"![{block.alt}]({block.file})"
+        if isinstance(block, str):
+            return block.rstrip()
+        raise TypeError(f"a section block must be str, Table or Image, not {type(block).__name__}")

@@ -1,0 +1,118 @@
+"""The `dpscale` command: a thin layer over the library.
+
+Every subcommand turns a ValueError (bad input) into a one-line error and exit code 2, before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from .cli_fields import add_dataclass_arguments, dataclass_kwargs
+from .train.config import TrainConfig
+
+
+class UsageError(ValueError):
+    """Bad command-line input; reported as one line with exit code 2."""
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a built-in workload with N data-parallel workers",
+        description="Train a built-in workload with data parallelism on this host.",
+    )
+    p.add_argument("--nproc", type=int, default=1, help="workers on this host (default 1)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart all workers up to this many times after a failure (resuming from checkpoints)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads per worker (default: cores / nproc)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    add_dataclass_arguments(p, TrainConfig)
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train.launch import launch
+
+    cfg = TrainConfig(**dataclass_kwargs(args, TrainConfig))
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    cfg.resolve_batch(args.nproc)
+    _check_checkpoint_dir(cfg)
+    result = launch(cfg, args.nproc, max_restarts=args.max_restarts, threads=args.threads)
+    if args.json:
+        print(json.dumps(result.to_dict()), flush=True)
+    return 0
+
+
+def _check_checkpoint_dir(cfg: TrainConfig) -> None:
+    if not cfg.checkpoint_dir:
+        return
+    d = Path(cfg.checkpoint_dir)
+    if cfg.resume and not d.is_dir():
+        raise UsageError(f"--resume: checkpoint directory {d} does not exist; check --checkpoint-dir")
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"--checkpoint-dir {d} is a file, not a directory")
+    if d.is_dir() and not os.access(d, os.R_OK | os.W_OK | os.X_OK):
+        raise UsageError(f"--checkpoint-dir {d} is not readable and writable by this user")
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure: all-reduce, engines side by side")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="{engine,allreduce}")
+    e = bsub.add_parser("engine", help="dpscale vs torch DDP vs no synchronization, alternating")
+    from .bench import engine as bench_engine
+
+    bench_engine.add_arguments(e)
+    e.set_defaults(func=bench_engine.run_from_args)
+    try:
+        from .bench import allreduce as bench_allreduce
+    except ImportError:  # pragma: no cover - during development only
+        return
+    a = bsub.add_parser("allreduce", help="all-reduce time and bandwidth vs message size and world size")
+    bench_allreduce.add_arguments(a)
+    a.set_defaults(func=bench_allreduce.run_from_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_bench(sub)
+    return parser
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"dpscale {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as e:  # bad input: one line, exit 2
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"dpscale {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""`TrainConfig`: everything a training run needs, validated at construction.
+
+Fields map one to one to `dpscale train` flags. The split of the global batch depends on the
+world size, which is known only inside the workers, so `resolve_batch(world_size)` derives the
+micro-batch and accumulation steps there and says which numbers to change when they do not fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+from ..data.sampler import TAIL_POLICIES
+from ..workloads import WORKLOADS
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+ENGINES = ("dpscale", "torch")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    workload: str = "digits"
+    """Built-in workload: digits, synthetic, mlp or transformer."""
+    global_batch: int | None = None
+    """Samples per optimizer step across all workers (default: the workload's)."""
+    micro_batch: int | None = None
+    """Samples per forward/backward on one worker; give this or accumulation_steps, not both."""
+    accumulation_steps: int | None = None
+    """Micro-batches accumulated per optimizer step (default 1, or derived from micro_batch)."""
+    epochs: int | None = None
+    """Passes over the training set (default: the workload's); ignored when max_steps is set."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps."""
+    optimizer: str | None = None
+    """sgd (with momentum), adam or adamw (default: the workload's)."""
+    lr: float | None = None
+    """Learning rate at the reference batch (default: the workload's)."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    weight_decay: float = 0.0
+    """Decoupled for adamw, L2 for sgd and adam."""
+    lr_reference_batch: int | None = None
+    """Linear scaling (Goyal et al. 2017): lr is multiplied by global_batch / this; None: no scaling."""
+    warmup_steps: int = 0
+    """Linear warm-up: from lr to the scaled lr with lr_reference_batch, else from 0 to lr."""
+    grad_clip_norm: float | None = None
+    """Clip gradients to this global L2 norm; None: no clipping."""
+    seed: int = 0
+    """Seeds model init, data order and every rank's RNGs."""
+    tail: str = "drop"
+    """What to do with the samples after the last full global batch: drop, pad or keep."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints go (one directory per checkpoint); None: no checkpoints."""
+    checkpoint_every: int = 0
+    """Checkpoint every this many steps (0: only at the end) when checkpoint_dir is set."""
+    keep_checkpoints: int = 3
+    """How many recent checkpoints to keep."""
+    resume: bool = False
+    """Resume from the newest valid checkpoint in checkpoint_dir."""
+    metrics_dir: str | None = None
+    """Rank 0 writes metrics.jsonl (and TensorBoard events if installed) here."""
+    log_every: int = 0
+    """Plain progress line every this many steps (0: about 10 lines per run)."""
+    progress: str = "auto"
+    """auto (a bar on a terminal, plain lines otherwise), bar, plain or none."""
+    engine: str = "dpscale"
+    """dpscale, or torch to run the same loop on torch's DistributedDataParallel."""
+    bucket_cap_mb: float = 25.0
+    """Gradient bucket size."""
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        w = WORKLOADS[self.workload]
+        self.global_batch = w.global_batch if self.global_batch is None else self.global_batch
+        self.lr = w.lr if self.lr is None else self.lr
+        self.optimizer = w.optimizer if self.optimizer is None else self.optimizer
+        if self.epochs is None and self.max_steps is None:
+            self.epochs = w.epochs
+        _positive("global_batch", self.global_batch)
+        for name in ("micro_batch", "accumulation_steps", "epochs", "max_steps", "lr_reference_batch"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.micro_batch is not None and self.accumulation_steps is not None:
+            raise ValueError("micro_batch and accumulation_steps: give one, the other is derived")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: unknown {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine: unknown {self.engine!r}; choose one of {', '.join(ENGINES)}")
+        if self.tail not in TAIL_POLICIES:
+            raise ValueError(f"tail: unknown {self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}")
+        if self.progress not in ("auto", "bar", "plain", "none"):
+            raise ValueError(f"progress: unknown {self.progress!r}; choose auto, bar, plain or none")
+        for name in ("warmup_steps", "checkpoint_every", "log_every", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        _positive("keep_checkpoints", self.keep_checkpoints)
+        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
+            raise ValueError(f"grad_clip_norm must be > 0, got {self.grad_clip_norm}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("resume needs checkpoint_dir: say where the checkpoints are")
+
+    def resolve_batch(self, world_size: int) -> tuple[int, int]:
+        """(micro_batch, accumulation_steps) for `world_size` workers; ValueError when G does not split."""
+        g = self.global_batch
+        if world_size > g:
+            raise ValueError(
+                f"world size {world_size} is larger than global_batch {g}: every worker needs at least "
+                f"one sample per step; use a global batch of at least {world_size} or fewer workers"
+            )
+        if g % world_size:
+            raise ValueError(
+                f"global_batch {g} is not divisible by the world size {world_size}; "
+                f"use a multiple of {world_size} (e.g. {g - g % world_size or world_size})"
+            )
+        per_worker = g // world_size
+        if self.micro_batch is not None:
+            if per_worker % self.micro_batch:
+                raise ValueError(
+                    f"micro_batch {self.micro_batch} does not divide the {per_worker} samples each of "
+                    f"{world_size} workers gets per step (global_batch {g}); choose a divisor of {per_worker}"
+                )
+            return self.micro_batch, per_worker // self.micro_batch
+        k = self.accumulation_steps or 1
+        if per_worker % k:
+            raise ValueError(
+                f"accumulation_steps {k} does not divide the {per_worker} samples each of {world_size} "
+                f"workers gets per step (global_batch {g}); choose a divisor of {per_worker}"
+            )
+        return per_worker // k, k
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

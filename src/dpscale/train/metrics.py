@@ -1,0 +1,116 @@
+"""What rank 0 shows and records: per-step JSON lines, optional TensorBoard, progress, a summary.
+
+Metrics are data: one `StepMetrics` per optimizer step, written as a JSON line, so reports and
+other tools read the file instead of scraping logs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    samples_seen: int
+    loss: float
+    lr: float
+    grad_norm: float
+    step_ms: float
+    samples_per_s: float
+    comm_ms: float | None
+    exposed_comm_ms: float | None
+    skipped: bool = False
+
+
+class MetricsWriter:
+    """`metrics.jsonl` in `directory` (line-buffered, so a killed run keeps what it logged)."""
+
+    def __init__(self, directory: str | None, resume: bool = False):
+        self._file: TextIO | None = None
+        self._tb = None
+        if directory is None:
+            return
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self._file = open(path / "metrics.jsonl", "a" if resume else "w", buffering=1)  # noqa: SIM115
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(path / "tensorboard"))
+        except ImportError:  # tensorboard is optional
+            self._tb = None
+
+    def write(self, m: StepMetrics) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(asdict(m)) + "\n")
+        if self._tb is not None:
+            for key in ("loss", "lr", "grad_norm", "step_ms", "samples_per_s", "comm_ms", "exposed_comm_ms"):
+                value = getattr(m, key)
+                if value is not None:
+                    self._tb.add_scalar(f"train/{key}", value, m.step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """A rich progress bar on a terminal; plain lines every `every` steps elsewhere (logs, CI)."""
+
+    def __init__(self, total_steps: int, mode: str = "auto", every: int = 0, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
+        self.total = total_steps
+        if mode == "auto":
+            mode = "bar" if self.stream.isatty() else "plain"
+        self.mode = mode
+        self.every = every or max(1, total_steps // 10)
+        self._bar = None
+        if mode == "bar":
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self._task = self._bar.add_task("train", total=total_steps, info="")
+            self._bar.start()
+
+    def update(self, m: StepMetrics) -> None:
+        info = f"loss {m.loss:.4f}  {m.samples_per_s:,.0f} samples/s"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=m.step, info=info)
+        elif self.mode == "plain" and (m.step % self.every == 0 or m.step == self.total):
+            skipped = "  (skipped: non-finite gradient)" if m.skipped else ""
+            print(f"step {m.step}/{self.total}  {info}  lr {m.lr:.3g}{skipped}", file=self.stream, flush=True)
+
+    def note(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text)
+        elif self.mode != "none":
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def summary_table(rows: list[tuple[str, str]], stream: TextIO | None = None) -> None:
+    """Two-column summary at the end of a run."""
+    stream = stream or sys.stderr
+    width = max(len(k) for k, _ in rows)
+    print("-" * (width + 24), file=stream)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}", file=stream)
+    print("-" * (width + 24), file=stream, flush=True)
