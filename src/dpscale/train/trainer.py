@@ -24,6 +24,7 @@ from torch import nn
 
 from ..data.sampler import GlobalBatchSampler, StepBatch
 from ..engine import DistributedDataParallel
+from ..faults import injected
 from ..workloads import get_workload
 from .checkpoint import capture_rng_state, load_checkpoint, load_latest, restore_rng_state, save_checkpoint
 from .config import TrainConfig
@@ -185,6 +186,8 @@ class Trainer:
                 (loss * (self.world_size / batch.global_count)).backward()
             loss_sum += loss.detach().double()
         grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if injected("nan_grad", step=self.step + 1, rank=self.rank):
+            grads[0].view(-1)[0] = float("nan")  # after the reduction: only this rank sees it
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         # One small collective gives every rank the global loss and the same skip decision: after
         # averaging a non-finite gradient anywhere is non-finite everywhere, but deciding by a
