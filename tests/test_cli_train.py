@@ -1,0 +1,108 @@
+"""`dpscale train` end to end: the launcher, torchrun compatibility, and bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DPSCALE = [sys.executable, "-m", "dpscale.cli"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+def run(args, **kw):
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=kw.pop("cwd", ROOT), **kw)
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_digits_with_two_workers_reaches_95_percent(tmp_path):
+    p = run(
+        DPSCALE
+        + [
+            "train",
+            "--nproc",
+            "2",
+            "--workload",
+            "digits",
+            "--json",
+            "--checkpoint-dir",
+            str(tmp_path / "ck"),
+            "--metrics-dir",
+            str(tmp_path / "m"),
+        ]
+    )
+    assert p.returncode == 0, p.stderr
+    out = last_json(p.stdout)
+    for key in (
+        "world_size",
+        "global_batch",
+        "micro_batch",
+        "accumulation_steps",
+        "steps",
+        "samples_seen",
+        "final_loss",
+        "test_accuracy",
+        "samples_per_s",
+        "param_sha256",
+        "checkpoint",
+    ):
+        assert key in out, key
+    assert out["world_size"] == 2 and out["accumulation_steps"] == 1
+    assert out["test_accuracy"] >= 0.95
+    assert Path(out["checkpoint"]).is_dir()
+    assert (tmp_path / "m" / "metrics.jsonl").stat().st_size > 0
+    assert "test accuracy" in p.stderr  # the summary table
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--workload", "cifar"], "unknown 'cifar'"),
+        (["--global-batch", "-4"], "global_batch"),
+        (["--nproc", "3", "--global-batch", "64"], "multiple of 3"),
+        (["--nproc", "4", "--global-batch", "2"], "larger than global_batch"),
+        (["--resume", "--checkpoint-dir", "MISSING"], "does not exist"),
+        (["--micro-batch", "5"], "divisor of 64"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, words):
+    args = [a.replace("MISSING", str(tmp_path / "nope")) for a in args]
+    p = run(DPSCALE + ["train", "--metrics-dir", str(tmp_path / "m")] + args)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], p.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_worker_module_runs_under_plain_torchrun():
+    p = run(
+        TORCHRUN
+        + [
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "dpscale.train.worker",
+            "--workload",
+            "digits",
+            "--max-steps",
+            "5",
+            "--json",
+            "--progress",
+            "none",
+        ]
+    )
+    assert p.returncode == 0, p.stderr
+    out = last_json(p.stdout)
+    assert out["world_size"] == 2 and out["steps"] == 5
+
+
+def test_ddp_style_example_under_torchrun():
+    p = run(TORCHRUN + ["--nproc-per-node", "2", "examples/train_ddp_style.py"])
+    assert p.returncode == 0, p.stderr
+    acc = float(p.stdout.strip().splitlines()[-1].split()[-1].rstrip("%"))
+    assert acc >= 95.0
