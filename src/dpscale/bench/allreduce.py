@@ -30,16 +30,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from matplotlib.ticker import NullLocator
+from matplotlib.figure import Figure
 
 from ..testing.multirank import run_ranks
 from .args import format_size, parse_int_list, parse_name_list, parse_size_list
-from .report import Image, ReportDir, Section, Table, new_figure
+from .report import Image, ReportDir, Section, Table, new_figure, size_axis
 
 DEFAULT_SIZES_BYTES = [4 * 4**k for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 BUSBW_CONVENTION = (
@@ -138,18 +138,13 @@ class AllReduceConfig:
             dupes = sorted({v for v in values if values.count(v) > 1})
             if dupes:
                 raise ValueError(f"{flag}: {', '.join(map(str, dupes))} listed more than once")
-        unknown = [t for t in self.transports if t not in TRANSPORTS]
-        if unknown:
-            raise ValueError(
-                f"--transport: unknown {', '.join(unknown)}; choose from {', '.join(TRANSPORTS)}"
-            )
+        parse_name_list(",".join(self.transports), flag="--transport", choices=list(TRANSPORTS))
         if any(n < 1 for n in self.world_sizes):
             raise ValueError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
         for t in self.transports:
             for n in self.world_sizes:
-                reason = TRANSPORTS[t].unavailable(n)
-                if reason:
-                    raise ValueError(f"--transport: {t} cannot run at world size {n}: {reason}")
+                if why := TRANSPORTS[t].unavailable(n):
+                    raise ValueError(f"--transport: {t} cannot run at world size {n}: {why}")
         if not self.sizes_bytes or any(s < 1 for s in self.sizes_bytes):
             raise ValueError(f"--sizes: give at least one size, each >= 1 byte; got {self.sizes_bytes}")
         if self.iters is not None and self.iters < 1:
@@ -321,23 +316,27 @@ def fit_latency_bandwidth(
     design = np.column_stack([np.ones_like(b), b]) / t[:, None]
     (alpha_us, us_per_byte), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
     rms = float(np.sqrt(np.mean(((alpha_us + b * us_per_byte - t) / t) ** 2)))
-    # bytes/us -> GB/s: * 1e6 / 1e9
-    beta_GBps = float(1e-3 / us_per_byte) if us_per_byte > 0 else None
+    # No bandwidth term when it adds (next to) nothing even at the largest size: a flat or falling
+    # curve, where 1/slope would be a huge or negative number from rounding error.
+    grows = us_per_byte * b.max() > 1e-6 * t.max()
+    beta_GBps = float(1e-3 / us_per_byte) if grows else None  # bytes/us -> GB/s: * 1e6 / 1e9
     return float(alpha_us), beta_GBps, rms
+
+
+def _series(points: Sequence[AllReducePoint]) -> dict[tuple[str, int], list[AllReducePoint]]:
+    series: dict[tuple[str, int], list[AllReducePoint]] = {}
+    for p in points:
+        series.setdefault((p.transport, p.world_size), []).append(p)
+    return series
 
 
 def fit_all(points: Sequence[AllReducePoint]) -> list[LatencyBandwidthFit]:
     """One fit per (transport, world size > 1) with two or more sizes; world size 1 moves no data."""
-    groups: dict[tuple[str, int], list[AllReducePoint]] = {}
-    for p in points:
-        if p.world_size > 1:
-            groups.setdefault((p.transport, p.world_size), []).append(p)
     fits = []
-    for (transport, world_size), group in groups.items():
-        if len({p.bytes for p in group}) < 2:
-            continue
-        alpha, beta, rms = fit_latency_bandwidth([p.bytes for p in group], [p.time_us for p in group])
-        fits.append(LatencyBandwidthFit(transport, world_size, alpha, beta, len(group), rms))
+    for (transport, n), group in _series(points).items():
+        if n > 1 and len({p.bytes for p in group}) >= 2:
+            alpha, beta, rms = fit_latency_bandwidth([p.bytes for p in group], [p.time_us for p in group])
+            fits.append(LatencyBandwidthFit(transport, n, alpha, beta, len(group), rms))
     return fits
 
 
@@ -370,58 +369,34 @@ def format_fits(result: AllReduceResult) -> str:
     return "\n".join(lines)
 
 
-def _size_axis(ax, sizes: list[int]) -> None:
-    ax.set_xscale("log", base=2)
-    ticks = sorted(set(sizes))
-    while len(ticks) > 14:  # keep labels readable on long sweeps
-        ticks = ticks[::2]
-    ax.set_xticks(ticks, [format_size(s) for s in ticks])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("message size (bytes, binary units)")
-    ax.grid(True, which="major", alpha=0.35)
-
-
-def _series(points: Sequence[AllReducePoint]) -> dict[tuple[str, int], list[AllReducePoint]]:
-    series: dict[tuple[str, int], list[AllReducePoint]] = {}
-    for p in points:
-        series.setdefault((p.transport, p.world_size), []).append(p)
-    return series
-
-
-def plot_busbw(points: Sequence[AllReducePoint]):
-    """Bus bandwidth vs message size, one line per (transport, world size > 1)."""
+def _plot(points: Sequence[AllReducePoint], value: str, *, multi_rank_only: bool) -> Figure:
     fig = new_figure()
     ax = fig.add_subplot()
     for (transport, n), group in _series(points).items():
-        if n > 1:  # busbw is 0 by definition at n = 1
-            ax.plot(
-                [p.bytes for p in group],
-                [p.busbw_GBps for p in group],
-                marker="o",
-                label=f"{transport}, n={n}",
-            )
+        if n > 1 or not multi_rank_only:
+            xs, ys = [p.bytes for p in group], [getattr(p, value) for p in group]
+            ax.plot(xs, ys, marker="o", label=f"{transport}, n={n}")
     if ax.lines:
         ax.legend(title="transport, world size")
     else:
         ax.text(0.5, 0.5, "no world size > 1 measured", transform=ax.transAxes, ha="center")
-    _size_axis(ax, [p.bytes for p in points])
-    ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_ylim(bottom=0)
-    ax.set_title("All-reduce bus bandwidth, busbw = algbw * 2(n-1)/n")
+    size_axis(ax, [p.bytes for p in points])
     return fig
 
 
-def plot_latency(points: Sequence[AllReducePoint]):
+def plot_busbw(points: Sequence[AllReducePoint]) -> Figure:
+    """Bus bandwidth vs message size, one line per (transport, world size > 1)."""
+    fig = _plot(points, "busbw_GBps", multi_rank_only=True)  # busbw is 0 by definition at n = 1
+    ax = fig.axes[0]
+    ax.set(ylabel="bus bandwidth (GB/s)", title="All-reduce bus bandwidth, busbw = algbw * 2(n-1)/n")
+    ax.set_ylim(bottom=0)
+    return fig
+
+
+def plot_latency(points: Sequence[AllReducePoint]) -> Figure:
     """Median time per all-reduce vs message size (log-log), one line per (transport, world size)."""
-    fig = new_figure()
-    ax = fig.add_subplot()
-    for (transport, n), group in _series(points).items():
-        ax.plot([p.bytes for p in group], [p.time_us for p in group], marker="o", label=f"{transport}, n={n}")
-    ax.legend(title="transport, world size")
-    _size_axis(ax, [p.bytes for p in points])
-    ax.set_yscale("log")
-    ax.set_ylabel("time per all-reduce (us, median of slowest rank)")
-    ax.set_title("All-reduce latency")
+    fig = _plot(points, "time_us", multi_rank_only=False)
+    fig.axes[0].set(yscale="log", ylabel="time per all-reduce (µs, slowest rank)", title="All-reduce latency")
     return fig
 
 
@@ -447,13 +422,15 @@ def write_report(result: AllReduceResult, report: ReportDir) -> None:
             Section("Results", [method, BUSBW_CONVENTION + ".", Table(rows, _COLUMNS, fmt)]),
             Section(
                 "Latency-bandwidth fit",
-                [fit_text, Table(doc["fits"], list(LatencyBandwidthFit.__annotations__), fit_fmt)],
+                [fit_text, Table(doc["fits"], [f.name for f in fields(LatencyBandwidthFit)], fit_fmt)],
             ),
             Section(
                 "Plots",
                 [
                     Image("allreduce_busbw.png", "bus bandwidth vs message size"),
-                    "World size 1 moves no data between ranks and is left out of the bandwidth plot.",
+                    "World size 1 moves no data between ranks and is left out of the bandwidth plot."
+                    if any(p.world_size == 1 for p in result.points)
+                    else "",
                     Image("allreduce_latency.png", "time per all-reduce vs message size"),
                 ],
             ),
@@ -465,18 +442,19 @@ def write_report(result: AllReduceResult, report: ReportDir) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transport", default="gloo", help=f"comma-separated, from: {', '.join(TRANSPORTS)}")
-    parser.add_argument("--world-sizes", default="1,2", help="comma-separated rank counts (default 1,2)")
-    parser.add_argument(
-        "--sizes", default=None, help="comma-separated sizes, binary K/M/G (default 4,16,...,64M)"
+    add = parser.add_argument
+    choices = "; ".join(f"{name}: {spec.description}" for name, spec in TRANSPORTS.items())
+    # argparse %-formats help text; a transport's description must not break --help
+    add(
+        "--transport",
+        default="gloo",
+        help=f"comma-separated (default gloo) from {choices}".replace("%", "%%"),
     )
-    parser.add_argument(
-        "--iters", type=int, default=None, help="timed iterations per point (default adaptive)"
-    )
-    parser.add_argument("--json", action="store_true", help="print the points as JSON on the last line")
-    parser.add_argument(
-        "--report-dir", default="reports", help="base directory for the report (default reports)"
-    )
+    add("--world-sizes", default="1,2", help="comma-separated rank counts (default 1,2)")
+    add("--sizes", default=None, help="comma-separated, binary K/M/G (default 4,16,64,...,64M)")
+    add("--iters", type=int, default=None, help="timed iterations per point (default: adaptive)")
+    add("--json", action="store_true", help="print the points as JSON on the last line of stdout")
+    add("--report-dir", default="reports", help="base directory of the report (default reports)")
 
 
 def config_from_args(args: argparse.Namespace) -> AllReduceConfig:

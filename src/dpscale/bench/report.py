@@ -25,9 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
+from .args import format_size
 from .sysinfo import collect_system_info, describe_system
 
 # A column format is a format spec (".2f") or a function of the cell's value.
@@ -97,6 +100,18 @@ def markdown_table(
     ]
     lines += ["| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def size_axis(ax: Axes, sizes_bytes: Sequence[int]) -> None:
+    """Make `ax`'s x axis a log2 byte-size axis labelled 4B, 1K, 64M at the measured sizes."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(sizes_bytes))
+    while len(ticks) > 14:  # thin the labels of long sweeps so they do not overlap
+        ticks = ticks[::2]
+    ax.set_xticks(ticks, [format_size(s) for s in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("message size (bytes, binary units)")
+    ax.grid(True, which="major", alpha=0.35)
 
 
 def new_figure(width_in: float = 8.0, height_in: float = 4.5) -> Figure:
