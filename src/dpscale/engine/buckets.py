@@ -70,13 +70,18 @@ class Bucket:
         return self.buffer.numel() * self.buffer.element_size()
 
 
-def build_buckets(params: list[torch.Tensor], assignment: list[list[int]]) -> list[Bucket]:
-    """Allocate one flat zeroed buffer per bucket and a view shaped like each of its parameters."""
+def build_buckets(params: list[torch.Tensor], assignment: list[list[int]], alloc=None) -> list[Bucket]:
+    """One flat zeroed buffer per bucket and a view shaped like each of its parameters.
+
+    `alloc(numel, dtype, device)` provides the buffers (a transport's, so that e.g. shared-memory
+    buffers are reduced where they are); default: ordinary zeroed tensors.
+    """
+    alloc = alloc or (lambda n, dtype, device: torch.zeros(n, dtype=dtype, device=device))
     buckets = []
     for b, idxs in enumerate(assignment):
         first = params[idxs[0]]
         total = sum(params[i].numel() for i in idxs)
-        buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
+        buffer = alloc(total, first.dtype, first.device)
         views, offsets, off = [], [], 0
         for i in idxs:
             n = params[i].numel()

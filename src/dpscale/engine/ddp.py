@@ -7,6 +7,7 @@ that will be followed by a synchronized backward. The process group is torch.dis
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm import Transport, make_transport
 from .buckets import MB, assign_buckets, build_buckets
 from .hooks import CommHook
 from .reducer import Reducer
@@ -34,6 +36,10 @@ class DistributedDataParallel(nn.Module):
     - `find_unused_parameters` (False): allow parameters that get no gradient in a step.
     - `gradient_as_bucket_view`: accepted; gradients are always views into the buckets here.
     - `static_graph`: accepted; a no-op, the engine needs no graph analysis.
+
+    dpscale's own: `transport` ("auto", "gloo", "nccl", "shm", "hierarchical", or a
+    `dpscale.comm.Transport`) carries the default gradient reduction; "auto" uses shared memory
+    for CPU workers on one host (see dpscale.comm.select). Rank 0 prints the choice once.
     """
 
     def __init__(
@@ -49,6 +55,7 @@ class DistributedDataParallel(nn.Module):
         find_unused_parameters: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        transport: str | Transport = "auto",
     ):
         super().__init__()
         if not dist.is_initialized():
@@ -77,8 +84,17 @@ class DistributedDataParallel(nn.Module):
         params = [p for _, p in named]
         assignment = assign_buckets(params, int(bucket_cap_mb * MB), int(first_bucket_cap_mb * MB))
         self.bucket_assignment = [[named[i][0] for i in b] for b in assignment]
-        buckets = build_buckets(params, assignment)
-        self.reducer = Reducer(params, [n for n, _ in named], buckets, process_group, find_unused_parameters)
+        if isinstance(transport, str):
+            transport = make_transport(
+                transport, process_group, self.device or next((p.device for p in params), torch.device("cpu"))
+            )
+            if dist.get_rank(process_group) == 0:
+                print(f"dpscale: transport {transport.describe()}", file=sys.stderr, flush=True)
+        self.transport = transport
+        buckets = build_buckets(params, assignment, alloc=transport.alloc)
+        self.reducer = Reducer(
+            params, [n for n, _ in named], buckets, process_group, transport, find_unused_parameters
+        )
         self._buffers_to_sync = [b for b in module.buffers()]
 
     @staticmethod

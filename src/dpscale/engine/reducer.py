@@ -26,12 +26,14 @@ class Reducer:
         names: list[str],
         buckets: list[Bucket],
         process_group: dist.ProcessGroup | None,
+        transport,
         find_unused_parameters: bool,
     ):
         self.params = params
         self.names = names
         self.buckets = buckets
         self.process_group = process_group
+        self.transport = transport
         self.world_size = dist.get_world_size(process_group)
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook: tuple[object, CommHook] | None = None
@@ -148,8 +150,7 @@ class Reducer:
         if self.comm_hook is None:
             if bucket.needs_scaling:
                 bucket.buffer.div_(self.world_size)
-            work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
-            return work.get_future()
+            return self.transport.all_reduce(bucket.buffer)
         state, hook = self.comm_hook
         params = [self.params[i] for i in bucket.param_indices]
         grad_bucket = GradBucket(

@@ -1,0 +1,62 @@
+"""The transport interface: the collectives the engine, benchmarks and optimizers use.
+
+A transport sums (all_reduce, reduce_scatter) or moves (broadcast, all_gather) CPU or CUDA
+tensors among the ranks of one job. `alloc` hands out buffers that the transport can reduce
+without a staging copy (shared memory for `shm`); any tensor works, buffers from `alloc` are
+faster. Every method is collective: all ranks call it in the same order with the same shapes.
+`all_reduce` returns a torch Future so that asynchronous transports can overlap with compute.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class Transport(Protocol):
+    name: str
+    rank: int
+    world_size: int
+
+    def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        """A zeroed 1-D buffer that this transport reduces in place fastest (collective)."""
+        ...
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """Sum `tensor` over ranks in place; the Future's value is `tensor`."""
+        ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None: ...
+
+    def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        """`output` (world_size * tensor.numel() elements) gets rank j's `tensor` at part j."""
+        ...
+
+    def reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        """`output` gets this rank's part of the sum of `tensor` over ranks (parts as `chunk_bounds`)."""
+        ...
+
+    def barrier(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def describe(self) -> str:
+        """One line for start-up messages and reports."""
+        ...
+
+
+def chunk_bounds(n: int, parts: int, index: int) -> tuple[int, int]:
+    """[lo, hi) of part `index` when n elements are split as evenly as possible into `parts`.
+
+    The first n % parts parts get one extra element, so any length works, divisible or not.
+    """
+    size, extra = divmod(n, parts)
+    lo = index * size + min(index, extra)
+    return lo, lo + size + (1 if index < extra else 0)
+
+
+def completed(value: object) -> torch.futures.Future:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return fut

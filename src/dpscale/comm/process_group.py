@@ -1,0 +1,52 @@
+"""A transport over a torch.distributed process group: gloo for CPU tensors, NCCL for CUDA."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .base import chunk_bounds
+
+
+class ProcessGroupTransport:
+    def __init__(self, process_group: dist.ProcessGroup | None = None):
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self.name = dist.get_backend(process_group)
+
+    def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        return torch.zeros(numel, dtype=dtype, device=device)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        return work.get_future().then(lambda f: f.value()[0])
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        dist.broadcast(tensor, src=self._global(src), group=self.group)
+
+    def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        dist.all_gather(list(output.view(-1).chunk(self.world_size)), tensor.view(-1), group=self.group)
+
+    def reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        # parts may differ in length by one (any length works), so go through a full sum
+        n = tensor.numel()
+        if n % self.world_size == 0 and hasattr(dist, "reduce_scatter_tensor") and self.name != "gloo":
+            dist.reduce_scatter_tensor(output, tensor, group=self.group)
+            return
+        total = tensor.clone()
+        dist.all_reduce(total, group=self.group)
+        lo, hi = chunk_bounds(n, self.world_size, self.rank)
+        output.copy_(total.view(-1)[lo:hi])
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.world_size} workers, torch.distributed)"
+
+    def _global(self, rank: int) -> int:
+        return dist.get_global_rank(self.group, rank) if self.group is not None else rank

@@ -1,0 +1,67 @@
+"""Choosing a transport: `auto` picks the fastest one that fits where the workers run.
+
+- CUDA tensors: the process group itself (NCCL).
+- CPU workers all on one host: `shm`.
+- CPU workers on several hosts: `hierarchical` (shm within hosts, gloo between).
+- `gloo` forces the plain process group.
+
+Workers are on the same host when they share a hostname and the same /dev/shm; the
+environment variable DPSCALE_HOST_ID overrides that (to emulate hosts in tests, or when
+hostnames do not tell hosts apart).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from .hierarchical import HierarchicalTransport
+from .process_group import ProcessGroupTransport
+from .shm import SharedMemoryTransport
+
+TRANSPORT_NAMES = ("auto", "gloo", "nccl", "shm", "hierarchical")
+
+
+def host_id() -> str:
+    if os.environ.get("DPSCALE_HOST_ID"):
+        return os.environ["DPSCALE_HOST_ID"]
+    try:
+        st = os.stat("/dev/shm")
+        shm = f"{st.st_dev}:{st.st_ino}"
+    except FileNotFoundError:
+        shm = "no-shm"
+    return f"{socket.gethostname()}/{shm}"
+
+
+def make_transport(
+    name: str,
+    process_group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+    *,
+    timeout_s: float = 300.0,
+):
+    """Build the transport `name` over `process_group` (collective: every rank must call it)."""
+    if name not in TRANSPORT_NAMES:
+        raise ValueError(f"transport: unknown {name!r}; choose one of {', '.join(TRANSPORT_NAMES)}")
+    is_cuda = device is not None and torch.device(device).type == "cuda"
+    if name in ("gloo", "nccl") or is_cuda:
+        if is_cuda and name in ("shm", "hierarchical"):
+            raise ValueError(f"transport {name!r} reduces CPU tensors; use 'auto' or 'nccl' for a CUDA model")
+        return ProcessGroupTransport(process_group)
+    world = dist.get_world_size(process_group)
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, host_id(), group=process_group)
+    one_host = len(set(hosts)) == 1
+    if name == "shm" and not one_host:
+        raise ValueError(
+            f"transport 'shm' needs every worker on one host, but they run on {len(set(hosts))}; "
+            "use 'auto' or 'hierarchical'"
+        )
+    if name == "auto" and world == 1:
+        return ProcessGroupTransport(process_group)  # nothing to reduce with anyone
+    if name == "shm" or (name == "auto" and one_host):
+        return SharedMemoryTransport(process_group, timeout_s=timeout_s)
+    return HierarchicalTransport(process_group, hosts, timeout_s=timeout_s)
