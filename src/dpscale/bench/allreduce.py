@@ -63,6 +63,13 @@ class RankTransport:
     all_reduce: Callable[[torch.Tensor], None]
     close: Callable[[], None]
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # the transport's own buffers (shared memory for shm), as the engine's buckets are
+    alloc: Callable[[int], torch.Tensor] | None = None
+
+    def buffer(self, numel: int) -> torch.Tensor:
+        if self.alloc is not None:
+            return self.alloc(numel)
+        return torch.zeros(numel, dtype=torch.float32, device=self.device)
 
 
 def _always_available(world_size: int) -> str | None:
@@ -114,7 +121,19 @@ def _nccl_setup(rank: int, world_size: int) -> RankTransport:
     )
 
 
+def _shm_setup(rank: int, world_size: int) -> RankTransport:
+    from ..comm import SharedMemoryTransport
+
+    shm = SharedMemoryTransport()
+    return RankTransport(
+        all_reduce=lambda t: shm.all_reduce(t).wait(),
+        close=shm.close,
+        alloc=lambda numel: shm.alloc(numel, torch.float32),
+    )
+
+
 register_transport("gloo", TransportSpec(_gloo_setup, "torch.distributed gloo (CPU tensors)"))
+register_transport("shm", TransportSpec(_shm_setup, "dpscale shared memory (CPU workers on one host)"))
 register_transport(
     "nccl", TransportSpec(_nccl_setup, "torch.distributed NCCL (one GPU per rank)", _nccl_unavailable)
 )
@@ -224,8 +243,8 @@ def _timed_s(all_reduce: Callable[[torch.Tensor], None], tensor: torch.Tensor) -
     return time.perf_counter() - t0
 
 
-def _check(transport: RankTransport, rank: int, world_size: int, numel: int) -> str | None:
-    tensor = torch.full((numel,), float(rank + 1), dtype=torch.float32, device=transport.device)
+def _check(transport: RankTransport, tensor: torch.Tensor, rank: int, world_size: int) -> str | None:
+    tensor.fill_(float(rank + 1))
     transport.all_reduce(tensor)
     expected = world_size * (world_size + 1) / 2  # small integers: exact in float32
     if bool((tensor == expected).all()):
@@ -234,10 +253,10 @@ def _check(transport: RankTransport, rank: int, world_size: int, numel: int) -> 
     return f"rank {rank}: expected every element to be {expected:g}, got values in [{lo:g}, {hi:g}]"
 
 
-def _time_point(transport: RankTransport, numel: int, iters: int | None) -> list[float]:
+def _time_point(transport: RankTransport, tensor: torch.Tensor, iters: int | None) -> list[float]:
     # Zeros: repeated in-place sums of anything else grow n-fold per call and reach inf (or pass
     # through denormals, which are slow on CPU) within a long run.
-    tensor = torch.zeros(numel, dtype=torch.float32, device=transport.device)
+    tensor.zero_()
     warm = [_timed_s(transport.all_reduce, tensor) for _ in range(WARMUP_ITERS)]
     if iters is None:
         # Every rank must run the same number of collectives: agree on the slowest estimate.
@@ -256,7 +275,8 @@ def _rank_sweep(
         try:
             times[name] = {}
             for numel in numels:
-                error = _check(transport, rank, world_size, numel)
+                tensor = transport.buffer(numel)
+                error = _check(transport, tensor, rank, world_size)
                 # Agree over the harness's gloo group so that all ranks stop together, rather than
                 # the healthy ones hanging in the next collective.
                 bad = torch.tensor([error is not None], dtype=torch.int32)
@@ -264,7 +284,7 @@ def _rank_sweep(
                 if bad.item():
                     where = f"transport {name!r}, world size {world_size}, {numel * 4} bytes"
                     return {"failed": True, "error": f"{where}: {error}" if error else None}
-                times[name][numel] = _time_point(transport, numel, iters)
+                times[name][numel] = _time_point(transport, tensor, iters)
         finally:
             transport.close()
     return {"failed": False, "times": times}

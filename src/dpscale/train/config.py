@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from ..comm.select import TRANSPORT_NAMES
 from ..data.sampler import TAIL_POLICIES
 from ..workloads import WORKLOADS
 
@@ -67,6 +68,8 @@ class TrainConfig:
     """dpscale, or torch to run the same loop on torch's DistributedDataParallel."""
     bucket_cap_mb: float = 25.0
     """Gradient bucket size."""
+    transport: str = "auto"
+    """dpscale engine's transport: auto, gloo, shm or hierarchical (auto: shm on one host)."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -103,6 +106,10 @@ class TrainConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.transport not in TRANSPORT_NAMES:
+            raise ValueError(
+                f"transport: unknown {self.transport!r}; choose one of {', '.join(TRANSPORT_NAMES)}"
+            )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
         if self.resume and not self.checkpoint_dir:

@@ -81,7 +81,10 @@ class Trainer:
             )
         else:
             self.model = DistributedDataParallel(
-                module, process_group=process_group, bucket_cap_mb=config.bucket_cap_mb
+                module,
+                process_group=process_group,
+                bucket_cap_mb=config.bucket_cap_mb,
+                transport=config.transport,
             )
         self.optimizer = build_optimizer(config, self.model.parameters())
         self.scheduler = build_scheduler(config, self.optimizer)
@@ -154,7 +157,7 @@ class Trainer:
             skipped_steps=self.skipped_steps,
             resumed_from_step=self.resumed_from,
             engine=cfg.engine,
-            transport=dist.get_backend(self.group),
+            transport=self.model.transport.name if cfg.engine == "dpscale" else dist.get_backend(self.group),
         )
         if lead and cfg.progress != "none":
             _print_summary(result)

@@ -1,0 +1,481 @@
+"""Convergence bench (`dpscale bench convergence`): does training reach the same place at any world size?
+
+The same workload is trained for the same number of samples at each world size W with the same
+global batch G, seed and data order. Smaller worlds accumulate gradients, k_W = max(W) / W, so every
+run takes micro-batches of G / max(W) samples and world_size * accumulation_steps is the same for
+all; the sampler hands out the same samples per global batch whatever W and k. Data parallelism is
+then the single-process computation it replaces, and the loss curves must agree up to float
+rounding. A curve that departs points at a bug (in the reduction, the loss scaling, the sampler).
+
+Gap (`compare_curves`): each curve is smoothed with a centred moving average over about a tenth of
+the run (an odd number of steps) and compared with the smallest world size's smoothed curve over
+the second half of training (steps floor(steps/2)+1 .. steps):
+    max_gap     = max |smooth(L_W) - smooth(L_ref)|
+    max_rel_gap = max |smooth(L_W) - smooth(L_ref)| / smooth(L_ref)
+and a run is within tolerance when max_rel_gap <= tolerance. A non-finite loss there departs.
+
+JSON (`ConvergenceResult.to_dict()`; the `--json` line is `summary()`, one object per world size
+with the keys workload, world_size, accumulation_steps, global_batch, steps, samples, final_loss,
+test_accuracy, max_gap, max_rel_gap, within_tolerance):
+    {"config": {"workload": str, "world_sizes": [int], "global_batch": int, "samples": int,
+                "seed": int, "tolerance": float},
+     "reference_world_size": int, "smoothing_window_steps": int, "compared_from_step": int,
+     "runs": [{"world_size": int, "accumulation_steps": int, "micro_batch": int, "steps": int,
+               "samples": int, "final_loss": float | null, "test_accuracy": float | null,
+               "param_sha256": str, "wall_s": float, "samples_per_s": float,
+               "samples_seen": [int], "losses": [float | null],
+               "max_gap": float | null, "max_rel_gap": float | null, "within_tolerance": bool}, ...]}
+Losses are per-step means over the global batch (metrics.jsonl's "loss"); null means non-finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from ..testing.multirank import run_ranks
+from ..train.config import TrainConfig
+from ..train.trainer import Trainer
+from ..workloads import WORKLOADS, get_workload
+from .args import parse_int_list
+from .report import Image, ReportDir, Section, Table, new_figure
+
+DEFAULT_EPOCHS = 5
+DEFAULT_TOLERANCE = 0.05
+# A tenth of the run: long enough to average out batch-to-batch noise once two runs' trajectories
+# differ (a sustained departure, not one unlucky batch, is what matters), short enough to follow
+# the curve's shape. Both curves are smoothed alike, so the moving average's lag cancels.
+SMOOTHING_FRACTION = 0.1
+# Relative gaps divide by the reference loss; a floor keeps a loss of exactly 0 from dividing by 0.
+_LOSS_FLOOR = 1e-12
+SUMMARY_KEYS = (
+    "workload world_size accumulation_steps global_batch steps samples final_loss test_accuracy "
+    "max_gap max_rel_gap within_tolerance"
+).split()
+
+
+@dataclass(kw_only=True)
+class ConvergenceConfig:
+    workload: str = "digits"  # --workload: a built-in workload
+    world_sizes: list[int] = field(default_factory=lambda: [1, 2])  # --world-sizes: each divides the largest
+    global_batch: int | None = None  # --global-batch: samples per optimizer step (default: the workload's)
+    samples: int | None = None  # --samples: samples to train on (default: 5 epochs of the training set)
+    seed: int = 0  # --seed: model init and data order, the same for every world size
+    tolerance: float = DEFAULT_TOLERANCE  # --tolerance: largest max_rel_gap that is still "ok"
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"--workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        if not self.world_sizes:
+            raise ValueError("--world-sizes: the list is empty; give at least one world size, e.g. 1,2")
+        if any(w < 1 for w in self.world_sizes) or len(set(self.world_sizes)) != len(self.world_sizes):
+            raise ValueError(f"--world-sizes: need distinct values >= 1, got {self.world_sizes}")
+        largest = max(self.world_sizes)
+        if uneven := [w for w in self.world_sizes if largest % w]:
+            divisors = ",".join(str(d) for d in range(1, largest + 1) if largest % d == 0)
+            raise ValueError(
+                f"--world-sizes: {', '.join(map(str, uneven))} does not divide the largest world size "
+                f"{largest}, so it cannot take the same micro-batches with whole accumulation steps; "
+                f"use divisors of {largest} ({divisors})"
+            )
+        if self.global_batch is None:
+            self.global_batch = get_workload(self.workload).global_batch
+        if self.global_batch < 1 or self.global_batch % largest:
+            up = max(largest, math.ceil(self.global_batch / largest) * largest)
+            raise ValueError(
+                f"--global-batch: {self.global_batch} does not split into {largest} equal micro-batches "
+                f"(the largest world size); use a multiple of {largest}, e.g. {up}"
+            )
+        if self.samples is None:
+            train, _ = get_workload(self.workload).build_data(self.seed)
+            self.samples = DEFAULT_EPOCHS * len(train)
+        if self.samples < 2 * self.global_batch:
+            raise ValueError(
+                f"--samples: {self.samples} is fewer than two steps of global batch {self.global_batch}; "
+                f"the comparison needs a second half of training: use at least {2 * self.global_batch}"
+            )
+        if self.seed < 0:
+            raise ValueError(f"--seed: must be >= 0, got {self.seed}")
+        if not (self.tolerance > 0 and math.isfinite(self.tolerance)):
+            raise ValueError(f"--tolerance: must be a positive fraction (0.05 = 5%), got {self.tolerance}")
+
+    @property
+    def steps(self) -> int:
+        return self.samples // self.global_batch
+
+    def accumulation_steps(self, world_size: int) -> int:
+        return max(self.world_sizes) // world_size
+
+
+@dataclass(frozen=True)
+class CurveGap:
+    max_gap: float | None  # largest absolute gap of the smoothed curves in the compared steps
+    max_rel_gap: float | None  # the largest gap relative to the reference's smoothed loss
+    within_tolerance: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvergenceRun:
+    world_size: int
+    accumulation_steps: int
+    micro_batch: int
+    steps: int
+    samples: int  # samples trained on: steps * global_batch
+    final_loss: float | None  # last step's loss; None when non-finite
+    test_accuracy: float | None  # None for workloads without a test split
+    param_sha256: str  # equal hashes: bitwise equal final weights
+    wall_s: float  # the whole run: starting the ranks, data, training and evaluation
+    samples_per_s: float  # training loop only, as the Trainer measures it
+    samples_seen: list[int]
+    losses: list[float | None]
+    max_gap: float | None
+    max_rel_gap: float | None
+    within_tolerance: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ConvergenceResult:
+    config: ConvergenceConfig
+    runs: list[ConvergenceRun]
+
+    @property
+    def reference(self) -> ConvergenceRun:
+        return min(self.runs, key=lambda r: r.world_size)
+
+    def to_dict(self) -> dict:
+        steps = self.config.steps
+        return {
+            "config": asdict(self.config),
+            "reference_world_size": self.reference.world_size,
+            "smoothing_window_steps": smoothing_window(steps),
+            "compared_from_step": compared_from(steps) + 1,
+            "runs": [r.to_dict() for r in self.runs],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> ConvergenceResult:
+        """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
+        # Validation is skipped: it would rebuild the data set, and an old report need not fit today's rules.
+        config = object.__new__(ConvergenceConfig)
+        config.__dict__.update(doc["config"])
+        return cls(config, [ConvergenceRun(**r) for r in doc["runs"]])
+
+    def summary(self) -> list[dict]:
+        """The `--json` line: one object per world size, without the curves."""
+        from_config = ("workload", "global_batch")
+        return [
+            {k: getattr(self.config if k in from_config else r, k) for k in SUMMARY_KEYS} for r in self.runs
+        ]
+
+
+# ---- curves and gaps ----------------------------------------------------------------------------
+
+
+def smoothing_window(steps: int) -> int:
+    """Odd, so that the window is centred on its step."""
+    return 2 * int(steps * SMOOTHING_FRACTION / 2) + 1
+
+
+def compared_from(steps: int) -> int:
+    """Index of the first compared step: the second half, where the run's outcome is decided. The
+    first half is left out because the loss falls fast there, so a harmless shift of a step or two
+    between equivalent runs would show as a large gap."""
+    return steps // 2
+
+
+def _nan(losses: Sequence[float | None]) -> list[float]:
+    return [math.nan if v is None else v for v in losses]
+
+
+def smooth(losses: Sequence[float | None], window: int) -> list[float]:
+    """Centred moving average over `window` (odd) steps, narrower at the ends; None counts as NaN.
+
+    Centred rather than trailing so that the smoothed curve lies on the raw one in the plot."""
+    v, half = _nan(losses), window // 2
+    return [statistics.fmean(v[max(0, i - half) : i + half + 1]) for i in range(len(v))]
+
+
+def gaps(reference: Sequence[float | None], other: Sequence[float | None], window: int) -> list[tuple]:
+    """Per step (|smooth(other) - smooth(reference)|, that / smooth(reference)); NaN where not finite."""
+    pairs = zip(smooth(reference, window), smooth(other, window), strict=True)
+    return [(abs(c - r), abs(c - r) / max(abs(r), _LOSS_FLOOR)) for r, c in pairs]
+
+
+def compare_curves(
+    reference: Sequence[float | None], other: Sequence[float | None], tolerance: float
+) -> CurveGap:
+    """The gap of `other`'s loss curve to `reference`'s (same steps), as described in the module doc."""
+    if len(reference) != len(other) or not reference:
+        raise ValueError(f"curves need the same, non-zero number of steps: {len(reference)} vs {len(other)}")
+    compared = gaps(reference, other, smoothing_window(len(reference)))[compared_from(len(reference)) :]
+    if not all(math.isfinite(rel) for _, rel in compared):
+        return CurveGap(None, None, False)  # diverged: no number to report, and not "ok"
+    max_rel_gap = max(rel for _, rel in compared)
+    return CurveGap(max(g for g, _ in compared), max_rel_gap, max_rel_gap <= tolerance)
+
+
+# ---- running ------------------------------------------------------------------------------------
+
+
+def _train_rank(rank: int, world_size: int, train_kwargs: dict) -> dict:
+    return Trainer(TrainConfig(**train_kwargs)).fit().to_dict()
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _train(
+    config: ConvergenceConfig, world_size: int, reference: list[float | None] | None
+) -> ConvergenceRun:
+    """One training run at `world_size`, its curve read from metrics.jsonl and compared with `reference`
+    (None: this is the reference)."""
+    with tempfile.TemporaryDirectory(prefix="dpscale-convergence-") as metrics_dir:
+        train = TrainConfig(
+            workload=config.workload,
+            global_batch=config.global_batch,
+            accumulation_steps=config.accumulation_steps(world_size),
+            max_steps=config.steps,
+            seed=config.seed,
+            metrics_dir=metrics_dir,
+            progress="none",
+        )
+        train.resolve_batch(world_size)  # fails here, with its message, rather than in every rank
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        # The same threads per rank at every world size, so no run gets more compute per sample.
+        threads = max(1, cores // max(config.world_sizes))
+        # Generous: a big workload on a busy machine must finish; a hang still ends with stacks.
+        timeout_s = 300 + 5.0 * config.steps
+        t0 = time.perf_counter()
+        r = run_ranks(_train_rank, world_size, train.to_dict(), threads=threads, timeout_s=timeout_s)[0]
+        wall_s = time.perf_counter() - t0
+        curve = [json.loads(line) for line in Path(metrics_dir, "metrics.jsonl").read_text().splitlines()]
+    losses = [_finite(s["loss"]) for s in curve]
+    gap = compare_curves(losses if reference is None else reference, losses, config.tolerance)
+    keys = ("accumulation_steps", "micro_batch", "steps", "test_accuracy", "param_sha256", "samples_per_s")
+    return ConvergenceRun(
+        world_size=world_size,
+        **{k: r[k] for k in keys},
+        samples=r["samples_seen"],
+        final_loss=_finite(r["final_loss"]),
+        wall_s=wall_s,
+        samples_seen=[s["samples_seen"] for s in curve],
+        losses=losses,
+        **asdict(gap),
+    )
+
+
+def run(config: ConvergenceConfig) -> ConvergenceResult:
+    """Train once per world size, the smallest (the reference) first, and compare the loss curves."""
+    ref = _train(config, min(config.world_sizes), None)
+    runs = {ref.world_size: ref} | {
+        w: _train(config, w, ref.losses) for w in config.world_sizes if w != ref.world_size
+    }
+    return ConvergenceResult(config, [runs[w] for w in config.world_sizes])
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def verdict(run: ConvergenceRun, reference_world_size: int) -> str:
+    if run.world_size == reference_world_size:
+        return "reference"
+    if run.max_rel_gap is None:
+        return "DEPARTS (non-finite loss)"
+    return "ok" if run.within_tolerance else "DEPARTS beyond tolerance"
+
+
+def _rows(result: ConvergenceResult) -> list[dict]:
+    ref = result.reference
+    return [
+        {
+            **r.to_dict(),
+            "verdict": verdict(r, ref.world_size),
+            "same_weights": "yes" if r.param_sha256 == ref.param_sha256 else "no",
+        }
+        for r in result.runs
+    ]
+
+
+_COLUMNS = (
+    "world_size accumulation_steps micro_batch steps samples final_loss test_accuracy max_gap max_rel_gap "
+    "verdict same_weights wall_s"
+).split()
+
+
+def _pct(fraction: float) -> str:
+    """3 significant digits: a rounding-level gap (3.8e-05%) must not print as 0.00%."""
+    return f"{100 * fraction:.3g}%"
+
+
+_FORMATS = dict(final_loss=".4f", test_accuracy=".2%", max_gap=".3g", max_rel_gap=_pct, wall_s=".1f")
+# terminal table: (column, header, width)
+_TERMINAL = [("world_size", "world", 6), ("accumulation_steps", "k", 4), ("micro_batch", "micro", 7),
+             ("steps", "steps", 7), ("final_loss", "final_loss", 12), ("test_accuracy", "test_acc", 10),
+             ("max_gap", "max_gap", 11), ("max_rel_gap", "max_rel", 12), ("wall_s", "wall_s", 8)]  # fmt: skip
+
+
+def _cell(value: object, fmt: str | Callable[[float], str]) -> str:
+    return "-" if value is None else fmt(value) if callable(fmt) else format(value, fmt)
+
+
+def format_table(result: ConvergenceResult) -> str:
+    """The runs as a fixed-width terminal table, one line per world size."""
+    lines = ["".join(f"{head:>{width}}" for _, head, width in _TERMINAL) + "  verdict"]
+    for row in _rows(result):
+        cells = (_cell(row[k], _FORMATS.get(k, "")) for k, _, _ in _TERMINAL)
+        lines.append("".join(f"{c:>{w}}" for c, (_, _, w) in zip(cells, _TERMINAL, strict=True)))
+        lines[-1] += "  " + row["verdict"]
+    return "\n".join(lines)
+
+
+def method_text(result: ConvergenceResult) -> str:
+    c, steps = result.config, result.config.steps
+    return (
+        f"Workload {c.workload}, global batch {c.global_batch}, {steps} steps ({steps * c.global_batch} "
+        f"samples), seed {c.seed}; world size W accumulates max(W)/W micro-batches of "
+        f"{c.global_batch // max(c.world_sizes)} samples, so every run sees the same samples per step. "
+        f"Gap: each loss curve is smoothed with a centred {smoothing_window(steps)}-step moving average "
+        f"and compared with world size {result.reference.world_size}'s over the second half of "
+        f"training (steps {compared_from(steps) + 1}-{steps}); max_rel_gap is the largest "
+        f"|difference| / reference loss there, and a run departs when it exceeds the tolerance of "
+        f"{_pct(c.tolerance)}."
+    )
+
+
+def largest_gap_text(result: ConvergenceResult) -> str:
+    others = [r for r in result.runs if r is not result.reference]
+    if not others:
+        return "Only one world size ran: there is nothing to compare."
+    if any(r.max_rel_gap is None for r in others):
+        return "At least one run has a non-finite loss in the compared steps: it departs."
+    worst = max(others, key=lambda r: r.max_rel_gap)
+    return (
+        f"Largest gap: world size {worst.world_size} vs {result.reference.world_size}: "
+        f"{worst.max_gap:.3g} absolute, {_pct(worst.max_rel_gap)} relative "
+        f"(tolerance {_pct(result.config.tolerance)})."
+    )
+
+
+def plot_curves(result: ConvergenceResult) -> Figure:
+    """Loss vs samples seen per world size (top), relative gap to the reference (bottom)."""
+    fig = new_figure(8.0, 6.0)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    ref, steps = result.reference, result.config.steps
+    window, start = smoothing_window(steps), compared_from(steps)
+    any_gap = False
+    for i, r in enumerate(result.runs):
+        # distinct dashes: equivalent runs lie on top of each other, and all of them must stay visible
+        style, label = ["-", "--", ":", "-."][i % 4], f"W={r.world_size}, k={r.accumulation_steps}"
+        (line,) = top.plot(r.samples_seen, smooth(r.losses, window), style, lw=2, label=label)
+        top.plot(r.samples_seen, _nan(r.losses), lw=0.7, alpha=0.3, color=line.get_color())
+        if r is not ref:
+            # exact zeros (bitwise equal losses) have no place on a log axis: left out, not faked
+            rel = [100 * rel if rel > 0 else math.nan for _, rel in gaps(ref.losses, r.losses, window)]
+            any_gap |= any(math.isfinite(y) for y in rel)
+            bottom.plot(r.samples_seen, rel, style, color=line.get_color(), label=label)
+    for ax, label in ((top, "compared"), (bottom, None)):
+        ax.axvspan(ref.samples_seen[start], ref.samples_seen[-1], color="0.9", zorder=0, label=label)
+        ax.grid(True, alpha=0.35)
+    if all(v is not None and v > 0 for r in result.runs for v in r.losses):
+        top.set_yscale("log")  # the late, small losses are where runs part; a log axis shows them
+    c = result.config
+    title = f"{c.workload}, global batch {c.global_batch}: loss per step (thin), {window}-step mean (thick)"
+    top.set(ylabel="training loss (mean over the global batch)", title=title)
+    top.legend(title="world size, accumulation")
+    bottom.axhline(100 * c.tolerance, color="tab:red", lw=1, ls="--", label=f"tolerance {_pct(c.tolerance)}")
+    # log: equivalent runs differ by rounding (1e-5 %), a broken one by whole percents; both must show
+    bottom.set(yscale="log", xlabel="samples seen", ylabel=f"gap to W={ref.world_size} (% of its loss)")
+    bottom.set_ylim(top=max(bottom.get_ylim()[1], 1000 * c.tolerance))  # a decade above the tolerance
+    if not any_gap:
+        why = "equal losses at every step" if len(result.runs) > 1 else "one world size: nothing to compare"
+        bottom.text(0.5, 0.5, why, transform=bottom.transAxes, ha="center")
+    bottom.legend(loc="upper left", fontsize="small")
+    return fig
+
+
+def curve_rows(result: ConvergenceResult) -> list[dict]:
+    """convergence.csv: one row per (world size, step)."""
+    window = smoothing_window(result.config.steps)
+    return [
+        {"world_size": r.world_size, "accumulation_steps": r.accumulation_steps, "step": i + 1,
+         "samples_seen": seen, "loss": loss, "smoothed_loss": smoothed}
+        for r in result.runs
+        for i, (seen, loss, smoothed) in enumerate(
+            zip(r.samples_seen, r.losses, smooth(r.losses, window), strict=True))
+    ]  # fmt: skip
+
+
+def write_report(result: ConvergenceResult, report: ReportDir) -> None:
+    """Fill `report` with report.json, convergence.csv, convergence.png and report.md."""
+    doc = result.to_dict()
+    report.write_json(doc, config=doc["config"])
+    report.write_csv("convergence", curve_rows(result))
+    report.save_figure(plot_curves(result), "convergence")
+    weights = (
+        "same_weights: whether the final parameters hash (SHA-256) equal to the reference's; float sums "
+        "in another order usually make them differ in the last bits, which is harmless."
+    )
+    table = Table(_rows(result), _COLUMNS, _FORMATS, {"accumulation_steps": "k", "micro_batch": "micro"})
+    image = Image("convergence.png", "training loss vs samples seen per world size")
+    report.write_markdown(
+        "Convergence bench",
+        [
+            Section("Method", [method_text(result)]),
+            Section("Results", [table, largest_gap_text(result), weights]),
+            Section("Loss curves", [image, "CSV: convergence.csv (loss per step per world size)."]),
+        ],
+    )
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--workload", default="digits", help=f"one of {', '.join(WORKLOADS)} (default digits)")
+    add("--world-sizes", default="1,2", help="comma-separated, each dividing the largest (default 1,2)")
+    add("--global-batch", type=int, default=None, help="samples per step (default: the workload's)")
+    add("--samples", type=int, default=None, help=f"samples to train on (default {DEFAULT_EPOCHS} epochs)")
+    add("--seed", type=int, default=0, help="model init and data order (default 0)")
+    tolerance_help = f"largest relative loss gap still ok (default {DEFAULT_TOLERANCE:g} = 5%%)"
+    add("--tolerance", type=float, default=DEFAULT_TOLERANCE, help=tolerance_help)
+    add("--json", action="store_true", help="print one object per world size as JSON on the last line")
+    add("--report-dir", default="reports", help="base directory of the report (default reports)")
+
+
+def config_from_args(args: argparse.Namespace) -> ConvergenceConfig:
+    return ConvergenceConfig(
+        workload=args.workload,
+        world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
+        global_batch=args.global_batch,
+        samples=args.samples,
+        seed=args.seed,
+        tolerance=args.tolerance,
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Exit code 0 when every world size is within tolerance, 1 when one departs."""
+    result = run(config_from_args(args))
+    print(format_table(result))
+    print(largest_gap_text(result))
+    report = ReportDir.create(args.report_dir, "convergence")
+    write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps(result.summary()))
+    return 0 if all(r.within_tolerance for r in result.runs) else 1

@@ -1,0 +1,559 @@
+"""Scaling bench (`dpscale bench scaling`): throughput and scaling efficiency vs workers, per engine.
+
+For each world size one set of ranks is started; every engine is built there from the same seed and
+the engines take turns in rounds of a few steps (rotating order, as in bench/engine.py), so drift of a
+shared machine hits all alike. A step (zero_grad, forward, loss, backward, optimizer step) is timed
+on every rank; its time is the slowest rank's, which is what the next collective waits for.
+
+Figures per (engine, world size N), all from the per-step per-rank times kept in "runs":
+    step_ms / step_ms_p90   median / p90 over steps of the slowest rank's step time
+    samples_per_s           global batch / step_ms
+    efficiency              samples_per_s(N) / (N * samples_per_s(1)), same engine; null without N=1
+    ceiling_fraction        samples_per_s / local engine's samples_per_s at the same N (null without local)
+    overhead_ms             step_ms - local engine's step_ms at the same N (null without local)
+    comm_ms, exposed_comm_ms  median over steps of dpscale's `last_step_stats` on rank 0; null otherwise
+    overlap_pct             100 * (1 - exposed_comm_ms / comm_ms), dpscale only
+    straggler_ms            median over steps of (slowest rank's step time - fastest rank's)
+
+JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
+    {"config": {"model", "mode", "per_worker_batch", "global_batch", "world_sizes", "engines",
+                "steps", "warmup", "threads_per_worker"},
+     "points": [{"engine": str, "transport": str, "model": str, "mode": "weak" | "strong",
+                 "world_size": int, "per_worker_batch": int, "global_batch": int, "step_ms": float,
+                 "step_ms_p90": float, "samples_per_s": float, "efficiency": float | null,
+                 "comm_ms": float | null, "exposed_comm_ms": float | null,
+                 "ceiling_fraction": float | null, "overhead_ms": float | null,
+                 "overlap_pct": float | null, "straggler_ms": float, "steps": int}, ...],
+     "runs": [{"engine", "world_size", "transport", "step_ms": [[float per rank] per step],
+               "comm_ms": [float per step] | null, "exposed_comm_ms": [float per step] | null}, ...]}
+`transport` is dpscale's transport name, torch's process-group backend, or "none" for local.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+import torch.distributed as dist
+from matplotlib.figure import Figure
+from torch import nn
+
+from ..testing.multirank import run_ranks
+from ..workloads import WORKLOADS, get_workload
+from .args import parse_int_list, parse_name_list
+from .engine import _quantile as quantile
+from .engines import ENGINES, wrap
+from .report import Image, ReportDir, Section, Table, new_figure
+from .sysinfo import _usable_cores
+
+MODES = ("weak", "strong")
+DEFAULT_PER_WORKER_BATCH = 64
+# Short rounds: the more often engines alternate, the less a burst of load on a shared machine
+# lands on one engine only; 5 steps still amortize the switch between models' caches.
+STEPS_PER_ROUND = 5
+USER_MODEL_CONVENTION = (
+    "`module:callable`: the callable takes no arguments and returns either an nn.Module fed float "
+    "inputs of shape (batch, in_features of its first nn.Linear), trained to output zeros (loss: sum "
+    "of squared outputs), or a tuple (model, make_batch(batch_size, generator) -> (x, y), "
+    "loss_sum(output, y) -> scalar summed over samples)"
+)
+_USER_MODEL_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_ENGINE_COLORS = {"dpscale": "C0", "torch": "C1", "local": "C2"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingConfig:
+    model: str = "mlp"  # --model: a built-in workload or a user model (see USER_MODEL_CONVENTION)
+    mode: str = "weak"  # --mode: weak keeps the per-worker batch fixed, strong the global batch
+    per_worker_batch: int | None = None  # --per-worker-batch: weak mode only; None means 64
+    global_batch: int | None = None  # --global-batch: strong mode only (required); split G/N per worker
+    world_sizes: list[int] = field(default_factory=lambda: [1, 2])  # --world-sizes: workers per launch
+    engines: list[str] = field(default_factory=lambda: list(ENGINES))  # --engines: names in ENGINES
+    steps: int = 30  # --steps: timed steps per engine and world size, split in alternating rounds
+    warmup: int = 3  # --warmup: untimed steps per engine first (allocator, caches, first buckets)
+    threads_per_worker: int = 1  # --threads-per-worker: intra-op threads; N workers use N x this cores
+
+    def __post_init__(self) -> None:
+        if self.model not in WORKLOADS and not _USER_MODEL_RE.match(self.model):
+            raise ValueError(
+                f"--model: unknown {self.model!r}; choose from {', '.join(WORKLOADS)} or give module:callable"
+            )
+        if self.mode not in MODES:
+            raise ValueError(f"--mode: {self.mode!r} is not a mode; choose weak or strong")
+        for flag, values in (("--world-sizes", self.world_sizes), ("--engines", self.engines)):
+            if not values or len(set(values)) != len(values):
+                raise ValueError(f"{flag}: give a non-empty list without repeats, got {values}")
+        parse_name_list(",".join(self.engines), flag="--engines", choices=list(ENGINES))
+        if any(n < 1 for n in self.world_sizes):
+            raise ValueError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
+        if self.mode == "weak":
+            if self.global_batch is not None:
+                raise ValueError("--global-batch: only for --mode strong; weak mode fixes --per-worker-batch")
+            if self.per_worker_batch is None:
+                object.__setattr__(self, "per_worker_batch", DEFAULT_PER_WORKER_BATCH)
+            if self.per_worker_batch < 1:
+                raise ValueError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
+        else:
+            if self.per_worker_batch is not None:
+                raise ValueError(
+                    "--per-worker-batch: only for --mode weak; strong mode splits --global-batch"
+                )
+            if self.global_batch is None or self.global_batch < 1:
+                raise ValueError("--global-batch: --mode strong needs a global batch >= 1, e.g. 128")
+            bad = [n for n in self.world_sizes if self.global_batch % n]
+            if bad:
+                multiple = math.lcm(*self.world_sizes)
+                raise ValueError(
+                    f"--global-batch: {self.global_batch} is not divisible by world size {bad[0]}; "
+                    f"use a multiple of {multiple}"
+                )
+        for flag, value, minimum in (
+            ("--steps", self.steps, 1),
+            ("--warmup", self.warmup, 0),
+            ("--threads-per-worker", self.threads_per_worker, 1),
+        ):
+            if value < minimum:
+                raise ValueError(f"{flag}: must be >= {minimum}, got {value}")
+
+    def batches(self, world_size: int) -> tuple[int, int]:
+        """(per-worker batch, global batch) at `world_size`."""
+        if self.mode == "weak":
+            return self.per_worker_batch, self.per_worker_batch * world_size
+        return self.global_batch // world_size, self.global_batch
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """Raw measurements of one engine at one world size; every figure is computed from these."""
+
+    engine: str
+    world_size: int
+    transport: str
+    step_ms: list[list[float]]  # [step][rank]: wall time of each timed step on each rank
+    comm_ms: list[float] | None  # per step, rank 0 (dpscale only)
+    exposed_comm_ms: list[float] | None
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """One (engine, world size) row; the fields are documented in the module docstring."""
+
+    engine: str
+    transport: str
+    model: str
+    mode: str
+    world_size: int
+    per_worker_batch: int
+    global_batch: int
+    step_ms: float
+    step_ms_p90: float
+    samples_per_s: float
+    efficiency: float | None
+    comm_ms: float | None
+    exposed_comm_ms: float | None
+    ceiling_fraction: float | None
+    overhead_ms: float | None
+    overlap_pct: float | None
+    straggler_ms: float
+    steps: int
+
+
+POINT_KEYS = tuple(f.name for f in fields(ScalingPoint))  # the documented keys of every point
+
+
+@dataclass(frozen=True)
+class ScalingResult:
+    config: ScalingConfig
+    points: list[ScalingPoint]
+    runs: list[EngineRun]
+
+    def to_dict(self) -> dict:
+        return {
+            "config": asdict(self.config),
+            "points": [asdict(p) for p in self.points],
+            "runs": [asdict(r) for r in self.runs],
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> ScalingResult:
+        """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
+        # Validation is skipped: an old run's user model need not be importable now.
+        config = object.__new__(ScalingConfig)
+        config.__dict__.update(doc["config"])
+        points = [ScalingPoint(**p) for p in doc["points"]]
+        return cls(config, points, [EngineRun(**r) for r in doc["runs"]])
+
+
+# ---- workloads (resolved inside the ranks; the spec string travels, not the objects) ------------
+
+
+@dataclass(frozen=True)
+class _Workload:
+    build_model: Callable[[], nn.Module]
+    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _load_workload(spec: str) -> _Workload:
+    if spec in WORKLOADS:
+        w = get_workload(spec)
+        train, _ = w.build_data(0)
+
+        def make_batch(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+            return train.batch(torch.randint(0, len(train), (batch,), generator=g).tolist())
+
+        return _Workload(w.build_model, make_batch, w.loss_sum)
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"--model: cannot load {spec!r} ({e}); expected {USER_MODEL_CONVENTION}") from None
+    if not callable(factory):
+        raise ValueError(f"--model: {spec} is not callable; expected {USER_MODEL_CONVENTION}")
+    made = factory()
+    if isinstance(made, tuple) and len(made) == 3 and isinstance(made[0], nn.Module):
+        return _Workload(lambda: factory()[0], made[1], made[2])
+    if not isinstance(made, nn.Module):
+        raise ValueError(f"--model: {spec} returned {type(made).__name__}; expected {USER_MODEL_CONVENTION}")
+    first = next((m for m in made.modules() if isinstance(m, nn.Linear)), None)
+    if first is None:
+        raise ValueError(f"--model: {spec} has no nn.Linear to size inputs by; return the tuple form")
+    in_features = first.in_features
+
+    def random_batch(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(batch, in_features, generator=g), torch.empty(0)
+
+    return _Workload(factory, random_batch, lambda out, _y: out.float().square().sum())
+
+
+def _transport_name(model: nn.Module, engine: str) -> str:
+    if engine == "dpscale":
+        return getattr(getattr(model, "transport", None), "name", "gloo")
+    return dist.get_backend() if engine == "torch" else "none"
+
+
+def _round_sizes(steps: int) -> list[int]:
+    return [min(STEPS_PER_ROUND, steps - s) for s in range(0, steps, STEPS_PER_ROUND)]
+
+
+def _rank_measure(
+    rank: int, world_size: int, spec: str, batch: int, engines: list[str], steps: int, warmup: int, path: list
+) -> dict:
+    # A user model's module is found through the parent's sys.path (a forkserver child may not have it).
+    sys.path.extend(p for p in path if p not in sys.path)
+    workload = _load_workload(spec)
+    x, y = workload.make_batch(batch, torch.Generator().manual_seed(100 + rank))
+    runs = {}
+    for e in engines:
+        torch.manual_seed(0)  # same initial weights for every engine
+        model = wrap(workload.build_model(), e)
+        # A small lr keeps weights finite over the run; the update costs the same whatever the lr.
+        runs[e] = (model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9))
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    comm: dict[str, list[tuple[float, float]]] = {e: [] for e in engines}
+
+    def step(e: str) -> float:
+        model, opt = runs[e]
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        (workload.loss_sum(model(x), y) / batch).backward()
+        opt.step()
+        return (time.perf_counter() - t0) * 1e3
+
+    for e in engines:
+        for _ in range(warmup):
+            step(e)
+    for r, size in enumerate(_round_sizes(steps)):
+        for e in engines[r % len(engines) :] + engines[: r % len(engines)]:
+            for _ in range(size):
+                times[e].append(step(e))
+                stats = getattr(runs[e][0], "last_step_stats", None)
+                if stats is not None:
+                    comm[e].append((stats.comm_ms, stats.exposed_comm_ms))
+    return {"times": times, "comm": comm, "transport": {e: _transport_name(runs[e][0], e) for e in engines}}
+
+
+# ---- orchestration and figures ------------------------------------------------------------------
+
+
+def run(config: ScalingConfig) -> ScalingResult:
+    """Measure every (engine, world size) of `config`; one set of ranks per world size."""
+    if config.model not in WORKLOADS:
+        _load_workload(config.model)  # a bad user model fails here, once, not in every rank
+    cores = _usable_cores()
+    runs = []
+    for n in config.world_sizes:
+        if n * config.threads_per_worker > cores:
+            print(
+                f"warning: world size {n} x {config.threads_per_worker} thread(s) > {cores} usable cores; "
+                "workers time-share cores, so the figures measure the scheduler as much as the engines",
+                file=sys.stderr,
+            )
+        print(f"scaling: world size {n}, engines {','.join(config.engines)}", file=sys.stderr, flush=True)
+        batch, _ = config.batches(n)
+        # Generous: a hang still ends (with every rank's stack); a slow shared machine does not.
+        timeout_s = 300 + 5 * (config.steps + config.warmup) * len(config.engines)
+        per_rank = run_ranks(
+            _rank_measure,
+            n,
+            *(config.model, batch, config.engines, config.steps, config.warmup, list(sys.path)),
+            threads=config.threads_per_worker,
+            timeout_s=timeout_s,
+        )
+        for e in config.engines:
+            step_ms = [list(ts) for ts in zip(*(r["times"][e] for r in per_rank), strict=True)]
+            stats = per_rank[0]["comm"][e]  # [(comm_ms, exposed_ms) per step], dpscale only
+            comm = [c for c, _ in stats] or None
+            exposed = [x for _, x in stats] or None
+            runs.append(EngineRun(e, n, per_rank[0]["transport"][e], step_ms, comm, exposed))
+    return ScalingResult(config, summarize(config, runs), runs)
+
+
+def summarize(config: ScalingConfig, runs: list[EngineRun]) -> list[ScalingPoint]:
+    """The figures of every run (see the module docstring), in the order of `runs`."""
+    slowest = {(r.engine, r.world_size): [max(s) for s in r.step_ms] for r in runs}
+    median = {k: statistics.median(v) for k, v in slowest.items()}
+    throughput = {(e, n): config.batches(n)[1] / (m / 1e3) for (e, n), m in median.items()}
+    points = []
+    for r in runs:
+        key, n = (r.engine, r.world_size), r.world_size
+        per_worker, global_batch = config.batches(n)
+        base, local = throughput.get((r.engine, 1)), ("local", n)
+        comm = statistics.median(r.comm_ms) if r.comm_ms else None
+        exposed = statistics.median(r.exposed_comm_ms) if r.exposed_comm_ms else None
+        points.append(
+            ScalingPoint(
+                engine=r.engine,
+                transport=r.transport,
+                model=config.model,
+                mode=config.mode,
+                world_size=n,
+                per_worker_batch=per_worker,
+                global_batch=global_batch,
+                step_ms=median[key],
+                step_ms_p90=quantile(slowest[key], 0.9),
+                samples_per_s=throughput[key],
+                efficiency=throughput[key] / (n * base) if base else None,
+                comm_ms=comm,
+                exposed_comm_ms=exposed,
+                ceiling_fraction=throughput[key] / throughput[local] if local in throughput else None,
+                overhead_ms=median[key] - median[local] if local in median else None,
+                overlap_pct=100 * (1 - exposed / comm) if comm and exposed is not None else None,
+                straggler_ms=statistics.median(max(s) - min(s) for s in r.step_ms),
+                steps=len(r.step_ms),
+            )
+        )
+    return points
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+_COLUMNS = {  # point field: (table header, format); None = "-"
+    "engine": ("engine", ""),
+    "transport": ("transport", ""),
+    "world_size": ("N", "d"),
+    "per_worker_batch": ("batch/worker", "d"),
+    "global_batch": ("global batch", "d"),
+    "step_ms": ("step ms", ".2f"),
+    "step_ms_p90": ("p90 ms", ".2f"),
+    "samples_per_s": ("samples/s", ".0f"),
+    "efficiency": ("efficiency", ".1%"),
+    "ceiling_fraction": ("of ceiling", ".1%"),
+    "overhead_ms": ("overhead ms", ".2f"),
+    "comm_ms": ("comm ms", ".2f"),
+    "exposed_comm_ms": ("exposed ms", ".2f"),
+    "overlap_pct": ("overlap %", ".0f"),
+    "straggler_ms": ("straggler ms", ".2f"),
+}
+
+
+def _describe(config: ScalingConfig) -> str:
+    batch = (
+        f"{config.per_worker_batch} samples/worker"
+        if config.mode == "weak"
+        else f"global batch {config.global_batch}"
+    )
+    return f"{config.mode} scaling, {config.model}, {batch}"
+
+
+def format_table(result: ScalingResult) -> str:
+    """The points as a fixed-width terminal table."""
+    widths = {c: max(len(h), 9) + 1 for c, (h, _) in _COLUMNS.items()}
+    widths["engine"] = widths["transport"] = 10
+    widths["world_size"] = 4
+
+    def cell(c: str, v: object, text: str | None = None) -> str:
+        text = text or ("-" if v is None else format(v, _COLUMNS[c][1]))
+        return text.ljust(widths[c]) if c in ("engine", "transport") else text.rjust(widths[c])
+
+    lines = [_describe(result.config), "".join(cell(c, None, h) for c, (h, _) in _COLUMNS.items())]
+    lines += ["".join(cell(c, getattr(p, c)) for c in _COLUMNS) for p in result.points]
+    return "\n".join(lines)
+
+
+def _engine_series(points: list[ScalingPoint]) -> dict[str, list[ScalingPoint]]:
+    series: dict[str, list[ScalingPoint]] = {}
+    for p in sorted(points, key=lambda p: p.world_size):
+        series.setdefault(p.engine, []).append(p)
+    return series
+
+
+def _workers_axis(fig: Figure, result: ScalingResult, ylabel: str, title: str):
+    ax = fig.add_subplot()
+    sizes = sorted({p.world_size for p in result.points})
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_xlim(min(sizes) - 0.3, max(sizes) + 0.3)
+    threads = result.config.threads_per_worker
+    each = "1 intra-op thread" if threads == 1 else f"{threads} intra-op threads"
+    ax.set(xlabel=f"workers N (processes, {each} each)", ylabel=ylabel)
+    ax.set_title(f"{title}\n{_describe(result.config)}")
+    ax.grid(True, alpha=0.35)
+    return ax
+
+
+def _label(engine: str, pts: list[ScalingPoint]) -> str:
+    # dpscale may pick a different transport per world size (gloo alone, shm on one host): show it.
+    transports = list(dict.fromkeys(p.transport for p in pts if p.transport != "none"))
+    return f"{engine} ({', '.join(transports)})" if transports else engine
+
+
+def plot_throughput(result: ScalingResult) -> Figure:
+    """Samples/s vs workers per engine, each with its ideal line N x (its own 1-worker throughput)."""
+    fig = new_figure()
+    ax = _workers_axis(fig, result, "throughput (samples/s, global batch)", "Throughput vs workers")
+    for e, pts in _engine_series(result.points).items():
+        color, ns = _ENGINE_COLORS.get(e), [p.world_size for p in pts]
+        ax.plot(ns, [p.samples_per_s for p in pts], marker="o", lw=2, color=color, label=_label(e, pts))
+        if pts[0].world_size == 1 and len(pts) > 1:
+            ax.plot(ns, [n * pts[0].samples_per_s for n in ns], ls="--", lw=1.2, color=color, alpha=0.8)
+    # one legend entry for all the dashed lines; each has its engine's colour
+    ax.plot([], [], ls="--", color="gray", label="ideal: N x same engine at N=1")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize="small")
+    return fig
+
+
+def plot_efficiency(result: ScalingResult) -> Figure:
+    """Scaling efficiency (% of linear) vs workers per engine; 100% is perfect scaling."""
+    fig = new_figure()
+    ax = _workers_axis(fig, result, "scaling efficiency (% of linear)", "Scaling efficiency vs workers")
+    ax.axhline(100, color="gray", ls="--", lw=1, label="ideal (100%)")
+    top = 110.0
+    for e, pts in _engine_series(result.points).items():
+        pts = [p for p in pts if p.efficiency is not None]
+        if not pts:
+            continue
+        ys = [100 * p.efficiency for p in pts]
+        top = max(top, *(y * 1.1 for y in ys))
+        ax.plot(
+            [p.world_size for p in pts],
+            ys,
+            marker="o",
+            lw=2,
+            color=_ENGINE_COLORS.get(e),
+            label=_label(e, pts),
+        )
+        for p, y in zip(pts, ys, strict=True):
+            if p.world_size > 1:  # N=1 is 100% by definition; labels there would only overlap
+                ax.annotate(f"{y:.0f}%", (p.world_size, y), textcoords="offset points", xytext=(7, -4))
+    if len(ax.lines) == 1:
+        ax.text(
+            0.5, 0.5, "no world size 1 measured: efficiency undefined", transform=ax.transAxes, ha="center"
+        )
+    ax.set_ylim(0, top)
+    ax.legend(loc="lower left", fontsize="small")
+    return fig
+
+
+def write_report(result: ScalingResult, report: ReportDir) -> None:
+    """Fill `report` with report.json, scaling.csv, the two plots and report.md."""
+    doc = result.to_dict()
+    report.write_json(doc, config=doc["config"])
+    report.write_csv("scaling", doc["points"])
+    report.save_figure(plot_throughput(result), "scaling_throughput")
+    report.save_figure(plot_efficiency(result), "scaling_efficiency")
+    c = result.config
+    formats = {k: f for k, (_, f) in _COLUMNS.items() if f}
+    headers = {k: h for k, (h, _) in _COLUMNS.items()}
+    method = (
+        f"{_describe(c)}. Every engine is built from the same seed in the same ranks; engines alternate "
+        f"in rounds of up to {STEPS_PER_ROUND} steps, after {c.warmup} warm-up steps, for {c.steps} timed "
+        f"steps each. A step (zero_grad, forward, loss, backward, SGD step) counts at its slowest rank; "
+        f"step ms and p90 are over steps. Intra-op threads per worker: {c.threads_per_worker}."
+    )
+    definitions = (
+        "efficiency = samples/s(N) / (N x samples/s(1)) for the same engine; of ceiling = samples/s / "
+        "local engine's samples/s at the same N; overhead = step ms - local step ms; comm and exposed = "
+        "median of dpscale's per-step stats on rank 0 (the reducer's own view; overhead counts everything "
+        "the engine adds); overlap = 1 - exposed/comm; straggler = median of (slowest - fastest rank) "
+        "per step. '-' = not applicable or not measured."
+    )
+    report.write_markdown(
+        "Scaling bench",
+        [
+            Section("Results", [method, definitions, Table(doc["points"], list(_COLUMNS), formats, headers)]),
+            Section(
+                "Plots",
+                [
+                    Image("scaling_throughput.png", "throughput vs workers"),
+                    Image("scaling_efficiency.png", "scaling efficiency vs workers"),
+                ],
+            ),
+        ],
+    )
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add(
+        "--model",
+        default="mlp",
+        help=f"{', '.join(WORKLOADS)}, or {USER_MODEL_CONVENTION}".replace("%", "%%"),
+    )
+    add("--mode", default="weak", help="weak: per-worker batch fixed (default); strong: global batch fixed")
+    add("--per-worker-batch", type=int, default=None, help=f"weak mode (default {DEFAULT_PER_WORKER_BATCH})")
+    add("--global-batch", type=int, default=None, help="strong mode: split G/N over N workers")
+    add("--world-sizes", default="1,2", help="comma-separated worker counts (default 1,2)")
+    add("--engines", default=",".join(ENGINES), help=f"comma-separated from {', '.join(ENGINES)}")
+    add("--steps", type=int, default=30, help="timed steps per engine and world size (default 30)")
+    add("--warmup", type=int, default=3, help="untimed steps per engine first (default 3)")
+    add("--threads-per-worker", type=int, default=1, help="intra-op threads per worker (default 1)")
+    add("--json", action="store_true", help="print the points as JSON on the last line of stdout")
+    add("--report-dir", default="reports", help="base directory of the report (default reports)")
+
+
+def config_from_args(args: argparse.Namespace) -> ScalingConfig:
+    return ScalingConfig(
+        model=args.model,
+        mode=args.mode,
+        per_worker_batch=args.per_worker_batch,
+        global_batch=args.global_batch,
+        world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
+        engines=parse_name_list(args.engines, flag="--engines", choices=list(ENGINES)),
+        steps=args.steps,
+        warmup=args.warmup,
+        threads_per_worker=args.threads_per_worker,
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    result = run(config_from_args(args))
+    print(format_table(result))
+    report = ReportDir.create(args.report_dir, "scaling")
+    write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps([asdict(p) for p in result.points], allow_nan=False))
+    return 0
