@@ -13,6 +13,7 @@ the second half of training (steps floor(steps/2)+1 .. steps):
     max_gap     = max |smooth(L_W) - smooth(L_ref)|
     max_rel_gap = max |smooth(L_W) - smooth(L_ref)| / smooth(L_ref)
 and a run is within tolerance when max_rel_gap <= tolerance. A non-finite loss there departs.
+`run_from_args` exits with 1 when any world size departs, so the bench can gate a change.
 
 JSON (`ConvergenceResult.to_dict()`; the `--json` line is `summary()`, one object per world size
 with the keys workload, world_size, accumulation_steps, global_batch, steps, samples, final_loss,
@@ -54,7 +55,7 @@ DEFAULT_EPOCHS = 5
 DEFAULT_TOLERANCE = 0.05
 # A tenth of the run: long enough to average out batch-to-batch noise once two runs' trajectories
 # differ (a sustained departure, not one unlucky batch, is what matters), short enough to follow
-# the curve's shape. Both curves are smoothed alike, so the moving average's lag cancels.
+# the curve's shape. Both curves are smoothed alike, so the smoothing itself cannot open a gap.
 SMOOTHING_FRACTION = 0.1
 # Relative gaps divide by the reference loss; a floor keeps a loss of exactly 0 from dividing by 0.
 _LOSS_FLOOR = 1e-12

@@ -145,6 +145,9 @@ class Reducer:
 
         fut.add_done_callback(done)
         self._futures[bucket.index] = fut
+        # A synchronous transport (shm) reduces inside this call, on the thread that runs
+        # backward: that time is not overlapped with compute, whatever the timestamps say.
+        timing.blocking_s = time.perf_counter() - timing.start_s
 
     def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
         if self.comm_hook is None:

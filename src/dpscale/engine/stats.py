@@ -15,6 +15,7 @@ class BucketTiming:
     nbytes: int
     start_s: float = 0.0
     end_s: float = 0.0
+    blocking_s: float = 0.0  # how long launching it held up the caller (all of it, if synchronous)
 
 
 @dataclass
@@ -29,10 +30,13 @@ class BucketStats:
 class StepStats:
     """What the last synced backward spent where.
 
-    - `backward_ms`: end of forward until autograd finished (the loss and backward compute).
+    - `backward_ms`: end of forward until autograd finished (the loss and backward compute),
+      less the time backward was held up by reductions running on its own thread.
     - `comm_ms`: time during which at least one bucket's reduction was in flight.
-    - `exposed_comm_ms`: end of backward compute until every reduction had finished: the
-      communication that overlap did not hide.
+    - `exposed_comm_ms`: communication that overlap did not hide: the time backward was held up
+      by synchronous reductions, plus the wait from the end of backward until every reduction
+      had finished. For an asynchronous transport (gloo, NCCL) it is mostly the wait; for a
+      synchronous one (shm) it is all of comm_ms.
     """
 
     step: int
@@ -54,11 +58,12 @@ class StepStats:
     ) -> StepStats:
         ms = lambda t: (t - t0) * 1e3
         buckets = [BucketStats(t.index, t.nbytes, ms(t.start_s), ms(t.end_s)) for t in timings]
+        held_up_ms = sum(t.blocking_s for t in timings if t.start_s < t_backward_end) * 1e3
         return cls(
             step=step,
-            backward_ms=ms(t_backward_end),
+            backward_ms=ms(t_backward_end) - held_up_ms,
             comm_ms=_union_ms(buckets),
-            exposed_comm_ms=max(0.0, (t_done - t_backward_end) * 1e3),
+            exposed_comm_ms=held_up_ms + max(0.0, (t_done - t_backward_end) * 1e3),
             buckets=buckets,
         )
 

@@ -1,0 +1,345 @@
+"""`dpscale report DIR [DIR...]`: re-render one bench report from its report.json, or compare several.
+
+One directory: its report.md and plots are rendered again from report.json alone, through the bench's
+own `from_dict` and `write_report` (after a change to the rendering, or to restore deleted files).
+Two or more: an A/B table of each bench's headline figures. The first directory is the baseline A;
+every ratio is (that report's value) / (A's value). A comparison reads report.json as plain JSON, so
+it needs no bench module and works on reports from other machines and older versions.
+
+Rows are matched on key columns, per command:
+    allreduce    transport, world_size, bytes              -> time_us, busbw_GBps
+    scaling      engine, world_size (+ transport, model,   -> samples_per_s, efficiency
+                 mode, per_worker_batch while those are
+                 needed to tell a report's points apart)
+    convergence  world_size                                -> final_loss, test_accuracy
+
+A comparison prints the table and writes compare-<UTC>/ under the first directory's parent (or
+--out DIR) with report.md, compare.csv (the table) and compare.json (`Comparison.to_dict()`):
+    {"command": str, "baseline": "A",
+     "reports": [{"label": str, "dir": str, "command_line": str | null, "created_utc": str | null,
+                  "system": {...} | null (sysinfo's layout)}, ...],
+     "key_columns": [str], "metrics": [str],
+     "rows": [{"key": {column: value}, "values": {metric: [value or null, one per report]},
+               "ratios": {metric: [value / A's or null, one per report after A]}}, ...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import string
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .report import ReportDir, markdown_table
+from .sysinfo import describe_system
+
+# command -> (module, result class): imported only when a report of that command is re-rendered, so
+# a missing or broken bench costs only its own reports.
+BENCHES: dict[str, tuple[str, str]] = {
+    "allreduce": ("dpscale.bench.allreduce", "AllReduceResult"),
+    "scaling": ("dpscale.bench.scaling", "ScalingResult"),
+    "convergence": ("dpscale.bench.convergence", "ConvergenceResult"),
+}
+# Which way is better, for the note under the table; every other metric: higher is better.
+LOWER_IS_BETTER = ("time_us", "final_loss")
+
+
+# ---- reading and re-rendering -------------------------------------------------------------------
+
+
+def load_report(directory: str | Path) -> dict:
+    """report.json of a report directory; ValueError naming the directory when it is not one."""
+    path = Path(directory) / "report.json"
+    if not path.is_file():
+        raise ValueError(
+            f"{directory}: no report.json there; give a directory written by a `dpscale bench` command"
+        )
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it as JSON ({e})") from None
+    missing = [k for k in ("command", "results") if not (isinstance(doc, dict) and k in doc)]
+    if missing:
+        raise ValueError(f"{path}: not a bench report, it lacks {', '.join(missing)}")
+    return doc
+
+
+def _bench(command: str, directory: str | Path):
+    """(module, result class) that re-render reports of `command`."""
+    if command not in BENCHES:
+        raise ValueError(
+            f"{directory}: report command {command!r} cannot be re-rendered; known: {', '.join(BENCHES)}"
+        )
+    module_name, class_name = BENCHES[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"{directory}: a {command} report needs {module_name}, which cannot be imported here ({e}); "
+            "re-render it with a dpscale that has that bench"
+        ) from None
+    return module, getattr(module, class_name)
+
+
+def rerender(directory: str | Path) -> Path:
+    """Write `directory`'s report.md, plots and CSV again from its report.json; returns report.md's path."""
+    doc = load_report(directory)
+    module, result_class = _bench(doc["command"], directory)
+    result = result_class.from_dict(doc["results"])
+    # The original command line and system, not this process's: the report describes that run.
+    report = ReportDir(
+        path=Path(directory), command=doc["command"], argv=list(doc.get("argv") or []), system=doc["system"]
+    )
+    module.write_report(result, report)
+    return report.path / "report.md"
+
+
+# ---- comparing ----------------------------------------------------------------------------------
+
+
+def _points(results: dict | list) -> list[dict]:
+    # a bare list of points, or {"points": [...], ...}: both layouts have been written
+    return results if isinstance(results, list) else results["points"]
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """What to compare in a command's results."""
+
+    key_columns: tuple[str, ...]  # always part of the row key
+    extra_key_columns: tuple[str, ...]  # added, in order, while a report has two rows with one key
+    metrics: tuple[str, ...]
+    rows: Callable[[dict | list], list[dict]]  # results (report.json) -> flat rows
+
+
+FIGURES: dict[str, _Figures] = {
+    "allreduce": _Figures(("transport", "world_size", "bytes"), (), ("time_us", "busbw_GBps"), _points),
+    "scaling": _Figures(
+        ("engine", "world_size"),
+        ("transport", "model", "mode", "per_worker_batch"),
+        ("samples_per_s", "efficiency"),
+        _points,
+    ),
+    "convergence": _Figures(("world_size",), (), ("final_loss", "test_accuracy"), lambda r: r["runs"]),
+}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    command: str
+    reports: list[dict]  # label, dir, command_line, created_utc, system
+    key_columns: list[str]
+    metrics: list[str]
+    rows: list[dict]  # {"key": {...}, "values": {metric: [...]}, "ratios": {metric: [...]}}
+
+    @property
+    def labels(self) -> list[str]:
+        return [r["label"] for r in self.reports]
+
+    def to_dict(self) -> dict:
+        return {"command": self.command, "baseline": self.labels[0], **asdict(self)}
+
+    def flat_rows(self) -> list[dict]:
+        """One dict per row: the key columns, then per metric each report's value and each ratio to A."""
+        base, others = self.labels[0], self.labels[1:]
+        flat = []
+        for row in self.rows:
+            cells = dict(row["key"])
+            for m in self.metrics:
+                cells |= {f"{m} {label}": v for label, v in zip(self.labels, row["values"][m], strict=True)}
+                cells |= {f"{m} {label}/{base}": v for label, v in zip(others, row["ratios"][m], strict=True)}
+            flat.append(cells)
+        return flat
+
+    @property
+    def columns(self) -> list[str]:
+        base, others = self.labels[0], self.labels[1:]
+        value_columns = [
+            c
+            for m in self.metrics
+            for c in [f"{m} {x}" for x in self.labels] + [f"{m} {x}/{base}" for x in others]
+        ]
+        return [*self.key_columns, *value_columns]
+
+
+def _label(index: int) -> str:
+    return string.ascii_uppercase[index] if index < 26 else f"R{index + 1}"
+
+
+def _key_columns(figures: _Figures, row_sets: Sequence[list[dict]]) -> list[str]:
+    """The documented key, plus those extra columns that tell apart rows of one report sharing a key.
+
+    Only as needed: a column that differs between reports but not within one (dpscale's transport
+    in an shm-vs-gloo A/B) must not split the rows that the comparison is about."""
+
+    def distinct(columns: list[str], rows: list[dict]) -> int:
+        return len({tuple(r.get(c) for c in columns) for r in rows})
+
+    columns = list(figures.key_columns)
+    for extra in figures.extra_key_columns:
+        if all(distinct(columns, rows) == len(rows) for rows in row_sets):
+            break
+        if any(distinct([*columns, extra], rows) > distinct(columns, rows) for rows in row_sets):
+            columns.append(extra)
+    return columns
+
+
+def _ratio(value: object, base: object) -> float | None:
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, base))
+    return value / base if numbers and base != 0 else None
+
+
+def compare(directories: Sequence[str | Path]) -> Comparison:
+    """Match the reports' rows on their key columns and put each metric side by side with its ratio to A."""
+    if len(directories) < 2:
+        raise ValueError("dirs: a comparison needs two or more report directories")
+    docs = [load_report(d) for d in directories]
+    command = docs[0]["command"]
+    for d, doc in zip(directories[1:], docs[1:], strict=True):
+        if doc["command"] != command:
+            raise ValueError(
+                f"cannot compare a {command} report ({directories[0]}) with a {doc['command']} report "
+                f"({d}); compare reports of the same command"
+            )
+    if command not in FIGURES:
+        raise ValueError(
+            f"{directories[0]}: {command} reports cannot be compared; known: {', '.join(FIGURES)}"
+        )
+    figures = FIGURES[command]
+    row_sets = []
+    for d, doc in zip(directories, docs, strict=True):
+        try:
+            row_sets.append(list(figures.rows(doc["results"])))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{d}: its report.json results are not a {command} result ({e!r})") from None
+    key_columns = _key_columns(figures, row_sets)
+    by_key: list[dict[tuple, dict]] = [
+        {tuple(r.get(c) for c in key_columns): r for r in rows} for rows in row_sets
+    ]
+    keys = list(dict.fromkeys(k for rows in by_key for k in rows))  # first seen first, A's order leading
+    rows = []
+    for key in keys:
+        values = {m: [rows.get(key, {}).get(m) for rows in by_key] for m in figures.metrics}
+        ratios = {m: [_ratio(v, values[m][0]) for v in values[m][1:]] for m in figures.metrics}
+        rows.append({"key": dict(zip(key_columns, key, strict=True)), "values": values, "ratios": ratios})
+    reports = [
+        {
+            "label": _label(i),
+            "dir": str(d),
+            "command_line": doc.get("command_line"),
+            "created_utc": doc.get("created_utc"),
+            "system": doc.get("system"),
+        }
+        for i, (d, doc) in enumerate(zip(directories, docs, strict=True))
+    ]
+    return Comparison(command, reports, key_columns, list(figures.metrics), rows)
+
+
+# ---- rendering ----------------------------------------------------------------------------------
+
+
+def _cell(column: str, value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if "/" in column else f"{value:.4g}"  # ratios: fixed, to line up
+    return str(value)
+
+
+def format_comparison(comparison: Comparison) -> str:
+    """The comparison as a fixed-width terminal table, preceded by which report is which."""
+    lines = [f"{r['label']}: {r['dir']}" for r in comparison.reports]
+    columns, flat = comparison.columns, comparison.flat_rows()
+    cells = [[_cell(c, row.get(c)) for c in columns] for row in flat]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines.append("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
+    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def _note(comparison: Comparison) -> str:
+    lower = [m for m in comparison.metrics if m in LOWER_IS_BETTER]
+    higher = [m for m in comparison.metrics if m not in LOWER_IS_BETTER]
+    parts = [f"{', '.join(lower)}: lower is better"] if lower else []
+    parts += [f"{', '.join(higher)}: higher is better"] if higher else []
+    base = comparison.labels[0]
+    matched = f"Rows are matched on {', '.join(comparison.key_columns)}"
+    ratio = (
+        f"a ratio X/{base} is X's value divided by {base}'s (\"-\": missing in a report, or a zero baseline)"
+    )
+    return "; ".join([matched, ratio, *parts]) + "."
+
+
+def _output_dir(first: str | Path, out: str | Path | None) -> Path:
+    if out is not None:
+        path = Path(out)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"--out: {path} is a file; give a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    base = Path(first).resolve().parent
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1, 1000):  # two comparisons in one second get -2, -3, ... (mkdir is the claim)
+        path = base / (f"compare-{stamp}" if n == 1 else f"compare-{stamp}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise RuntimeError(f"could not find a free comparison directory name under {base} for {stamp}")
+
+
+def write_comparison(comparison: Comparison, directory: Path) -> Path:
+    """Write report.md, compare.json and compare.csv into `directory`; returns report.md's path."""
+    (directory / "compare.json").write_text(
+        json.dumps(comparison.to_dict(), indent=2, allow_nan=False) + "\n"
+    )
+    with (directory / "compare.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=comparison.columns)
+        writer.writeheader()
+        writer.writerows(comparison.flat_rows())
+    lines = [f"# {comparison.command} reports compared", "", "## Reports", ""]
+    for report in comparison.reports:
+        lines += [f"### {report['label']}: `{report['dir']}`", ""]
+        if report["system"]:
+            lines += describe_system(report["system"])
+        lines += [f"- **Command:** `{report['command_line'] or 'unknown'}`", ""]
+    formats = {c: (lambda v, c=c: _cell(c, v)) for c in comparison.columns}
+    lines += ["## Results", "", _note(comparison), ""]
+    lines += [markdown_table(comparison.flat_rows(), comparison.columns, formats), ""]
+    path = directory / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="one report directory to re-render, or two or more to compare (the first is the baseline A)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="where a comparison goes (default: compare-<UTC> next to the first DIR)"
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    if len(args.dirs) == 1:
+        if args.out is not None:
+            raise ValueError("--out: only a comparison (two or more DIRs) writes a new directory")
+        print(f"re-rendered {rerender(args.dirs[0])}")
+        return 0
+    comparison = compare(args.dirs)
+    print(format_comparison(comparison))
+    path = write_comparison(comparison, _output_dir(args.dirs[0], args.out))
+    print(f"report: {path.parent}")
+    return 0
