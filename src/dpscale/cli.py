@@ -70,20 +70,39 @@ def _check_checkpoint_dir(cfg: TrainConfig) -> None:
 
 
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="measure: all-reduce, engines side by side")
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="{engine,allreduce}")
-    e = bsub.add_parser("engine", help="dpscale vs torch DDP vs no synchronization, alternating")
-    from .bench import engine as bench_engine
+    from .bench import allreduce, convergence, scaling
+    from .bench import engine as engine_bench
 
-    bench_engine.add_arguments(e)
-    e.set_defaults(func=bench_engine.run_from_args)
-    try:
-        from .bench import allreduce as bench_allreduce
-    except ImportError:  # pragma: no cover - during development only
-        return
-    a = bsub.add_parser("allreduce", help="all-reduce time and bandwidth vs message size and world size")
-    bench_allreduce.add_arguments(a)
-    a.set_defaults(func=bench_allreduce.run_from_args)
+    p = sub.add_parser("bench", help="measure: all-reduce, scaling, convergence, engines side by side")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="{allreduce,scaling,convergence,engine}")
+    for name, module, text in [
+        ("allreduce", allreduce, "all-reduce time and bandwidth vs message size, world size and transport"),
+        ("scaling", scaling, "throughput and scaling efficiency: dpscale vs torch DDP vs no synchronization"),
+        ("convergence", convergence, "loss curves at several world sizes with the same global batch"),
+        ("engine", engine_bench, "step time of dpscale vs torch DDP vs no synchronization, alternating"),
+    ]:
+        b = bsub.add_parser(name, help=text, description=text)
+        module.add_arguments(b)
+        b.set_defaults(func=module.run_from_args)
+
+
+def _add_study_and_report(sub) -> None:
+    from .bench import compare, study
+
+    s = sub.add_parser(
+        "study",
+        help="the main job: all-reduce, weak scaling and convergence, one report",
+        description=study.__doc__.splitlines()[0],
+    )
+    study.add_arguments(s)
+    s.set_defaults(func=study.run_from_args)
+    r = sub.add_parser(
+        "report",
+        help="re-render one report directory, or compare several (A/B)",
+        description="Re-render a report from its report.json, or compare reports side by side.",
+    )
+    compare.add_arguments(r)
+    r.set_defaults(func=compare.run_from_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     _add_bench(sub)
+    _add_study_and_report(sub)
     return parser
 
 
