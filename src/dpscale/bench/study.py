@@ -70,10 +70,12 @@ class StudyResult:
 
     def summary(self) -> list[dict]:
         """One row per (model, engine, world size), with the all-reduce and convergence figures."""
+        largest = max(q.bytes for q in self.allreduce.points)
+        # world size 1 moves nothing between ranks: no bandwidth to show
         busbw = {
             (p.transport, p.world_size): p.busbw_GBps
             for p in self.allreduce.points
-            if p.bytes == max(q.bytes for q in self.allreduce.points)
+            if p.bytes == largest and p.world_size > 1
         }
         gap = {r.world_size: r.max_rel_gap for r in self.convergence.runs}
         rows = []
