@@ -183,3 +183,21 @@ def test_cuda_stream_path_world_1(tmp_path):
             torch.testing.assert_close(p.grad, q.grad)
     finally:
         dist.destroy_process_group()
+
+
+def torch_ddp_with_our_hooks(rank, world):
+    torch.manual_seed(0)
+    out = []
+    for hook in (fp16_compress_hook, bf16_compress_hook):
+        model = nn.parallel.DistributedDataParallel(nn.Linear(8, 4))
+        model.register_comm_hook(None, hook)  # torch checks hook signatures; ours must pass
+        model(torch.ones(2, 8) * (rank + 1)).sum().backward()
+        out.append(model.module.weight.grad.clone())
+    return out
+
+
+def test_builtin_hooks_register_on_torch_ddp_too():
+    (a16, ab16), (b16, bb16) = run_ranks(torch_ddp_with_our_hooks, 2)
+    torch.testing.assert_close(a16, b16, rtol=0, atol=0)
+    torch.testing.assert_close(a16[0], torch.full((8,), 1.5))  # mean of rank inputs 1 and 2
+    torch.testing.assert_close(ab16[0], torch.full((8,), 1.5))

@@ -69,7 +69,10 @@ def _group_size(group: dist.ProcessGroup | None) -> int:
     return dist.get_world_size(group)
 
 
-def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future:
+# The built-ins carry no annotations on `bucket` and the return value: torch DDP's
+# register_comm_hook checks them against its own GradBucket and Future types and refuses others,
+# and the hooks must register on both engines.
+def allreduce_hook(process_group, bucket):
     """Plain average: divide in place, all-reduce the sum asynchronously."""
     tensor = bucket.buffer()
     tensor.div_(_group_size(process_group))
@@ -81,7 +84,7 @@ def allreduce_hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) 
 
 
 def _compress_hook(dtype: torch.dtype) -> CommHook:
-    def hook(process_group: dist.ProcessGroup | None, bucket: GradBucket) -> torch.futures.Future:
+    def hook(process_group, bucket):
         buffer = bucket.buffer()
         compressed = torch.empty_like(buffer, dtype=dtype)
         torch.div(buffer, _group_size(process_group), out=compressed)  # cast and divide in one pass
