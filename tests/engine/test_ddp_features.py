@@ -199,5 +199,6 @@ def torch_ddp_with_our_hooks(rank, world):
 def test_builtin_hooks_register_on_torch_ddp_too():
     (a16, ab16), (b16, bb16) = run_ranks(torch_ddp_with_our_hooks, 2)
     torch.testing.assert_close(a16, b16, rtol=0, atol=0)
-    torch.testing.assert_close(a16[0], torch.full((8,), 1.5))  # mean of rank inputs 1 and 2
-    torch.testing.assert_close(ab16[0], torch.full((8,), 1.5))
+    # two samples of x = rank + 1 on each rank: local gradients 2 and 4, their mean 3
+    torch.testing.assert_close(a16[0], torch.full((8,), 3.0))
+    torch.testing.assert_close(ab16[0], torch.full((8,), 3.0))
