@@ -32,14 +32,11 @@ JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
-import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -48,7 +45,8 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from ..testing.multirank import run_ranks
-from ..workloads import WORKLOADS, get_workload
+from ..workloads import WORKLOADS
+from ..workloads.recipe import USER_MODEL_CONVENTION, USER_MODEL_RE, load_recipe
 from .args import parse_int_list, parse_name_list
 from .engine import _quantile as quantile
 from .engines import ENGINES, wrap
@@ -60,13 +58,6 @@ DEFAULT_PER_WORKER_BATCH = 64
 # Short rounds: the more often engines alternate, the less a burst of load on a shared machine
 # lands on one engine only; 5 steps still amortize the switch between models' caches.
 STEPS_PER_ROUND = 5
-USER_MODEL_CONVENTION = (
-    "`module:callable`: the callable takes no arguments and returns either an nn.Module fed float "
-    "inputs of shape (batch, in_features of its first nn.Linear), trained to output zeros (loss: sum "
-    "of squared outputs), or a tuple (model, make_batch(batch_size, generator) -> (x, y), "
-    "loss_sum(output, y) -> scalar summed over samples)"
-)
-_USER_MODEL_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _ENGINE_COLORS = {"dpscale": "C0", "torch": "C1", "local": "C2"}
 
 
@@ -83,7 +74,7 @@ class ScalingConfig:
     threads_per_worker: int = 1  # --threads-per-worker: intra-op threads; N workers use N x this cores
 
     def __post_init__(self) -> None:
-        if self.model not in WORKLOADS and not _USER_MODEL_RE.match(self.model):
+        if self.model not in WORKLOADS and not USER_MODEL_RE.match(self.model):
             raise ValueError(
                 f"--model: unknown {self.model!r}; choose from {', '.join(WORKLOADS)} or give module:callable"
             )
@@ -193,48 +184,6 @@ class ScalingResult:
         return cls(config, points, [EngineRun(**r) for r in doc["runs"]])
 
 
-# ---- workloads (resolved inside the ranks; the spec string travels, not the objects) ------------
-
-
-@dataclass(frozen=True)
-class _Workload:
-    build_model: Callable[[], nn.Module]
-    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
-    loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def _load_workload(spec: str) -> _Workload:
-    if spec in WORKLOADS:
-        w = get_workload(spec)
-        train, _ = w.build_data(0)
-
-        def make_batch(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-            return train.batch(torch.randint(0, len(train), (batch,), generator=g).tolist())
-
-        return _Workload(w.build_model, make_batch, w.loss_sum)
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--model: cannot load {spec!r} ({e}); expected {USER_MODEL_CONVENTION}") from None
-    if not callable(factory):
-        raise ValueError(f"--model: {spec} is not callable; expected {USER_MODEL_CONVENTION}")
-    made = factory()
-    if isinstance(made, tuple) and len(made) == 3 and isinstance(made[0], nn.Module):
-        return _Workload(lambda: factory()[0], made[1], made[2])
-    if not isinstance(made, nn.Module):
-        raise ValueError(f"--model: {spec} returned {type(made).__name__}; expected {USER_MODEL_CONVENTION}")
-    first = next((m for m in made.modules() if isinstance(m, nn.Linear)), None)
-    if first is None:
-        raise ValueError(f"--model: {spec} has no nn.Linear to size inputs by; return the tuple form")
-    in_features = first.in_features
-
-    def random_batch(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(batch, in_features, generator=g), torch.empty(0)
-
-    return _Workload(factory, random_batch, lambda out, _y: out.float().square().sum())
-
-
 def _transport_name(model: nn.Module, engine: str) -> str:
     if engine == "dpscale":
         return getattr(getattr(model, "transport", None), "name", "gloo")
@@ -250,7 +199,7 @@ def _rank_measure(
 ) -> dict:
     # A user model's module is found through the parent's sys.path (a forkserver child may not have it).
     sys.path.extend(p for p in path if p not in sys.path)
-    workload = _load_workload(spec)
+    workload = load_recipe(spec)
     x, y = workload.make_batch(batch, torch.Generator().manual_seed(100 + rank))
     runs = {}
     for e in engines:
@@ -265,7 +214,7 @@ def _rank_measure(
         model, opt = runs[e]
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        (workload.loss_sum(model(x), y) / batch).backward()
+        (workload.loss(model(x), y) / batch).backward()
         opt.step()
         return (time.perf_counter() - t0) * 1e3
 
@@ -288,7 +237,7 @@ def _rank_measure(
 def run(config: ScalingConfig) -> ScalingResult:
     """Measure every (engine, world size) of `config`; one set of ranks per world size."""
     if config.model not in WORKLOADS:
-        _load_workload(config.model)  # a bad user model fails here, once, not in every rank
+        load_recipe(config.model)  # a bad user model fails here, once, not in every rank
     cores = _usable_cores()
     runs = []
     for n in config.world_sizes:
