@@ -1,0 +1,82 @@
+"""`dpscale check equivalence` catches loss-normalization mistakes; `check unused` names parameters."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpscale.check import equivalence, unused
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_mean_loss_is_equivalent():
+    r = equivalence.run("check_models:mean_loss", world_size=2, accumulation_steps=2, global_batch=8, steps=2)
+    assert r.ok and all(c.rel_diff < 1e-5 for c in r.comparisons)
+
+
+def test_summed_loss_is_caught_with_the_factor():
+    r = equivalence.run("check_models:sum_loss", world_size=2, accumulation_steps=4, global_batch=8, steps=2)
+    assert not r.ok
+    workers, accum = r.comparisons
+    assert workers.grad_norm_ratio == pytest.approx(0.5, rel=1e-4)
+    assert accum.grad_norm_ratio == pytest.approx(0.25, rel=1e-4)
+    assert "summed over samples" in workers.hint and "summed over samples" in accum.hint
+
+
+def test_builtin_workload_passes():
+    assert equivalence.run("digits", world_size=2, accumulation_steps=2, global_batch=8, steps=1).ok
+
+
+def test_bad_input_names_the_flag():
+    with pytest.raises(ValueError, match="--global-batch 10 must be divisible by --accumulation-steps 4"):
+        equivalence.run("digits", world_size=2, accumulation_steps=4, global_batch=10)
+    with pytest.raises(ValueError, match="--model"):
+        equivalence.run("no such model")
+
+
+def test_unused_parameters_are_listed_and_the_flag_recommended_only_when_needed():
+    r = unused.run("check_models:alternating", steps=2)
+    assert r.unused_per_step == [
+        ["never.weight", "never.bias"],
+        ["extra.weight", "extra.bias", "never.weight", "never.bias"],
+    ]
+    assert r.never_used == ["never.bias", "never.weight"]
+    assert r.sometimes_unused == ["extra.bias", "extra.weight"]
+    assert "find_unused_parameters=True" in r.recommendation
+    assert "keep find_unused_parameters=False" in unused.run("digits").recommendation
+    assert "freeze" in unused.run("check_models:never_used").recommendation
+
+
+def test_cli_exit_codes():
+    env_path = str(HERE)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dpscale.cli",
+            "check",
+            "equivalence",
+            "--model",
+            "check_models:sum_loss",
+            "--global-batch",
+            "8",
+            "--steps",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": env_path},
+    )
+    assert ok.returncode == 1 and "NOT equivalent" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "dpscale.cli", "check", "unused", "--model", "nope:x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": env_path},
+    )
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
