@@ -26,7 +26,12 @@ def _add_train(sub) -> None:
         help="train a built-in workload with N data-parallel workers",
         description="Train a built-in workload with data parallelism on this host.",
     )
-    p.add_argument("--nproc", type=int, default=1, help="workers on this host (default 1)")
+    p.add_argument(
+        "--nproc",
+        default="1",
+        help="workers on this host: N, or MIN:MAX to go on with fewer workers (down to MIN) when the "
+        "restarts at MAX are used up (default 1)",
+    )
     p.add_argument(
         "--max-restarts",
         type=int,
@@ -42,16 +47,20 @@ def _add_train(sub) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .train.launch import launch
+    from .train.launch import LaunchError, launch, parse_nproc
 
     cfg = TrainConfig(**dataclass_kwargs(args, TrainConfig))
-    if args.nproc < 1:
-        raise UsageError(f"--nproc must be >= 1, got {args.nproc}")
+    min_nproc, nproc = parse_nproc(args.nproc)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    cfg.resolve_batch(args.nproc)
+    for n in sorted({nproc, min_nproc}, reverse=True):
+        cfg.resolve_batch(n)
     _check_checkpoint_dir(cfg)
-    result = launch(cfg, args.nproc, max_restarts=args.max_restarts, threads=args.threads)
+    try:
+        result = launch(cfg, nproc, min_nproc=min_nproc, max_restarts=args.max_restarts, threads=args.threads)
+    except LaunchError as e:  # the workers ran and failed: not bad input, so exit 1 with their traceback
+        print(f"dpscale train: error: {e}", file=sys.stderr, flush=True)
+        return 1
     if args.json:
         print(json.dumps(result.to_dict()), flush=True)
     return 0
@@ -105,6 +114,19 @@ def _add_study_and_report(sub) -> None:
     r.set_defaults(func=compare.run_from_args)
 
 
+def _add_check(sub) -> None:
+    from .check import equivalence, unused
+
+    p = sub.add_parser("check", help="checks: data-parallel equivalence of your loss, unused parameters")
+    csub = p.add_subparsers(dest="check", required=True, metavar="{equivalence,unused}")
+    for name, module in (("equivalence", equivalence), ("unused", unused)):
+        c = csub.add_parser(
+            name, help=module.__doc__.splitlines()[0], description=module.__doc__.splitlines()[0]
+        )
+        module.add_arguments(c)
+        c.set_defaults(func=module.run_from_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpscale", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
@@ -112,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_bench(sub)
     _add_study_and_report(sub)
+    _add_check(sub)
     return parser
 
 

@@ -217,6 +217,34 @@ def test_checkpoint_missing_an_expected_stem_is_skipped(tmp_path):
     assert loaded is not None and loaded.step == 10
 
 
+def _symlink_file(directory: Path) -> Path:
+    # a valid file, moved out and linked back: only the link itself gives it away
+    path = directory / "model.pt"
+    target = directory.parent / "elsewhere.pt"
+    path.rename(target)
+    path.symlink_to(target)
+    return path
+
+
+def _huge_manifest(directory: Path) -> Path:
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["padding"] = "x" * (2 << 20)
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.mark.parametrize(
+    "damage,reason", [(_symlink_file, "symbolic link"), (_huge_manifest, "larger than a manifest can be")]
+)
+def test_links_and_oversized_manifests_are_refused(tmp_path, damage, reason):
+    _save_simple(tmp_path, 10)
+    bad = damage(_save_simple(tmp_path, 20))
+    with pytest.warns(CheckpointWarning, match=reason):
+        loaded = load_latest(tmp_path)
+    assert loaded.step == 10 and str(bad) in loaded.skipped[0]
+
+
 def test_tmp_dir_of_a_killed_writer_is_never_loaded_and_is_removed(tmp_path):
     _save_simple(tmp_path, 10)
     newest = _save_simple(tmp_path, 20)

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..comm import Transport, make_transport
 from .buckets import MB, assign_buckets, build_buckets
+from .collective_log import CollectiveLog
 from .hooks import CommHook
 from .reducer import Reducer
 from .stats import StepStats
@@ -40,6 +41,10 @@ class DistributedDataParallel(nn.Module):
     dpscale's own: `transport` ("auto", "gloo", "nccl", "shm", "hierarchical", or a
     `dpscale.comm.Transport`) carries the default gradient reduction; "auto" uses shared memory
     for CPU workers on one host (see dpscale.comm.select). Rank 0 prints the choice once.
+    `collective_timeout_s` (300): how long the transport waits for a peer before raising (the
+    process group's own collectives use the timeout given to init_process_group).
+    `collective_log`: where to record the collectives issued (see `collective_log.py`); default a
+    new one, available as `.collective_log`.
     """
 
     def __init__(
@@ -56,6 +61,8 @@ class DistributedDataParallel(nn.Module):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         transport: str | Transport = "auto",
+        collective_timeout_s: float = 300.0,
+        collective_log: CollectiveLog | None = None,
     ):
         super().__init__()
         if not dist.is_initialized():
@@ -74,26 +81,31 @@ class DistributedDataParallel(nn.Module):
         self.device = self._check_devices(module, device_ids)
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
+        self.collective_log = log = collective_log or CollectiveLog(process_group)
 
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        _check_same_model(module, process_group)
-        # replicas start identical: rank 0's parameters and buffers win
-        state = [p.detach() for p in module.parameters()] + list(module.buffers())
-        if state:
-            _broadcast_coalesced(state, process_group)
         params = [p for _, p in named]
         assignment = assign_buckets(params, int(bucket_cap_mb * MB), int(first_bucket_cap_mb * MB))
         self.bucket_assignment = [[named[i][0] for i in b] for b in assignment]
+        # before any per-bucket collective: a layout that differs between ranks would make them hang
+        _check_same_model(module, process_group, self.bucket_assignment, log)
+        # replicas start identical: rank 0's parameters and buffers win
+        state = [p.detach() for p in module.parameters()] + list(module.buffers())
+        if state:
+            _broadcast_coalesced(state, process_group, log=log, what="initial parameters and buffers")
         if isinstance(transport, str):
             transport = make_transport(
-                transport, process_group, self.device or next((p.device for p in params), torch.device("cpu"))
+                transport,
+                process_group,
+                self.device or next((p.device for p in params), torch.device("cpu")),
+                timeout_s=collective_timeout_s,
             )
             if dist.get_rank(process_group) == 0:
                 print(f"dpscale: transport {transport.describe()}", file=sys.stderr, flush=True)
         self.transport = transport
         buckets = build_buckets(params, assignment, alloc=transport.alloc)
         self.reducer = Reducer(
-            params, [n for n, _ in named], buckets, process_group, transport, find_unused_parameters
+            params, [n for n, _ in named], buckets, process_group, transport, find_unused_parameters, log
         )
         self._buffers_to_sync = [b for b in module.buffers()]
 
@@ -127,7 +139,9 @@ class DistributedDataParallel(nn.Module):
             and self._buffers_to_sync
             and self.require_forward_param_sync
         ):
-            _broadcast_coalesced(self._buffers_to_sync, self.process_group)
+            _broadcast_coalesced(
+                self._buffers_to_sync, self.process_group, log=self.collective_log, what="buffers"
+            )
         if self.device is not None:
             inputs, kwargs = _move_to(inputs, self.device), _move_to(kwargs, self.device)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
@@ -164,13 +178,27 @@ class DistributedDataParallel(nn.Module):
         return self.reducer.last_stats
 
 
-def _check_same_model(module: nn.Module, group) -> None:
-    """Every rank must hold the same parameters; name the first difference and the ranks."""
+def _check_same_model(
+    module: nn.Module,
+    group,
+    buckets: list[list[str]] | None = None,
+    log: CollectiveLog | None = None,
+) -> None:
+    """Every rank must hold the same parameters and bucket layout; name the first difference."""
     sig = [(n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()]
     sigs: list = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sigs, sig, group=group)
-    ref = sigs[0]
-    for rank, other in enumerate(sigs):
+    if log is not None:
+        log.record("all_gather_object", "model signature")
+    dist.all_gather_object(sigs, (sig, buckets), group=group)
+    ref, ref_buckets = sigs[0]
+    for rank, (other, other_buckets) in enumerate(sigs):
+        if other == ref and other_buckets != ref_buckets:
+            raise ValueError(
+                f"gradient buckets differ between ranks 0 and {rank}: rank 0 has {len(ref_buckets)} "
+                f"({_describe_buckets(ref_buckets)}), rank {rank} has {len(other_buckets)} "
+                f"({_describe_buckets(other_buckets)}); pass the same bucket_cap_mb and "
+                "first_bucket_cap_mb on every rank"
+            )
         if other == ref:
             continue
         for k in range(max(len(ref), len(other))):
@@ -184,6 +212,11 @@ def _check_same_model(module: nn.Module, group) -> None:
                 )
 
 
+def _describe_buckets(buckets: list[list[str]]) -> str:
+    text = "; ".join(", ".join(b) for b in buckets[:3])
+    return text + ("; ..." if len(buckets) > 3 else "")
+
+
 def _describe(sig) -> str:
     if sig is None:
         return "no such parameter"
@@ -192,7 +225,9 @@ def _describe(sig) -> str:
 
 
 @torch.no_grad()
-def _broadcast_coalesced(tensors: list[torch.Tensor], group, src: int = 0) -> None:
+def _broadcast_coalesced(
+    tensors: list[torch.Tensor], group, src: int = 0, *, log: CollectiveLog | None = None, what: str = ""
+) -> None:
     """Broadcast `tensors` from group rank `src`: one message per dtype and device, not one each."""
     by_kind: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
@@ -200,6 +235,8 @@ def _broadcast_coalesced(tensors: list[torch.Tensor], group, src: int = 0) -> No
     src_global = dist.get_global_rank(group, src) if group is not None else src
     for ts in by_kind.values():
         flat = torch.cat([t.reshape(-1) for t in ts])
+        if log is not None:
+            log.record("broadcast", what, flat)
         dist.broadcast(flat, src=src_global, group=group)
         off = 0
         for t in ts:

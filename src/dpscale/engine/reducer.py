@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .buckets import Bucket
+from .collective_log import CollectiveLog
 from .hooks import CommHook, GradBucket
 from .stats import BucketTiming, StepStats
 
@@ -28,6 +29,7 @@ class Reducer:
         process_group: dist.ProcessGroup | None,
         transport,
         find_unused_parameters: bool,
+        log: CollectiveLog | None = None,
     ):
         self.params = params
         self.names = names
@@ -37,6 +39,7 @@ class Reducer:
         self.world_size = dist.get_world_size(process_group)
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook: tuple[object, CommHook] | None = None
+        self.log = log or CollectiveLog(process_group)
         # where each parameter's gradient lives: (bucket, position in bucket)
         self._slot = {}
         for b in buckets:
@@ -150,6 +153,9 @@ class Reducer:
         timing.blocking_s = time.perf_counter() - timing.start_s
 
     def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
+        # a hook issues its own collectives, but recording it here still shows where a rank was
+        op = "all_reduce" if self.comm_hook is None else "comm_hook"
+        self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)
         if self.comm_hook is None:
             if bucket.needs_scaling:
                 bucket.buffer.div_(self.world_size)
@@ -208,6 +214,7 @@ class Reducer:
         # is real and must reach the optimizer. Unused everywhere: leave .grad as it was.
         local = torch.ones(len(self.params), dtype=torch.int32)
         local[missing] = 0
+        self.log.record("all_reduce", "used-parameter flags", local)
         dist.all_reduce(local, group=self.process_group)
         return {i: bool(local[i]) for i in missing}
 

@@ -25,8 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..faults import injected, kill_self
+
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# a real manifest is a few hundred bytes; reading an attacker's multi-GB one would exhaust memory
+MAX_MANIFEST_BYTES = 1 << 20
 
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _TMP_DIR = re.compile(r"\.tmp-step-(\d{8,})-.*")
@@ -104,6 +108,8 @@ def save_checkpoint(
                 f.flush()
                 os.fsync(f.fileno())
             files.append({"name": path.name, "size_bytes": path.stat().st_size, "sha256": _sha256(path)})
+            if injected("kill_in_checkpoint", step=step, file=stem):
+                kill_self()  # test-only: a writer killed between files (see dpscale.faults)
         # the manifest goes last: a directory without one is by definition incomplete
         manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files}
         with open(tmp / MANIFEST_NAME, "w") as f:
@@ -237,6 +243,8 @@ def _verify(directory: Path, expected_stems: Collection[str]) -> tuple[int, list
     manifest_path = directory / MANIFEST_NAME
     if not manifest_path.is_file():
         raise _Rejected(manifest_path, "missing (partial checkpoint: the writer did not finish)")
+    if manifest_path.is_symlink() or manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise _Rejected(manifest_path, "is a symbolic link or larger than a manifest can be")
     try:
         manifest = json.loads(manifest_path.read_text())
         if manifest["format_version"] != FORMAT_VERSION:
@@ -257,6 +265,9 @@ def _verify(directory: Path, expected_stems: Collection[str]) -> tuple[int, list
         path = directory / name
         if not path.is_file():
             raise _Rejected(path, "missing")
+        if path.is_symlink():
+            # the writer never makes links; one could point at any file this user can read
+            raise _Rejected(path, "is a symbolic link; a checkpoint holds regular files only")
         actual_size = path.stat().st_size
         if actual_size != size_bytes:
             raise _Rejected(

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..comm.select import TRANSPORT_NAMES
 from ..data.sampler import TAIL_POLICIES
+from ..engine.powersgd import COMPRESSIONS
 from ..workloads import WORKLOADS
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -70,6 +71,14 @@ class TrainConfig:
     """Gradient bucket size."""
     transport: str = "auto"
     """dpscale engine's transport: auto, gloo, shm or hierarchical (auto: shm on one host)."""
+    compression: str = "none"
+    """Gradient compression hook: none, fp16, bf16 or powersgd (rank 2, after 10 plain steps)."""
+    collective_timeout_s: float = 300.0
+    """A collective still waiting for a peer after this long raises, naming the rank that is missing."""
+    drift_check_every: int = 100
+    """Every this many steps, all ranks compare parameter fingerprints and stop if they differ (0: never)."""
+    check_collectives_steps: int = 1
+    """The first this many steps compare each collective's op, size and dtype across ranks (0: never)."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -96,7 +105,14 @@ class TrainConfig:
             raise ValueError(f"tail: unknown {self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}")
         if self.progress not in ("auto", "bar", "plain", "none"):
             raise ValueError(f"progress: unknown {self.progress!r}; choose auto, bar, plain or none")
-        for name in ("warmup_steps", "checkpoint_every", "log_every", "seed"):
+        for name in (
+            "warmup_steps",
+            "checkpoint_every",
+            "log_every",
+            "seed",
+            "drift_check_every",
+            "check_collectives_steps",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         _positive("keep_checkpoints", self.keep_checkpoints)
@@ -109,6 +125,15 @@ class TrainConfig:
         if self.transport not in TRANSPORT_NAMES:
             raise ValueError(
                 f"transport: unknown {self.transport!r}; choose one of {', '.join(TRANSPORT_NAMES)}"
+            )
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(
+                f"compression: unknown {self.compression!r}; choose one of {', '.join(COMPRESSIONS)}"
+            )
+        # a healthy collective here takes milliseconds; below a second, a busy host would trip it
+        if not (self.collective_timeout_s >= 1 and math.isfinite(self.collective_timeout_s)):
+            raise ValueError(
+                f"collective_timeout_s must be at least 1 second, got {self.collective_timeout_s}"
             )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")

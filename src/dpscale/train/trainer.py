@@ -4,18 +4,20 @@ Per optimizer step each worker takes its k micro-batches of the global batch fro
 accumulates their gradients locally (`no_sync`) and lets the last backward reduce the sum. Losses
 are sums over samples divided by the number of samples in the whole global batch, so the reduced
 gradient equals the full-batch mean whatever W, k or a short last batch. Decisions that must not
-differ between ranks (skip a step, stop, checkpoint) come from collectives or from the step count.
+differ between ranks (skip a step, stop, checkpoint, check for drift) come from collectives or
+from the step count. Every collective is recorded in a `CollectiveLog`; a timed-out one is reported
+with the ranks that did not answer and what this rank last issued.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,12 +26,19 @@ from torch import nn
 
 from ..data.sampler import GlobalBatchSampler, StepBatch
 from ..engine import DistributedDataParallel
-from ..faults import injected
+from ..engine.collective_log import CollectiveLog, explain_failures
+from ..engine.powersgd import compression_hook
+from ..faults import InjectedFault, active, hang_forever, injected, kill_self
 from ..workloads import get_workload
-from .checkpoint import capture_rng_state, load_checkpoint, load_latest, restore_rng_state, save_checkpoint
+from . import trainer_checkpoint
 from .config import TrainConfig
+from .drift import check_replicas
 from .metrics import MetricsWriter, Progress, StepMetrics, summary_table
 from .optim import build_optimizer, build_scheduler
+
+# How long a rank whose collective failed waits for the others to report theirs: they time out
+# at about the same moment, so a few seconds separate "also failed" from "gone".
+_REPORT_WAIT_S = 10.0
 
 
 @dataclass
@@ -73,30 +82,29 @@ class Trainer:
         self.micro_batch, self.accumulation_steps = config.resolve_batch(self.world_size)
         self.workload = get_workload(config.workload)
         self.train_data, self.test_data = self.workload.build_data(config.seed)
+        # what this rank asked of the others: for hang reports and the first steps' agreement check
+        self.log = CollectiveLog(process_group)
         torch.manual_seed(config.seed)  # identical initial weights everywhere (rank 0's win anyway)
         module = self.workload.build_model()
-        if config.engine == "torch":
-            self.model = nn.parallel.DistributedDataParallel(
-                module, process_group=process_group, bucket_cap_mb=config.bucket_cap_mb
-            )
-        else:
-            self.model = DistributedDataParallel(
-                module,
-                process_group=process_group,
-                bucket_cap_mb=config.bucket_cap_mb,
-                transport=config.transport,
-            )
+        with self._explained():
+            if config.engine == "torch":
+                self.model = nn.parallel.DistributedDataParallel(
+                    module, process_group=process_group, bucket_cap_mb=config.bucket_cap_mb
+                )
+            else:
+                self.model = DistributedDataParallel(
+                    module,
+                    process_group=process_group,
+                    bucket_cap_mb=config.bucket_cap_mb,
+                    transport=config.transport,
+                    collective_timeout_s=config.collective_timeout_s,
+                    collective_log=self.log,
+                )
+        if (hook := compression_hook(config.compression, process_group)) is not None:
+            self.model.register_comm_hook(*hook)
         self.optimizer = build_optimizer(config, self.model.parameters())
         self.scheduler = build_scheduler(config, self.optimizer)
-        self.sampler = GlobalBatchSampler(
-            len(self.train_data),
-            global_batch=config.global_batch,
-            world_size=self.world_size,
-            rank=self.rank,
-            accumulation_steps=self.accumulation_steps,
-            seed=config.seed,
-            tail=config.tail,
-        )
+        self.sampler = self._build_sampler()
         if config.max_steps is not None:
             self.total_steps = config.max_steps
         else:
@@ -110,12 +118,37 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.resumed_from: int | None = None
         self._steps_iter = None
+        self._steps_run = 0  # by this process, for the first-steps collective check
+
+    def _build_sampler(self) -> GlobalBatchSampler:
+        return GlobalBatchSampler(
+            len(self.train_data),
+            global_batch=self.cfg.global_batch,
+            world_size=self.world_size,
+            rank=self.rank,
+            accumulation_steps=self.accumulation_steps,
+            seed=self.cfg.seed,
+            tail=self.cfg.tail,
+        )
+
+    def set_batch_split(self, micro_batch: int, accumulation_steps: int) -> None:
+        """Change how this rank's share of the global batch is split (resuming at a new world size)."""
+        assert micro_batch * accumulation_steps * self.world_size == self.cfg.global_batch
+        self.micro_batch, self.accumulation_steps = micro_batch, accumulation_steps
+        state = self.sampler.state_dict()
+        self.sampler = self._build_sampler()
+        self.sampler.load_state_dict(state)
+        self._steps_iter = None
+
+    def _explained(self):
+        return explain_failures(self.log, min(self.cfg.collective_timeout_s, _REPORT_WAIT_S))
 
     # -- the loop --------------------------------------------------------------------------
     def fit(self) -> TrainResult:
         cfg = self.cfg
         if cfg.resume:
-            self._resume()
+            with self._explained():
+                self._resume()
         lead = self.rank == 0
         metrics = MetricsWriter(cfg.metrics_dir if lead else None, resume=self.resumed_from is not None)
         progress = Progress(self.total_steps, cfg.progress if lead else "none", cfg.log_every)
@@ -123,21 +156,30 @@ class Trainer:
             progress.note(f"resumed from {self.last_checkpoint} at step {self.step}")
         t_start, samples_start = time.perf_counter(), self.samples_seen
         try:
-            while self.step < self.total_steps:
-                m = self._train_step(self._next_batch())
-                if lead:
-                    metrics.write(m)
-                    progress.update(m)
-                    if m.skipped:
-                        progress.note(
-                            f"step {m.step}: non-finite gradient on at least one rank; "
-                            "every rank skipped this step"
-                        )
-                if cfg.checkpoint_dir and (
-                    (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
-                    or self.step == self.total_steps
-                ):
-                    self.save_checkpoint()
+            with self._explained():
+                while self.step < self.total_steps:
+                    batch = self._next_batch()
+                    self._inject_step_faults()
+                    self.log.verify = self._steps_run < cfg.check_collectives_steps
+                    m = self._train_step(batch)
+                    self._steps_run += 1
+                    if lead:
+                        metrics.write(m)
+                        progress.update(m)
+                        if m.skipped:
+                            progress.note(
+                                f"step {m.step}: non-finite gradient on at least one rank; "
+                                "every rank skipped this step"
+                            )
+                    # from the step count, so every rank checks and saves at the same steps
+                    if cfg.drift_check_every and self.step % cfg.drift_check_every == 0:
+                        check_replicas(self._module, self.group, step=self.step, log=self.log)
+                    if cfg.checkpoint_dir and (
+                        (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+                        or self.step == self.total_steps
+                    ):
+                        self.save_checkpoint()
+                self.log.verify = False
         finally:
             progress.close()
             metrics.close()
@@ -196,6 +238,7 @@ class Trainer:
         # averaging a non-finite gradient anywhere is non-finite everywhere, but deciding by a
         # collective keeps ranks in lockstep even if a custom hook were to hide it on some rank.
         flags = torch.stack([loss_sum, torch.tensor(float(not torch.isfinite(norm)), dtype=torch.float64)])
+        self.log.record("all_reduce", "step flags (loss, non-finite)", flags)
         dist.all_reduce(flags, group=self.group)
         skipped = bool(flags[1] > 0)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -208,6 +251,8 @@ class Trainer:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        if active():
+            self._inject_drift()
         self.samples_seen += batch.global_count
         self.last_loss = float(flags[0] / batch.global_count)
         step_s = time.perf_counter() - t0
@@ -243,72 +288,31 @@ class Trainer:
     def _module(self) -> nn.Module:
         return self.model.module
 
-    # -- checkpoints -----------------------------------------------------------------------
+    # -- test-only fault points (see dpscale.faults) ----------------------------------------
+    def _inject_step_faults(self) -> None:
+        where = dict(step=self.step + 1, rank=self.rank, world=self.world_size)
+        if injected("kill", **where):
+            kill_self()
+        if injected("hang", **where):
+            hang_forever()
+        if injected("raise", **where):
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            raise InjectedFault(f"injected fault: step {self.step + 1}, rank {self.rank}, attempt {attempt}")
+
+    @torch.no_grad()
+    def _inject_drift(self) -> None:
+        for name, p in self._module.named_parameters():
+            if injected("perturb", step=self.step, rank=self.rank, param=name):
+                p.view(-1)[0] += 1e-3
+
+    # -- checkpoints (collective; see trainer_checkpoint.py) ----------------------------------
     def save_checkpoint(self) -> str:
-        """Collective: every rank sends its RNG state; rank 0 writes; all learn the path."""
-        rngs: list = [None] * self.world_size
-        dist.all_gather_object(rngs, capture_rng_state(), group=self.group)
-        path = [None]
-        if self.rank == 0:
-            payload = {
-                "model": self._module.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "sampler": self.sampler.state_dict(),
-                "trainer": {
-                    "step": self.step,
-                    "samples_seen": self.samples_seen,
-                    "skipped_steps": self.skipped_steps,
-                    "world_size": self.world_size,
-                    "global_batch": self.cfg.global_batch,
-                    "last_loss": self.last_loss,
-                },
-                "rng": {"ranks": rngs},
-            }
-            path = [
-                str(
-                    save_checkpoint(
-                        self.cfg.checkpoint_dir, self.step, payload, keep_last=self.cfg.keep_checkpoints
-                    )
-                )
-            ]
-        dist.broadcast_object_list(
-            path, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group
-        )
-        self.last_checkpoint = path[0]
-        return path[0]
+        """Every rank sends its RNG state; rank 0 writes; all learn the path."""
+        self.last_checkpoint = trainer_checkpoint.save(self)
+        return self.last_checkpoint
 
     def _resume(self) -> None:
-        root = Path(self.cfg.checkpoint_dir)
-        choice = [None]
-        if self.rank == 0:
-            loaded = load_latest(root)  # warns about each rejected checkpoint, by path
-            choice = [str(loaded.path) if loaded else None]
-        dist.broadcast_object_list(
-            choice, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group
-        )
-        if choice[0] is None:
-            return  # nothing saved yet: a fresh start
-        ckpt = load_checkpoint(choice[0]).payload
-        state = ckpt["trainer"]
-        if state["global_batch"] != self.cfg.global_batch:
-            raise ValueError(
-                f"checkpoint {choice[0]} was trained with global_batch {state['global_batch']}, this run "
-                f"asks for {self.cfg.global_batch}; use the same global batch to resume"
-            )
-        self._module.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.sampler.load_state_dict(ckpt["sampler"])
-        self.step = state["step"]
-        self.samples_seen = state["samples_seen"]
-        self.skipped_steps = state["skipped_steps"]
-        self.last_loss = state["last_loss"]
-        rngs = ckpt["rng"]["ranks"]
-        # a restart with another world size: ranks beyond the old world reuse a saved stream
-        restore_rng_state(rngs[self.rank % len(rngs)])
-        self.resumed_from = self.step
-        self.last_checkpoint = choice[0]
+        trainer_checkpoint.resume(self)
 
 
 def _seed_all(seed: int) -> None:

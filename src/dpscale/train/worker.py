@@ -1,7 +1,9 @@
 """`torchrun ... -m dpscale.train.worker --workload digits ...`: the training worker under plain torchrun.
 
 Takes the same flags as `dpscale train` except the launcher's own (--nproc, --max-restarts);
-rank 0 prints the result as one JSON line when --json is given.
+rank 0 prints the result as one JSON line when --json is given. Under `torchrun --nnodes MIN:MAX`
+the world size may change between restarts; the trainer then keeps the global batch (see
+docs/fault-tolerance.md). Rank 0 warns when the rendezvous address (MASTER_ADDR) is not loopback.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import sys
 
 from ..cli_fields import add_dataclass_arguments, dataclass_kwargs
 from .config import TrainConfig
-from .launch import run_worker
+from .launch import rendezvous_warning, run_worker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TrainConfig(**dataclass_kwargs(args, TrainConfig))
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    warning = rendezvous_warning(os.environ.get("MASTER_ADDR"))
+    if warning and int(os.environ.get("RANK", "0")) == 0:
+        print(warning, file=sys.stderr, flush=True)
     result = run_worker(cfg.to_dict(), args.threads)
     if args.json and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result), flush=True)

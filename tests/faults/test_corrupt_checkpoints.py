@@ -1,0 +1,89 @@
+"""Scenarios 3 and 4: checkpoints are untrusted input.
+
+A damaged or tampered newest checkpoint is reported by file name and skipped; `dpscale train
+--resume` continues from the previous one and, resuming at the same world size, ends with the
+reference run's exact parameters. A pickle that would run code is refused by weights_only loading
+even when the attacker also rewrote the manifest so that the checksum matches.
+"""
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+
+from conftest import TRAIN, last_json, run_cli
+
+
+def _copy_checkpoints(reference, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference["checkpoint_dir"], ckpt)
+    return ckpt
+
+
+def _resume(ckpt):
+    return run_cli(TRAIN + ["--checkpoint-dir", str(ckpt), "--resume"])
+
+
+def _flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+
+
+@pytest.mark.parametrize(
+    "damage,reason",
+    [(_flip_byte, "sha256 mismatch"), (_truncate, "truncated or changed")],
+    ids=["flip", "cut"],
+)
+def test_damaged_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path, reference, damage, reason):
+    ckpt = _copy_checkpoints(reference, tmp_path)
+    bad = ckpt / "step-00000030" / "model.pt"
+    damage(bad)
+    p = _resume(ckpt)
+    assert p.returncode == 0, p.stderr
+    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: rejected")]
+    assert len(rejected) == 1 and str(bad) in rejected[0] and reason in rejected[0], p.stderr
+    out = last_json(p.stdout)
+    assert out["resumed_from_step"] == 20
+    assert out["param_sha256"] == reference["param_sha256"]
+
+
+class _RunsCode:
+    """Unpickling calls os.system: what a malicious checkpoint would do."""
+
+    def __init__(self, sentinel):
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.sentinel}",))
+
+
+def test_pickle_that_runs_code_is_refused_and_never_runs(tmp_path, reference):
+    ckpt = _copy_checkpoints(reference, tmp_path)
+    sentinel = tmp_path / "code-ran"
+    step = ckpt / "step-00000030"
+    evil = step / "trainer.pt"
+    evil.write_bytes(pickle.dumps({"step": _RunsCode(sentinel)}))
+    # the attacker also fixes the manifest, so only weights_only loading stands in the way
+    manifest = json.loads((step / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        if entry["name"] == "trainer.pt":
+            entry["size_bytes"] = evil.stat().st_size
+            entry["sha256"] = hashlib.sha256(evil.read_bytes()).hexdigest()
+    (step / "manifest.json").write_text(json.dumps(manifest))
+
+    p = _resume(ckpt)
+    assert p.returncode == 0, p.stderr
+    assert not sentinel.exists(), "unpickling ran the attacker's code"
+    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: rejected")]
+    assert len(rejected) == 1 and str(evil) in rejected[0] and "weights_only" in rejected[0], p.stderr
+    out = last_json(p.stdout)
+    assert out["resumed_from_step"] == 20 and out["param_sha256"] == reference["param_sha256"]

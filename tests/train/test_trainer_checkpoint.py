@@ -1,0 +1,70 @@
+"""The trainer's checkpoints: failures reach every rank, and a checksum-valid but wrong file is refused."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.train.checkpoint import CheckpointError
+from dpscale.train.config import TrainConfig
+from dpscale.train.trainer import Trainer
+
+BASE = dict(workload="synthetic", max_steps=2, progress="none", drift_check_every=0)
+
+
+@pytest.fixture
+def world_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def fit(rank, world, cfg):
+    return Trainer(TrainConfig(**cfg)).fit().steps
+
+
+def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(MultiRankError) as err:
+        run_ranks(fit, 2, {**BASE, "checkpoint_dir": str(blocker)}, timeout_s=60)
+    report = str(err.value)
+    rank0, rank1 = report.split("--- rank 1")
+    assert f"cannot create checkpoint root {blocker}" in rank0
+    assert "RuntimeError: rank 0 could not write the checkpoint of step 2" in rank1
+    assert "timed out" not in report, "rank 1 must learn of the failure, not wait for it"
+
+
+def _replace_file(step_dir, name, obj):
+    path = step_dir / name
+    torch.save(obj, path)
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    for entry in manifest["files"]:
+        if entry["name"] == name:
+            entry["size_bytes"] = path.stat().st_size
+            entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.mark.parametrize(
+    "name,content,words",
+    [
+        ("trainer.pt", {"step": -1}, "step is -1, not a valid count"),
+        ("model.pt", {"net.0.weight": torch.zeros(3)}, "does not fit this run"),
+        ("sampler.pt", {"epoch": 0}, "does not fit this run"),
+    ],
+)
+def test_checksum_valid_but_wrong_content_is_refused_naming_the_file(
+    tmp_path, world_of_one, name, content, words
+):
+    ckpt = tmp_path / "ckpt"
+    Trainer(TrainConfig(**BASE, checkpoint_dir=str(ckpt))).fit()
+    bad = _replace_file(ckpt / "step-00000002", name, content)
+    trainer = Trainer(TrainConfig(**{**BASE, "max_steps": 4}, checkpoint_dir=str(ckpt), resume=True))
+    with pytest.raises(CheckpointError) as err:
+        trainer.fit()
+    assert str(bad) in str(err.value) and words in str(err.value)
