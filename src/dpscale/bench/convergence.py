@@ -15,6 +15,11 @@ the second half of training (steps floor(steps/2)+1 .. steps):
 and a run is within tolerance when max_rel_gap <= tolerance. A non-finite loss there departs.
 `run_from_args` exits with 1 when any world size departs, so the bench can gate a change.
 
+Compression (`--compression fp16|bf16|powersgd`): every world size but the reference trains with
+that gradient compression hook, while the reference (the smallest world size) stays uncompressed,
+so the gap measures what the compression costs. The config JSON has a "compression" key only
+when it is not "none", so reports written before the option re-render unchanged.
+
 JSON (`ConvergenceResult.to_dict()`; the `--json` line is `summary()`, one object per world size
 with the keys workload, world_size, accumulation_steps, global_batch, steps, samples, final_loss,
 test_accuracy, max_gap, max_rel_gap, within_tolerance):
@@ -44,6 +49,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..engine.powersgd import COMPRESSIONS
 from ..testing.multirank import run_ranks
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
@@ -73,6 +79,7 @@ class ConvergenceConfig:
     samples: int | None = None  # --samples: samples to train on (default: 5 epochs of the training set)
     seed: int = 0  # --seed: model init and data order, the same for every world size
     tolerance: float = DEFAULT_TOLERANCE  # --tolerance: largest max_rel_gap that is still "ok"
+    compression: str = "none"  # --compression: gradient compression of the non-reference runs
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -107,6 +114,9 @@ class ConvergenceConfig:
             )
         if self.seed < 0:
             raise ValueError(f"--seed: must be >= 0, got {self.seed}")
+        if self.compression not in COMPRESSIONS:
+            choices = ", ".join(COMPRESSIONS)
+            raise ValueError(f"--compression: unknown {self.compression!r}; choose one of {choices}")
         if not (self.tolerance > 0 and math.isfinite(self.tolerance)):
             raise ValueError(f"--tolerance: must be a positive fraction (0.05 = 5%), got {self.tolerance}")
 
@@ -157,9 +167,11 @@ class ConvergenceResult:
         return min(self.runs, key=lambda r: r.world_size)
 
     def to_dict(self) -> dict:
-        steps = self.config.steps
+        steps, config = self.config.steps, asdict(self.config)
+        if config["compression"] == "none":
+            del config["compression"]  # see the module docstring
         return {
-            "config": asdict(self.config),
+            "config": config,
             "reference_world_size": self.reference.world_size,
             "smoothing_window_steps": smoothing_window(steps),
             "compared_from_step": compared_from(steps) + 1,
@@ -253,6 +265,7 @@ def _train(
             seed=config.seed,
             metrics_dir=metrics_dir,
             progress="none",
+            compression="none" if reference is None else config.compression,
         )
         train.resolve_batch(world_size)  # fails here, with its message, rather than in every rank
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -354,6 +367,12 @@ def method_text(result: ConvergenceResult) -> str:
         f"training (steps {compared_from(steps) + 1}-{steps}); max_rel_gap is the largest "
         f"|difference| / reference loss there, and a run departs when it exceeds the tolerance of "
         f"{_pct(c.tolerance)}."
+        + (
+            f" Every world size but the reference trains with {c.compression} gradient compression; "
+            f"the reference (world size {result.reference.world_size}) is uncompressed."
+            if c.compression != "none"
+            else ""
+        )
     )
 
 
@@ -454,6 +473,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=0, help="model init and data order (default 0)")
     tolerance_help = f"largest relative loss gap still ok (default {DEFAULT_TOLERANCE:g} = 5%%)"
     add("--tolerance", type=float, default=DEFAULT_TOLERANCE, help=tolerance_help)
+    compression_help = "gradient compression of every world size but the (uncompressed) reference"
+    add("--compression", default="none", help=f"{', '.join(COMPRESSIONS)}: {compression_help} (default none)")
     add("--json", action="store_true", help="print one object per world size as JSON on the last line")
     add("--report-dir", default="reports", help="base directory of the report (default reports)")
 
@@ -466,6 +487,7 @@ def config_from_args(args: argparse.Namespace) -> ConvergenceConfig:
         samples=args.samples,
         seed=args.seed,
         tolerance=args.tolerance,
+        compression=args.compression,
     )
 
 
@@ -473,6 +495,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Exit code 0 when every world size is within tolerance, 1 when one departs."""
     result = run(config_from_args(args))
     print(format_table(result))
+    if result.config.compression != "none":
+        ref = result.reference.world_size
+        print(
+            f"compression: {result.config.compression} at every world size but {ref} (uncompressed reference)"
+        )
     print(largest_gap_text(result))
     report = ReportDir.create(args.report_dir, "convergence")
     write_report(result, report)

@@ -1,0 +1,137 @@
+"""Check `dpscale predict` against measurement, three ways (see docs/performance-model.md).
+
+    python benchmarks/predict_validation.py local [--models mlp,transformer] [--steps 30]
+        this machine: all-reduce bench (gloo, shm) for calibration, then per model a one-worker
+        profile and a scaling bench at world sizes 1 and 2, and predicted vs measured step times
+    python benchmarks/predict_validation.py emulate [--hosts 2] [--rate-gbit 1] [--transport gloo]
+        an emulated multi-host cluster (network namespaces, tbf-shaped links; needs root)
+    python benchmarks/predict_validation.py published
+        the published-results table (markdown)
+
+Reports go to reports/<UTC>-<name>/ like every bench's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from dataclasses import asdict
+
+from dpscale.bench import allreduce, scaling
+from dpscale.bench.report import ReportDir, Section, Table, markdown_table
+from dpscale.predict import emulate, emulate_validate, profile, published, render, validate
+from dpscale.predict.cluster import load_allreduce_report
+
+
+def run_local(args: argparse.Namespace) -> int:
+    ar = allreduce.run(allreduce.AllReduceConfig(transports=["gloo", "shm"], world_sizes=[1, 2]))
+    ar_report = ReportDir.create(args.report_dir, "allreduce")
+    allreduce.write_report(ar, ar_report)
+    print(allreduce.format_fits(ar))
+    calibration = load_allreduce_report(ar_report.path)
+    for model in args.models.split(","):
+        prof = profile.measure(model, args.per_worker_batch, co_located=2)
+        print(render.profile_summary(prof))
+        config = scaling.ScalingConfig(
+            model=model, per_worker_batch=args.per_worker_batch, world_sizes=[1, 2], steps=args.steps
+        )
+        sc = scaling.run(config)
+        sc_report = ReportDir.create(args.report_dir, "scaling")
+        scaling.write_report(sc, sc_report)
+        prof.save(sc_report.path / "profile.json")  # the prediction's input, next to what it predicts
+        for statistic, compute_from in itertools.product(args.statistics.split(","), ("local", "profile")):
+            result = validate.validate(
+                sc.to_dict(),
+                prof,
+                allreduce=calibration,
+                scaling_report=str(sc_report.path),
+                calibration=str(ar_report.path),
+                statistic=statistic,
+                compute_from=compute_from,
+            )
+            print(f"\n{model}: scaling report {sc_report.path}")
+            print(validate.format_table(result))
+            report = ReportDir.create(args.report_dir, "predict-validate")
+            validate.write_report(result, report)
+            print(f"report: {report.path}")
+    return 0
+
+
+def run_emulate(args: argparse.Namespace) -> int:
+    config = emulate.EmulationConfig(
+        hosts=args.hosts,
+        workers_per_host=args.workers_per_host,
+        rate_gbit=args.rate_gbit,
+        transport=args.transport,
+        model=args.model,
+        per_worker_batch=args.per_worker_batch,
+        steps=args.steps,
+    )
+    if why := emulate.unavailable():
+        print(f"cannot emulate a cluster here: {why}", file=sys.stderr)
+        return 1
+    prof = profile.measure(config.model, config.per_worker_batch)
+    result = emulate.run(config)
+    rows = emulate_validate.validate_emulation(result, prof)
+    cluster = emulate_validate.emulated_cluster(result)
+    print(render.profile_summary(prof))
+    print(f"cluster {cluster.describe()}; emulated bare-model step {result.local_step_ms:.2f} ms")
+    print(emulate_validate.format_emulation(rows))
+    report = ReportDir.create(args.report_dir, "predict-emulate")
+    doc = {"emulation": result.to_dict(), "rows": [asdict(r) for r in rows]}
+    report.write_json(doc, config=asdict(config))
+    report.write_markdown(
+        "Prediction vs an emulated multi-host cluster",
+        [
+            Section(
+                "Setup",
+                [
+                    f"- **Cluster:** {cluster.describe()}",
+                    f"- **Profile:** {render.profile_summary(prof)}",
+                    f"- **Training transport:** {result.transport}",
+                ],
+            ),
+            Section("Results", [Table([asdict(r) for r in rows], list(asdict(rows[0])))]),
+        ],
+    )
+    print(f"report: {report.path}")
+    return 0 if all(r.within_target for r in rows) else 1
+
+
+def run_published(args: argparse.Namespace) -> int:
+    reproductions = [published.reproduce(c) for c in published.cases()]
+    rows = [r.row() for r in reproductions]
+    print(markdown_table(rows, list(rows[0])))
+    for r in reproductions:
+        print(f"\n- {r.case.name}: {r.case.source}. {r.case.notes}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report-dir", default="reports")
+    sub = parser.add_subparsers(dest="what", required=True)
+    local = sub.add_parser("local", help="this machine: scaling bench vs prediction")
+    local.add_argument("--models", default="mlp")
+    local.add_argument("--per-worker-batch", type=int, default=64)
+    local.add_argument("--steps", type=int, default=30)
+    local.add_argument("--statistics", default="median,paired", help="see `dpscale predict --statistic`")
+    local.set_defaults(func=run_local)
+    emu = sub.add_parser("emulate", help="an emulated multi-host cluster (root)")
+    emu.add_argument("--hosts", type=int, default=2)
+    emu.add_argument("--workers-per-host", type=int, default=1)
+    emu.add_argument("--rate-gbit", type=float, default=1.0)
+    emu.add_argument("--transport", default="gloo", help="gloo, or auto (hierarchical across hosts)")
+    emu.add_argument("--model", default="mlp")
+    emu.add_argument("--per-worker-batch", type=int, default=16)
+    emu.add_argument("--steps", type=int, default=4)
+    emu.set_defaults(func=run_emulate)
+    pub = sub.add_parser("published", help="the published-results table")
+    pub.set_defaults(func=run_published)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+"""Performance model: predict data-parallel step time and scaling efficiency from a one-worker profile.
+
+- `costs`: alpha-beta cost of one all-reduce per algorithm (ring, tree, halving-doubling, hierarchical).
+- `cluster`: the machines (links, workers per node), named presets, calibration from an all-reduce bench.
+- `profile`: what one worker spends on forward, backward and the optimizer, and when buckets are ready.
+- `timeline`: backward overlapped with bucket reductions; what stays exposed.
+- `model`: the prediction per world size, with its bottleneck in words.
+- `validate`, `emulate`, `emulate_validate`, `published`: the prediction checked against measurement.
+
+docs/performance-model.md gives the formulas and their sources.
+"""
+
+from .cluster import Cluster, Link
+from .model import PredictConfig, Prediction, predict
+from .profile import ModelProfile
+
+__all__ = ["Cluster", "Link", "ModelProfile", "PredictConfig", "Prediction", "predict"]

@@ -1,0 +1,292 @@
+"""`dpscale profile` and `dpscale predict`: one `add_*_arguments` / `run_*_from_args` pair per command.
+
+    dpscale profile --model mlp --per-worker-batch 64 [--out FILE] [--json]
+    dpscale predict --model mlp --preset dgx-a100 [--world-sizes 1,8,64,512] [--json]
+    dpscale predict --profile FILE --calibrate REPORT_DIR          (this machine, measured transport)
+    dpscale predict --params 25.6e6 --step-compute-ms 120 --preset pcie3-x16+eth-25g --nodes 32
+    dpscale predict --validate SCALING_REPORT_DIR --calibrate ALLREDUCE_REPORT_DIR --model mlp
+
+Bad input raises ValueError naming the flag (the dpscale CLI turns it into exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+
+from ..bench.args import parse_int_list
+from ..bench.report import ReportDir
+from . import profile as profiles
+from . import render, validate
+from .cluster import (
+    CLUSTER_PRESETS,
+    INTER,
+    INTRA,
+    LINK_PRESETS,
+    Cluster,
+    Link,
+    calibrated,
+    load_allreduce_report,
+    preset_cluster,
+)
+from .costs import ALGORITHM_CHOICES
+from .model import ENGINE_CHOICES, PredictConfig, predict
+
+DEFAULT_BATCH = 64
+MAX_DEFAULT_WORLD = 1024
+
+# ---- dpscale profile ------------------------------------------------------------------------------
+
+
+def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--model", required=True, help="a built-in workload (mlp, transformer, digits, synthetic)")
+    add(
+        "--per-worker-batch",
+        type=int,
+        default=DEFAULT_BATCH,
+        help=f"samples per step (default {DEFAULT_BATCH})",
+    )
+    add("--steps", type=int, default=20, help="timed steps; figures are medians (default 20)")
+    add("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    add("--threads", type=int, default=1, help="intra-op threads of the worker (default 1)")
+    add("--co-located", type=int, default=1, help="also measure K workers computing in lockstep (contention)")
+    add("--out", default=None, help="profile JSON file (default profile-<model>-b<batch>.json)")
+    add("--json", action="store_true", help="print the profile as JSON on the last line of stdout")
+
+
+def run_profile_from_args(args: argparse.Namespace) -> int:
+    prof = profiles.measure(
+        args.model,
+        args.per_worker_batch,
+        steps=args.steps,
+        warmup=args.warmup,
+        threads=args.threads,
+        co_located=args.co_located,
+    )
+    path = prof.save(args.out or f"profile-{prof.model}-b{prof.per_worker_batch}.json")
+    print(render.profile_summary(prof))
+    for b in prof.buckets():
+        print(f"  bucket {b.index}: {b.nbytes / 2**20:.2f} MiB ready at {b.ready_ms:.2f} ms into backward")
+    print(f"profile: {path}")
+    if args.json:
+        print(json.dumps(prof.to_dict(), allow_nan=False))
+    return 0
+
+
+# ---- dpscale predict ------------------------------------------------------------------------------
+
+
+def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    g = parser.add_argument_group("model (one of: --profile, --model, or the explicit numbers)")
+    g.add_argument("--profile", default=None, help="a `dpscale profile` JSON file")
+    g.add_argument("--model", default=None, help="a built-in workload, profiled now on one worker")
+    g.add_argument("--params", type=float, default=None, help="explicit: parameter count (e.g. 25.6e6)")
+    g.add_argument(
+        "--bytes-per-param", type=float, default=4.0, help="explicit: gradient bytes each (default 4)"
+    )
+    g.add_argument("--step-compute-ms", type=float, default=None, help="explicit: one worker's step, ms")
+    g.add_argument("--backward-fraction", type=float, default=2 / 3, help="explicit: share of backward (2/3)")
+    add(
+        "--per-worker-batch",
+        type=int,
+        default=None,
+        help=f"default: the profile's ({DEFAULT_BATCH} otherwise)",
+    )
+    c = parser.add_argument_group("cluster (a preset, flags overriding it, or a calibration)")
+    presets = ", ".join([*CLUSTER_PRESETS, *LINK_PRESETS])
+    c.add_argument(
+        "--preset", default="cpu-shm", help=f"{presets}, or INTRA+INTER, e.g. pcie3-x16+8xib-hdr200"
+    )
+    c.add_argument("--workers-per-node", type=int, default=None, help="default: the preset's")
+    c.add_argument("--nodes", type=int, default=None, help="one world size: nodes x workers per node")
+    c.add_argument(
+        "--intra-bw-GBps", type=float, default=None, help="intra-node bandwidth per direction, GB/s"
+    )
+    c.add_argument("--intra-lat-us", type=float, default=None, help="intra-node latency per step, us")
+    c.add_argument("--inter-bw-Gbps", type=float, default=None, help="inter-node bandwidth per node, Gbit/s")
+    c.add_argument("--inter-lat-us", type=float, default=None, help="inter-node latency per step, us")
+    c.add_argument("--per-message-overhead-us", type=float, default=None, help="software cost per call, us")
+    c.add_argument("--calibrate", default=None, help="a `dpscale bench allreduce` report directory")
+    c.add_argument(
+        "--transport", default=None, help="which transport of --calibrate (default shm, else first)"
+    )
+    add("--world-sizes", default=None, help="comma-separated (default 1,2,4,... up to 1024)")
+    add("--bucket-mb", type=float, default=25.0, help="bucket cap in MiB (default 25; the first is 1)")
+    add(
+        "--algorithm", default="auto", help=f"{', '.join(ALGORITHM_CHOICES)} (default auto: fastest per size)"
+    )
+    add("--no-overlap", action="store_true", help="reduce only after backward has finished")
+    add("--compression", type=float, default=1.0, help="gradient bytes / bytes on the wire (2 = fp16)")
+    add("--engine", default="dpscale", help=f"whose measured overhead to add: {', '.join(ENGINE_CHOICES)}")
+    add(
+        "--contention",
+        type=float,
+        default=None,
+        help="compute slowdown when workers share a node (default: the profile's --co-located, else 1)",
+    )
+    add("--validate", default=None, help="a `dpscale bench scaling` report: predicted vs measured")
+    add(
+        "--compute-from",
+        default=None,
+        help="--validate: local (the report's local engine at each N) or profile (local at N=1 x the "
+        "profile's --co-located contention); default local",
+    )
+    add(
+        "--statistic",
+        default=None,
+        help="--validate: measured step = median (default), paired (with the local engine, per round) or pNN",
+    )
+    add("--json", action="store_true", help="print the predictions as a JSON list on the last line")
+    add("--report-dir", default="reports", help="base directory of the report (default reports)")
+
+
+def _profile(args: argparse.Namespace, default_model: str | None = None, default_batch: int | None = None):
+    explicit = args.params is not None or args.step_compute_ms is not None
+    given = [
+        f for f, on in (("--profile", args.profile), ("--model", args.model), ("--params", explicit)) if on
+    ]
+    if len(given) > 1:
+        raise ValueError(
+            f"{given[1]}: give one of --profile, --model or the explicit numbers, not {' and '.join(given)}"
+        )
+    batch = args.per_worker_batch or default_batch or DEFAULT_BATCH
+    if args.profile:
+        return profiles.ModelProfile.load(args.profile)
+    if explicit:
+        if args.params is None or args.step_compute_ms is None:
+            raise ValueError("--params: explicit numbers need both --params and --step-compute-ms")
+        return profiles.explicit(
+            params=round(args.params),
+            bytes_per_param=args.bytes_per_param,
+            step_compute_ms=args.step_compute_ms,
+            backward_fraction=args.backward_fraction,
+            per_worker_batch=batch,
+        )
+    model = args.model or default_model
+    if model is None:
+        raise ValueError("--profile: give --profile FILE, --model NAME, or --params and --step-compute-ms")
+    print(f"profiling {model} at batch {batch} on one worker ...", flush=True)
+    return profiles.measure(model, batch)
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    cluster = preset_cluster(args.preset)
+    if args.workers_per_node is not None:
+        cluster = replace(cluster, workers_per_node=args.workers_per_node)
+    if args.calibrate:
+        results = load_allreduce_report(args.calibrate)
+        have = list(dict.fromkeys(p["transport"] for p in results["points"]))
+        transport = args.transport or ("shm" if "shm" in have else have[0])
+        cluster = calibrated(cluster, results, transport)
+    elif args.transport:
+        raise ValueError("--transport: only meaningful with --calibrate")
+    intra, inter = cluster.intra, cluster.inter
+    if args.intra_bw_GBps is not None or args.intra_lat_us is not None:
+        intra = Link(
+            name=INTRA,
+            bandwidth_GBps=_positive("--intra-bw-GBps", args.intra_bw_GBps, intra.bandwidth_GBps),
+            latency_us=_nonnegative("--intra-lat-us", args.intra_lat_us, intra.latency_us),
+        )
+    if args.inter_bw_Gbps is not None or args.inter_lat_us is not None:
+        bw = None if args.inter_bw_Gbps is None else args.inter_bw_Gbps / 8
+        inter = Link(
+            name=INTER,
+            bandwidth_GBps=_positive("--inter-bw-Gbps", bw, inter.bandwidth_GBps),
+            latency_us=_nonnegative("--inter-lat-us", args.inter_lat_us, inter.latency_us),
+        )
+    overhead = args.per_message_overhead_us
+    custom = intra is not cluster.intra or inter is not cluster.inter or overhead is not None
+    return replace(
+        cluster,
+        intra=intra,
+        inter=inter,
+        per_message_overhead_us=cluster.per_message_overhead_us if overhead is None else overhead,
+        name=cluster.name + (" with flags" if custom else ""),
+    )
+
+
+def _positive(flag: str, value: float | None, default: float) -> float:
+    if value is not None and not value > 0:
+        raise ValueError(f"{flag}: must be > 0, got {value}")
+    return default if value is None else value
+
+
+def _nonnegative(flag: str, value: float | None, default: float) -> float:
+    if value is not None and value < 0:
+        raise ValueError(f"{flag}: must be >= 0, got {value}")
+    return default if value is None else value
+
+
+def world_sizes_for(args: argparse.Namespace, cluster: Cluster) -> list[int]:
+    """--world-sizes, or --nodes N alone (N x workers per node), or 1, 2, 4, ... up to 1024."""
+    g = cluster.workers_per_node
+    if args.nodes is not None:
+        if args.world_sizes:
+            raise ValueError("--nodes: give --nodes or --world-sizes, not both")
+        if args.nodes < 1:
+            raise ValueError(f"--nodes: must be >= 1, got {args.nodes}")
+        return [args.nodes * g]
+    if args.world_sizes:
+        return parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1)
+    within = [1 << k for k in range(g.bit_length()) if 1 << k < g]
+    return within + [g << k for k in range(MAX_DEFAULT_WORLD.bit_length()) if g << k <= MAX_DEFAULT_WORLD]
+
+
+def run_predict_from_args(args: argparse.Namespace) -> int:
+    if args.validate:
+        return _run_validate(args)
+    for flag, value in (("--statistic", args.statistic), ("--compute-from", args.compute_from)):
+        if value is not None:
+            raise ValueError(f"{flag}: only with --validate")
+    cluster = _cluster(args)
+    config = PredictConfig(
+        world_sizes=world_sizes_for(args, cluster),
+        per_worker_batch=args.per_worker_batch,
+        bucket_mb=args.bucket_mb,
+        overlap=not args.no_overlap,
+        compression=args.compression,
+        algorithm=args.algorithm,
+        engine=args.engine,
+        contention=args.contention,
+    )
+    for n in config.world_sizes:
+        cluster.layout(n)  # bad world sizes fail before a profile is measured
+    prof = _profile(args)
+    predictions = predict(prof, cluster, config)
+    print(render.profile_summary(prof))
+    print(f"cluster {cluster.describe()}")
+    print(render.format_table(predictions))
+    report = ReportDir.create(args.report_dir, "predict")
+    render.write_report(report, predictions, prof, cluster, config)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps([p.to_dict() for p in predictions], allow_nan=False))
+    return 0
+
+
+def _run_validate(args: argparse.Namespace) -> int:
+    scaling = validate.load_scaling_report(args.validate)
+    allreduce = load_allreduce_report(args.calibrate) if args.calibrate else None
+    cfg = scaling["config"]
+    batch = cfg.get("per_worker_batch") or scaling["points"][0]["per_worker_batch"]
+    prof = _profile(args, default_model=cfg.get("model"), default_batch=batch)
+    result = validate.validate(
+        scaling,
+        prof,
+        allreduce=allreduce,
+        scaling_report=str(args.validate),
+        calibration=args.calibrate,
+        statistic=args.statistic or "median",
+        compute_from=args.compute_from or "local",
+    )
+    print(render.profile_summary(prof))
+    print(validate.format_table(result))
+    report = ReportDir.create(args.report_dir, "predict-validate")
+    validate.write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps([r.__dict__ for r in result.rows], allow_nan=False))
+    return 0

@@ -1,0 +1,100 @@
+"""One worker of an emulated cluster (emulate.py starts it under torchrun): measure, then print on rank 0.
+
+`python -m dpscale.predict.emulate_worker CONFIG_JSON`, in the environment torchrun sets. Three
+measurements, each step or call counted at its slowest rank (what the next collective waits for):
+
+1. all-reduce of float32 tensors of each size over gloo: median time of `iters` calls;
+2. the bare model, every worker stepping at once with no communication: the compute with the same
+   contention as training has (cores, memory), the input the prediction scales its profile by;
+3. training steps of the same model in dpscale's engine with the configured transport.
+
+Rank 0 prints one JSON line: {"allreduce": [{"bytes", "time_us"}], "local_step_ms", "train_step_ms",
+"train_comm_ms", "transport"}.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def _allreduce_times(sizes_bytes: list[int], iters: int) -> list[dict]:
+    out = []
+    for nbytes in sizes_bytes:
+        x = torch.zeros(nbytes // 4)
+        dist.all_reduce(x)  # warm-up: connections and buffers
+        times = []
+        for _ in range(iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(_slowest(time.perf_counter() - t0))
+        out.append({"bytes": x.numel() * 4, "time_us": statistics.median(times) * 1e6})
+    return out
+
+
+def _step_times(model, batch, loss_sum, steps: int, warmup: int) -> tuple[list[float], list[float]]:
+    x, y = batch
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    times, comm = [], []
+    for s in range(warmup + steps):
+        dist.barrier()  # start together, as synchronized training does
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        (loss_sum(model(x), y) / len(x)).backward()
+        opt.step()
+        elapsed = _slowest(time.perf_counter() - t0)
+        stats = getattr(model, "last_step_stats", None)
+        if s >= warmup:
+            times.append(elapsed * 1e3)
+            if stats is not None:
+                comm.append(stats.comm_ms)
+    return times, comm
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..engine import DistributedDataParallel
+    from ..workloads import get_workload
+
+    cfg = json.loads((argv or sys.argv[1:])[0])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    try:
+        allreduce = _allreduce_times(cfg["sizes_bytes"], cfg["iters"])
+        workload = get_workload(cfg["model"])
+        train, _ = workload.build_data(0)
+        g = torch.Generator().manual_seed(100 + dist.get_rank())
+        batch = train.batch(torch.randint(0, len(train), (cfg["per_worker_batch"],), generator=g).tolist())
+        torch.manual_seed(0)
+        local, _ = _step_times(workload.build_model(), batch, workload.loss_sum, cfg["steps"], cfg["warmup"])
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(workload.build_model(), transport=cfg["transport"])
+        train_ms, comm_ms = _step_times(ddp, batch, workload.loss_sum, cfg["steps"], cfg["warmup"])
+        result = {
+            "allreduce": allreduce,
+            "local_step_ms": statistics.median(local),
+            "train_step_ms": statistics.median(train_ms),
+            "train_comm_ms": statistics.median(comm_ms) if comm_ms else None,
+            "transport": ddp.transport.describe(),
+        }
+        if dist.get_rank() == 0:
+            print(json.dumps(result), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""The prediction per world size: step time, throughput, efficiency and the bottleneck in words.
+
+For N workers, from a one-worker profile and a cluster:
+
+    compute_ms  = (forward + backward + engine overhead + optimizer) x contention
+    comm_ms     = sum over buckets of all_reduce_cost(bucket bytes / compression, N)
+    exposed     = what the bucket timeline (timeline.py) leaves after the end of backward
+    step_ms     = compute_ms + exposed
+    samples/s   = N x per-worker batch / step
+    efficiency  = samples/s / (N x one-worker samples/s with no communication and no contention)
+
+`contention` is how much slower one worker computes when others share its node (memory bandwidth,
+cores, caches): --contention, else the profile's measurement for that many workers on a node
+(`dpscale profile --co-located K`), else 1. The engine overhead is the profile's measured
+cost of the engine at one worker (copying gradients into buckets), spent during backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from .cluster import Cluster
+from .costs import ALGORITHM_CHOICES, AllReduceCost, all_reduce_cost
+from .profile import PROFILE_ENGINES, ModelProfile
+from .timeline import BucketSpan, ReadyBucket, simulate
+
+ENGINE_CHOICES = (*PROFILE_ENGINES, "none")
+# Exposed communication below this share of the step is noise next to compute.
+COMPUTE_BOUND_SHARE = 0.05
+JSON_KEYS = (
+    "world_size",
+    "nodes",
+    "step_ms",
+    "compute_ms",
+    "comm_ms",
+    "exposed_comm_ms",
+    "samples_per_s",
+    "efficiency",
+    "bottleneck",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictConfig:
+    world_sizes: list[int]  # --world-sizes (or --nodes): each fills nodes of the cluster's workers/node
+    per_worker_batch: int | None = None  # --per-worker-batch: None = the profile's; else compute scaled
+    bucket_mb: float = 25.0  # --bucket-mb: bucket cap in MiB (the first bucket is first_bucket_mb)
+    first_bucket_mb: float = 1.0  # the engine's small first bucket, so communication starts early
+    overlap: bool = True  # --no-overlap: every reduction waits for the end of backward
+    compression: float = 1.0  # --compression: bytes on the wire = gradient bytes / compression
+    algorithm: str = "auto"  # --algorithm: one of ALGORITHM_CHOICES
+    engine: str = "dpscale"  # --engine: whose measured one-worker overhead to add; "none" adds none
+    # --contention: compute time multiplier when a node holds > 1 worker; None: the profile's
+    # measured factor for that many workers per node, or 1 where it has none
+    contention: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.world_sizes or any(n < 1 for n in self.world_sizes):
+            raise ValueError(f"--world-sizes: give world sizes >= 1, got {self.world_sizes}")
+        if self.per_worker_batch is not None and self.per_worker_batch < 1:
+            raise ValueError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
+        if not self.bucket_mb > 0 or not self.first_bucket_mb > 0:
+            raise ValueError(f"--bucket-mb: must be > 0, got {self.bucket_mb}")
+        if not self.compression >= 1:
+            raise ValueError(f"--compression: must be >= 1 (2 for fp16 gradients), got {self.compression}")
+        if self.algorithm not in ALGORITHM_CHOICES:
+            raise ValueError(
+                f"--algorithm: unknown {self.algorithm!r}; choose from {', '.join(ALGORITHM_CHOICES)}"
+            )
+        if self.engine not in ENGINE_CHOICES:
+            raise ValueError(f"--engine: unknown {self.engine!r}; choose from {', '.join(ENGINE_CHOICES)}")
+        if self.contention is not None and not self.contention > 0:
+            raise ValueError(f"--contention: must be > 0 (1 = none), got {self.contention}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    world_size: int
+    nodes: int
+    step_ms: float
+    compute_ms: float
+    comm_ms: float  # all reductions, hidden or not
+    exposed_comm_ms: float
+    samples_per_s: float
+    efficiency: float
+    bottleneck: str
+    algorithms: str  # the algorithm(s) the buckets used, e.g. "ring" or "tree, ring"
+    terms_ms: dict[str, float] = field(default_factory=dict)  # comm time by term label, all buckets
+    spans: tuple[BucketSpan, ...] = ()
+
+    def to_dict(self) -> dict:
+        """The documented JSON object (JSON_KEYS)."""
+        return {k: getattr(self, k) for k in JSON_KEYS}
+
+    def to_full_dict(self) -> dict:
+        return asdict(self)
+
+
+def _bottleneck(world_size: int, step_ms: float, exposed_ms: float, terms_ms: dict[str, float]) -> str:
+    if world_size == 1 or not terms_ms or exposed_ms <= COMPUTE_BOUND_SHARE * step_ms:
+        return "compute"
+    return max(terms_ms, key=terms_ms.__getitem__)
+
+
+def predict(
+    profile: ModelProfile,
+    cluster: Cluster,
+    config: PredictConfig,
+    *,
+    contention_by_world_size: Mapping[int, float] | None = None,
+) -> list[Prediction]:
+    """One prediction per world size of `config`, in its order.
+
+    `contention_by_world_size` (e.g. measured: the local engine's step at N over its step at 1)
+    replaces `config.contention` for the world sizes it names.
+    """
+    prof = profile.at_batch(config.per_worker_batch or profile.per_worker_batch)
+    batch = prof.per_worker_batch
+    overhead_ms = prof.engine_overhead_ms.get(config.engine, 0.0)
+    baseline_ms = prof.compute_ms + overhead_ms  # one worker, nothing to communicate, no contention
+    buckets = prof.buckets(config.bucket_mb, config.first_bucket_mb)
+    out = []
+    for n in config.world_sizes:
+        lay = cluster.layout(n)
+        factor = 1.0
+        if lay.per_node > 1:
+            factor = config.contention or prof.contention.get(lay.per_node, 1.0)
+        if contention_by_world_size and n in contention_by_world_size:
+            factor = contention_by_world_size[n]
+        backward_ms = (prof.backward_ms + overhead_ms) * factor
+        stretch = backward_ms / prof.backward_ms if prof.backward_ms > 0 else 1.0
+        ready = [ReadyBucket(b.index, b.nbytes, min(b.ready_ms * stretch, backward_ms)) for b in buckets]
+        costs: list[AllReduceCost] = []
+
+        def reduce_ms(nbytes: int, n=n, costs=costs) -> float:
+            cost = all_reduce_cost(nbytes / config.compression, n, cluster, config.algorithm)
+            costs.append(cost)
+            return cost.seconds * 1e3
+
+        timeline = simulate(ready, backward_ms, reduce_ms, overlap=config.overlap)
+        compute_ms = (prof.forward_ms + prof.optimizer_ms) * factor + backward_ms
+        step_ms = compute_ms + timeline.exposed_comm_ms
+        terms_ms: dict[str, float] = {}
+        for cost in costs:
+            for t in cost.terms:
+                terms_ms[t.label] = terms_ms.get(t.label, 0.0) + t.seconds * 1e3
+        out.append(
+            Prediction(
+                world_size=n,
+                nodes=lay.nodes,
+                step_ms=step_ms,
+                compute_ms=compute_ms,
+                comm_ms=timeline.comm_ms,
+                exposed_comm_ms=timeline.exposed_comm_ms,
+                samples_per_s=n * batch / (step_ms / 1e3),
+                efficiency=baseline_ms / step_ms,
+                bottleneck=_bottleneck(n, step_ms, timeline.exposed_comm_ms, terms_ms),
+                algorithms=", ".join(dict.fromkeys(c.algorithm for c in costs)) or "-",
+                terms_ms=terms_ms,
+                spans=timeline.spans,
+            )
+        )
+    return out

@@ -1,0 +1,169 @@
+"""Show a prediction: terminal table, efficiency/throughput plot, and a report directory like the benches'.
+
+reports/<UTC>-predict/
+    report.json   results = {"config", "cluster", "profile", "predictions": [...]} (see `result_doc`)
+    predict.csv   one row per world size (the documented JSON keys and the algorithms used)
+    predict.png   efficiency and throughput vs workers, log2 x axis
+    report.md     inputs with their sources, the table, the plot
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
+
+from ..bench.report import Image, ReportDir, Section, Table, new_figure
+from .cluster import Cluster
+from .model import JSON_KEYS, PredictConfig, Prediction
+from .profile import ModelProfile
+
+_COLUMNS = {  # key: (header, format)
+    "world_size": ("N", "d"),
+    "nodes": ("nodes", "d"),
+    "step_ms": ("step ms", ".2f"),
+    "compute_ms": ("compute ms", ".2f"),
+    "comm_ms": ("comm ms", ".2f"),
+    "exposed_comm_ms": ("exposed ms", ".2f"),
+    "samples_per_s": ("samples/s", ".4g"),
+    "efficiency": ("efficiency", ".1%"),
+    "algorithms": ("algorithm", ""),
+    "bottleneck": ("bottleneck", ""),
+}
+
+
+def profile_summary(profile: ModelProfile) -> str:
+    overhead = ", ".join(f"{e} {ms:.2f} ms" for e, ms in profile.engine_overhead_ms.items()) or "not measured"
+    threads = f", {profile.threads} intra-op thread(s)" if profile.threads else ""
+    contention = "".join(
+        f"; {k} workers in lockstep compute {v:.2f}x slower" for k, v in profile.contention.items()
+    )
+    return (
+        f"{profile.model} ({profile.source}{threads}), batch {profile.per_worker_batch}/worker: forward "
+        f"{profile.forward_ms:.2f} ms, backward {profile.backward_ms:.2f} ms, "
+        f"optimizer {profile.optimizer_ms:.2f} ms; "
+        f"{profile.param_count:,} parameters, {profile.param_bytes / 2**20:.1f} MiB of gradients; "
+        f"engine overhead at one worker: {overhead}{contention}"
+    )
+
+
+def format_table(predictions: Sequence[Prediction]) -> str:
+    rows = [{c: format(getattr(p, c), f) for c, (_, f) in _COLUMNS.items()} for p in predictions]
+    widths = {c: max(len(h), *(len(r[c]) for r in rows)) for c, (h, _) in _COLUMNS.items()}
+    left = ("algorithms", "bottleneck")
+
+    def line(cells: dict[str, str]) -> str:
+        cols = (cells[c].ljust(widths[c]) if c in left else cells[c].rjust(widths[c]) for c in _COLUMNS)
+        return "  ".join(cols).rstrip()
+
+    return "\n".join([line({c: h for c, (h, _) in _COLUMNS.items()}), *(line(r) for r in rows)])
+
+
+def _workers_axis(ax, sizes: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(sizes))
+    while len(ticks) > 12:
+        ticks = ticks[::2]
+    ax.set_xticks(ticks, [str(n) for n in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("workers N (log scale)")
+    ax.grid(True, alpha=0.35)
+
+
+def plot(predictions: Sequence[Prediction], title: str) -> Figure:
+    """Efficiency (left) and throughput with the linear ideal (right) vs workers, log2 x axis."""
+    fig = new_figure(11.0, 4.5)
+    eff_ax, thr_ax = fig.subplots(1, 2)
+    ns = [p.world_size for p in predictions]
+    eff_ax.plot(ns, [100 * p.efficiency for p in predictions], marker="o", lw=2, label="predicted")
+    eff_ax.axhline(100, color="gray", ls="--", lw=1, label="linear scaling")
+    eff_ax.set(ylabel="scaling efficiency (%)", title="Efficiency vs workers")
+    eff_ax.set_ylim(0, max(110, *(105 * p.efficiency for p in predictions)))
+    thr_ax.plot(ns, [p.samples_per_s for p in predictions], marker="o", lw=2, label="predicted")
+    one = predictions[0].samples_per_s / predictions[0].world_size / predictions[0].efficiency
+    thr_ax.plot(ns, [n * one for n in ns], color="gray", ls="--", lw=1, label="N x one worker")
+    thr_ax.set(yscale="log", ylabel="throughput (samples/s)", title="Throughput vs workers")
+    for ax, where in ((eff_ax, "lower left"), (thr_ax, "upper left")):
+        _workers_axis(ax, ns)
+        ax.legend(loc=where, fontsize="small")
+    # where the bottleneck changes, say so on the efficiency curve
+    last = None
+    for p in predictions:
+        if p.bottleneck != last:
+            eff_ax.annotate(
+                p.bottleneck, (p.world_size, 100 * p.efficiency), textcoords="offset points",
+                xytext=(4, 8), fontsize="x-small", rotation=20,
+            )  # fmt: skip
+            last = p.bottleneck
+    fig.suptitle(title)
+    return fig
+
+
+def result_doc(
+    predictions: Sequence[Prediction], profile: ModelProfile, cluster: Cluster, config: PredictConfig
+) -> dict:
+    """report.json's results: everything needed to re-render or to compare later."""
+    prof = profile.to_dict()
+    prof.pop("params")  # per-parameter timings are in the profile file, not needed here
+    clus = asdict(cluster)
+    clus["measured"] = {str(n): asdict(m) for n, m in cluster.measured.items()}
+    return {
+        "config": asdict(config),
+        "cluster": clus,
+        "profile": prof,
+        "predictions": [
+            {
+                **p.to_dict(),
+                "algorithms": p.algorithms,
+                "terms_ms": p.terms_ms,
+                "buckets": [asdict(s) for s in p.spans],
+            }
+            for p in predictions
+        ],
+    }
+
+
+def write_report(
+    report: ReportDir,
+    predictions: Sequence[Prediction],
+    profile: ModelProfile,
+    cluster: Cluster,
+    config: PredictConfig,
+) -> None:
+    doc = result_doc(predictions, profile, cluster, config)
+    report.write_json(doc, config=doc["config"])
+    report.write_csv("predict", [{**p.to_dict(), "algorithms": p.algorithms} for p in predictions])
+    batch = config.per_worker_batch or profile.per_worker_batch
+    title = f"{profile.model}, batch {batch}/worker, on {cluster.name}"
+    report.save_figure(plot(predictions, title), "predict")
+    overlap = "on" if config.overlap else "off"
+    inputs = [
+        f"- **Profile:** {profile_summary(profile)}",
+        f"- **Cluster:** {cluster.describe()}",
+        f"- **Sources:** {cluster.source or 'flags given on the command line'}",
+        f"- **Options:** buckets {config.bucket_mb:g} MiB (first {config.first_bucket_mb:g} MiB), "
+        f"overlap {overlap}, "
+        f"compression {config.compression:g}x, algorithm {config.algorithm}, engine {config.engine}, "
+        f"contention {'from the profile' if config.contention is None else f'{config.contention:g}x'}",
+    ]
+    method = (
+        "Step = compute + communication left exposed after backward; each bucket's all-reduce starts when "
+        "the bucket is ready and the previous one is done. Efficiency = throughput / (N x one-worker "
+        "throughput with no communication). Formulas and sources: docs/performance-model.md."
+    )
+    fmt = {c: f for c, (_, f) in _COLUMNS.items() if f}
+    heads = {c: h for c, (h, _) in _COLUMNS.items()}
+    rows = [{**p.to_dict(), "algorithms": p.algorithms} for p in predictions]
+    report.write_markdown(
+        "Scaling prediction",
+        [
+            Section("Inputs", ["\n".join(inputs)]),
+            Section("Prediction", [method, Table(rows, list(_COLUMNS), fmt, heads)]),
+            Section("Plot", [Image("predict.png", "efficiency and throughput vs workers")]),
+        ],
+    )
+
+
+__all__ = ["JSON_KEYS", "format_table", "plot", "profile_summary", "result_doc", "write_report"]

@@ -1,0 +1,93 @@
+"""`dpscale predict` / `dpscale profile` through their argument parsers: JSON line, report, bad input."""
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+
+import pytest
+
+from dpscale.predict import cli
+from dpscale.predict.model import JSON_KEYS
+from dpscale.predict.profile import ModelProfile
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+EXPLICIT = ["--params", "25.6e6", "--step-compute-ms", "120", "--per-worker-batch", "32"]
+
+
+def _run(command: str, argv: list[str], monkeypatch) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    getattr(cli, f"add_{command}_arguments")(parser)
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/dpscale", command, *argv])
+    with contextlib.redirect_stdout(out):
+        rc = getattr(cli, f"run_{command}_from_args")(args)
+    return rc, out.getvalue()
+
+
+def test_json_is_the_last_line_with_the_documented_keys_and_a_report_is_written(tmp_path, monkeypatch):
+    argv = [*EXPLICIT, "--preset", "dgx-a100", "--json", "--report-dir", str(tmp_path)]
+    rc, out = _run("predict", argv, monkeypatch)
+    assert rc == 0
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert [r["world_size"] for r in rows] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert all(tuple(r) == JSON_KEYS for r in rows)
+    assert rows[0]["efficiency"] == 1.0 and rows[-1]["nodes"] == 128
+    assert all(isinstance(r["bottleneck"], str) and r["bottleneck"] for r in rows)
+    (report,) = tmp_path.iterdir()
+    assert report.name.endswith("-predict")
+    assert {p.name for p in report.iterdir()} == {"report.json", "report.md", "predict.csv", "predict.png"}
+    assert (report / "predict.png").read_bytes().startswith(PNG_SIGNATURE)
+    doc = json.loads((report / "report.json").read_text())
+    assert doc["command"] == "predict" and len(doc["results"]["predictions"]) == len(rows)
+    assert "NVIDIA DGX A100" in (report / "report.md").read_text()
+
+
+def test_nodes_alone_is_one_world_size_and_flags_override_the_preset(tmp_path, monkeypatch):
+    argv = [*EXPLICIT, "--preset", "pcie3-x16+eth-25g", "--workers-per-node", "4", "--nodes", "32"]
+    argv += ["--inter-bw-Gbps", "100", "--algorithm", "ring", "--json", "--report-dir", str(tmp_path)]
+    rc, out = _run("predict", argv, monkeypatch)
+    (row,) = json.loads(out.strip().splitlines()[-1])
+    assert (row["world_size"], row["nodes"]) == (128, 32)
+    assert "inter-node 100 Gbit/s" in out
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--inter-bw-Gbps", "-1"], "--inter-bw-Gbps"),
+        (["--intra-lat-us", "-3"], "--intra-lat-us"),
+        (["--algorithm", "star"], "--algorithm"),
+        (["--world-sizes", "1,x"], "--world-sizes"),
+        (["--preset", "dgx-a100", "--world-sizes", "12"], "--world-sizes"),
+        (["--preset", "warp-drive"], "--preset"),
+        (["--nodes", "2", "--world-sizes", "2"], "--nodes"),
+        (["--compression", "0"], "--compression"),
+        (["--transport", "shm"], "--transport"),
+        (["--statistic", "p20"], "--statistic"),
+        (["--compute-from", "local"], "--compute-from"),
+        (["--model", "mlp"], "--model"),  # together with the explicit numbers
+    ],
+)
+def test_bad_input_names_the_flag(argv, flag, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=flag):
+        _run("predict", [*EXPLICIT, *argv, "--report-dir", str(tmp_path)], monkeypatch)
+    assert not any(tmp_path.iterdir())  # nothing written before the error
+
+
+def test_explicit_numbers_need_both(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="--params"):
+        _run("predict", ["--params", "1e6", "--report-dir", str(tmp_path)], monkeypatch)
+
+
+def test_profile_command_writes_a_profile_that_predict_reads(tmp_path, monkeypatch):
+    path = tmp_path / "digits.json"
+    argv = ["--model", "digits", "--per-worker-batch", "16", "--steps", "3", "--warmup", "1"]
+    rc, out = _run("profile", [*argv, "--out", str(path), "--json"], monkeypatch)
+    assert rc == 0 and "bucket 0" in out
+    assert ModelProfile.from_dict(json.loads(out.strip().splitlines()[-1])) == ModelProfile.load(path)
+    argv = ["--profile", str(path), "--preset", "cpu-shm", "--world-sizes", "1,2", "--json"]
+    rc, out = _run("predict", [*argv, "--report-dir", str(tmp_path / "r")], monkeypatch)
+    assert [r["world_size"] for r in json.loads(out.strip().splitlines()[-1])] == [1, 2]

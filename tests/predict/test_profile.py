@@ -1,0 +1,68 @@
+"""One-worker profiles: explicit numbers, bucket layout, batch scaling, JSON, and one real measurement."""
+
+from dataclasses import replace
+
+import pytest
+
+from dpscale.engine.buckets import MB
+from dpscale.predict.profile import ModelProfile, ParamTiming, explicit, measure
+
+
+def test_explicit_profile_spreads_buckets_evenly_over_backward():
+    p = explicit(
+        params=10 * MB, bytes_per_param=4, step_compute_ms=90, backward_fraction=2 / 3, per_worker_batch=8
+    )
+    assert (p.forward_ms, p.backward_ms, p.optimizer_ms) == pytest.approx((30, 60, 0))
+    buckets = p.buckets(bucket_mb=25, first_bucket_mb=1)
+    assert [b.nbytes for b in buckets] == [1 * MB, 25 * MB, 14 * MB]  # 40 MiB: the engine's caps
+    assert [b.ready_ms for b in buckets] == pytest.approx([60 * 1 / 40, 60 * 26 / 40, 60.0])
+
+
+def test_measured_layout_follows_the_engine_assignment():
+    # registration order a, b, c; backward produces c first: c fills the small first bucket alone
+    params = (
+        ParamTiming("a", MB // 2, 2 * MB, 9.0),
+        ParamTiming("b", MB // 2, 2 * MB, 5.0),
+        ParamTiming("c", MB // 4, MB, 1.0),
+    )
+    p = ModelProfile(
+        model="toy",
+        source="measured",
+        per_worker_batch=4,
+        forward_ms=3,
+        backward_ms=10,
+        optimizer_ms=1,
+        param_count=MB + MB // 4,
+        param_bytes=5 * MB,
+        params=params,
+    )
+    assert [(b.nbytes, b.ready_ms) for b in p.buckets(25, 1)] == [(MB, 1.0), (4 * MB, 9.0)]
+    assert [(b.nbytes, b.ready_ms) for b in p.buckets(2, 1)] == [(MB, 1.0), (2 * MB, 5.0), (2 * MB, 9.0)]
+    doubled = p.at_batch(8)
+    assert doubled.forward_ms == 6 and doubled.backward_ms == 20 and doubled.optimizer_ms == 1
+    assert doubled.params[0].ready_ms == 18.0
+
+
+def test_json_round_trip(tmp_path):
+    p = explicit(params=1000, bytes_per_param=2, step_compute_ms=5, backward_fraction=0.5, per_worker_batch=4)
+    p = replace(p, contention={2: 1.7})  # int keys survive JSON's string keys
+    path = p.save(tmp_path / "p.json")
+    assert ModelProfile.load(path) == p
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="--profile"):
+        ModelProfile.load(tmp_path / "bad.json")
+
+
+def test_measure_a_small_workload():
+    p = measure("digits", 16, steps=4, warmup=1, co_located=2)
+    assert p.source == "measured" and p.threads == 1
+    assert p.forward_ms > 0 and p.backward_ms > 0 and p.optimizer_ms > 0
+    assert p.param_count == sum(t.numel for t in p.params) == 64 * 128 + 128 + 128 * 128 + 128 + 128 * 10 + 10
+    assert all(0 <= t.ready_ms for t in p.params)
+    # the last layer's gradients are ready first
+    assert p.params[-1].ready_ms <= p.params[0].ready_ms
+    assert set(p.engine_overhead_ms) == {"dpscale", "torch"} and min(p.engine_overhead_ms.values()) >= 0
+    assert p.system["hardware"]["logical_cores"] >= 1
+    assert set(p.contention) == {2} and p.contention[2] > 0
+    with pytest.raises(ValueError, match="--model"):
+        measure("resnet", 16)

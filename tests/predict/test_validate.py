@@ -1,0 +1,166 @@
+"""Validation against a tiny synthetic scaling report, worked out by hand."""
+
+import argparse
+import contextlib
+import io
+import json
+from dataclasses import replace
+
+import pytest
+
+from dpscale.predict import cli
+from dpscale.predict.profile import explicit
+from dpscale.predict.validate import measured_steps, validate
+
+MIB = 1 << 20
+
+
+def _profile():
+    # 1 MiB of gradients: one bucket, ready when backward ends; 50 ms forward + 50 ms backward
+    p = explicit(
+        params=MIB // 4, bytes_per_param=4, step_compute_ms=100, backward_fraction=0.5, per_worker_batch=8
+    )
+    return replace(p, engine_overhead_ms={"dpscale": 10.0, "torch": 20.0})
+
+
+def _point(engine, transport, n, step_ms):
+    return {
+        "engine": engine,
+        "transport": transport,
+        "world_size": n,
+        "per_worker_batch": 8,
+        "step_ms": step_ms,
+    }
+
+
+def _scaling() -> dict:
+    points = [
+        _point("dpscale", "gloo", 1, 115.0),
+        _point("local", "none", 1, 100.0),
+        _point("dpscale", "shm", 2, 170.0),
+        _point("torch", "gloo", 2, 200.0),
+        _point("local", "none", 2, 150.0),  # two workers on one host compute 1.5x slower
+    ]
+    runs = [
+        {
+            "engine": p["engine"],
+            "world_size": p["world_size"],
+            "step_ms": [[p["step_ms"] * f] for f in (0.9, 1, 1.1, 2)],
+        }
+        for p in points
+    ]
+    return {"config": {"model": "toy", "per_worker_batch": 8}, "points": points, "runs": runs}
+
+
+def _allreduce() -> dict:
+    sizes = (4, 4096, MIB, 4 * MIB)
+    curves = {
+        ("gloo", 1): lambda b: 10.0,
+        ("gloo", 2): lambda b: 200 + b / 500,
+        ("shm", 2): lambda b: 100 + b / 1e3,
+    }
+    points = [
+        {"transport": t, "world_size": n, "bytes": b, "time_us": f(b)}
+        for (t, n), f in curves.items()
+        for b in sizes
+    ]
+    fits = [
+        {"transport": "gloo", "world_size": 2, "alpha_us": 200.0, "beta_GBps": 0.5},
+        {"transport": "shm", "world_size": 2, "alpha_us": 100.0, "beta_GBps": 1.0},
+    ]
+    return {"config": {}, "points": points, "fits": fits}
+
+
+def test_predictions_by_hand():
+    result = validate(_scaling(), _profile(), allreduce=_allreduce())
+    rows = {(r.engine, r.world_size): r for r in result.rows}
+    # N = 1: compute 100 + dpscale's 10 ms; a gloo call at world size 1 costs 10 us
+    assert rows["dpscale", 1].predicted_step_ms == pytest.approx(110.0 + 0.010)
+    # N = 2: compute x 1.5 (the local engine); shm reduces inline, 1 MiB takes 100 us + 1 MiB / 1 GB/s
+    assert rows["dpscale", 2].compute_factor == pytest.approx(1.5)
+    assert rows["dpscale", 2].predicted_step_ms == pytest.approx(165.0 + (100 + MIB / 1e3) / 1e3)
+    # gloo overlaps, but the only bucket is ready when backward ends: all of it is exposed
+    assert rows["torch", 2].predicted_exposed_ms == pytest.approx((200 + MIB / 500) / 1e3)
+    assert rows["torch", 2].predicted_step_ms == pytest.approx(180.0 + (200 + MIB / 500) / 1e3)
+    err = 100 * (rows["torch", 2].predicted_step_ms - 200) / 200
+    assert rows["torch", 2].error_pct == pytest.approx(err)
+    assert rows["torch", 2].within_target is True
+    assert rows["local", 2].role == "input" and rows["local", 2].within_target is None
+    assert len(result.checks) == 3
+
+
+def test_percentiles_use_the_raw_runs():
+    steps = measured_steps(_scaling(), "p25")
+    assert steps["local", 1] == pytest.approx(97.5)  # [90, 100, 110, 200]: a quarter of the way 90 -> 100
+    result = validate(_scaling(), _profile(), allreduce=_allreduce(), statistic="p25")
+    assert result.statistic == "p25"
+    for bad in ("mean", "p200"):
+        with pytest.raises(ValueError, match="--statistic"):
+            measured_steps(_scaling(), bad)
+    with pytest.raises(ValueError, match="--statistic"):
+        measured_steps({"points": []}, "p25")
+
+
+def test_paired_statistic_cancels_a_burst_that_hits_both_engines_in_a_round():
+    # rounds of 5 steps; in round 2 a burst doubles every step of both engines
+    local = [100.0] * 5 + [200.0] * 5 + [100.0] * 5
+    engine = [110.0] * 5 + [220.0] * 5 + [110.0] * 5
+    runs = [
+        {"engine": "local", "world_size": 2, "step_ms": [[t, t] for t in local]},
+        {"engine": "torch", "world_size": 2, "step_ms": [[t, t - 1] for t in engine]},
+    ]
+    steps = measured_steps({"points": [], "runs": runs}, "paired")
+    assert steps["local", 2] == 100.0
+    assert steps["torch", 2] == pytest.approx(110.0)  # median of round deltas (10, 20, 10) on top of local
+
+
+def test_compute_from_the_profiles_lockstep_contention():
+    prof = replace(_profile(), contention={2: 1.4})
+    assert validate(_scaling(), prof).compute_from == "local"  # the default: measured in the same run
+    result = validate(_scaling(), prof, allreduce=_allreduce(), compute_from="profile")
+    rows = {(r.engine, r.world_size): r for r in result.rows}
+    # level from the local engine at N=1 (100 ms = profile compute), slowdown 1.4 from the profile
+    assert rows["local", 2].predicted_step_ms == pytest.approx(140.0)
+    assert rows["local", 2].role == "check" and rows["local", 1].role == "input"
+    assert rows["torch", 2].predicted_step_ms == pytest.approx(120 * 1.4 + (200 + MIB / 500) / 1e3)
+    assert validate(_scaling(), prof, compute_from="local").rows[4].predicted_step_ms == pytest.approx(150.0)
+    with pytest.raises(ValueError, match="--compute-from"):
+        validate(_scaling(), prof, compute_from="guess")
+
+
+def test_without_calibration_the_presets_are_used():
+    result = validate(_scaling(), _profile())
+    assert all(r.predicted_step_ms > 0 for r in result.rows)
+
+
+def test_cli_validate_reads_report_directories(tmp_path):
+    for name, results in (("scaling", _scaling()), ("allreduce", _allreduce())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps({"results": results}))
+    profile = _profile().save(tmp_path / "profile.json")
+    parser = argparse.ArgumentParser()
+    cli.add_predict_arguments(parser)
+    argv = ["--validate", str(tmp_path / "scaling"), "--calibrate", str(tmp_path / "allreduce")]
+    argv += ["--profile", str(profile), "--json", "--report-dir", str(tmp_path / "reports")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.run_predict_from_args(parser.parse_args(argv)) == 0
+    text = out.getvalue()
+    assert "checks: 3/3 within 15%" in text
+    rows = json.loads(text.strip().splitlines()[-1])
+    assert {(r["engine"], r["world_size"]) for r in rows} == {
+        ("dpscale", 1),
+        ("local", 1),
+        ("dpscale", 2),
+        ("torch", 2),
+        ("local", 2),
+    }
+    (report,) = (tmp_path / "reports").iterdir()
+    assert {p.name for p in report.iterdir()} == {
+        "report.json",
+        "report.md",
+        "validation.csv",
+        "validation.png",
+    }
+    with pytest.raises(ValueError, match="--validate"):
+        cli.run_predict_from_args(parser.parse_args(["--validate", str(tmp_path / "nothing")]))
