@@ -127,6 +127,25 @@ def _add_check(sub) -> None:
         c.set_defaults(func=module.run_from_args)
 
 
+def _add_predict(sub) -> None:
+    from .predict import cli as predict_cli
+
+    p = sub.add_parser(
+        "profile",
+        help="measure one worker's step: compute phases, bucket ready times, bytes",
+        description="Profile one worker of a model, for dpscale predict.",
+    )
+    predict_cli.add_profile_arguments(p)
+    p.set_defaults(func=predict_cli.run_profile_from_args)
+    q = sub.add_parser(
+        "predict",
+        help="predict throughput and scaling efficiency on a cluster you describe",
+        description="Predict data-parallel scaling from a one-worker profile and a cluster.",
+    )
+    predict_cli.add_predict_arguments(q)
+    q.set_defaults(func=predict_cli.run_predict_from_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpscale", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
@@ -135,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_study_and_report(sub)
     _add_check(sub)
+    _add_predict(sub)
     return parser
 
 
