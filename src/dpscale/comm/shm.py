@@ -106,6 +106,11 @@ class SharedMemoryTransport:
         self._segments.append(seg)
         return seg.views[self.rank].view(dtype)[:numel]
 
+    def release(self, tensor: torch.Tensor) -> None:
+        """Forget the segment holding `tensor` (local: peers release theirs at the same point)."""
+        ptr = tensor.data_ptr()
+        self._segments = [s for s in self._segments if not s.base <= ptr < s.base + max(s.nbytes, 1)]
+
     # -- barriers ----------------------------------------------------------------------------
     def _arrive(self) -> int:
         self._seq += 1

@@ -8,6 +8,7 @@ that will be followed by a synchronized backward. The process group is torch.dis
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..comm import Transport, make_transport
+from .autotune import BucketAutotuner
 from .buckets import MB, assign_buckets, build_buckets
 from .collective_log import CollectiveLog
 from .hooks import CommHook
@@ -54,7 +56,7 @@ class DistributedDataParallel(nn.Module):
         output_device: int | torch.device | None = None,
         *,
         process_group: dist.ProcessGroup | None = None,
-        bucket_cap_mb: float = 25.0,
+        bucket_cap_mb: float | str = 25.0,
         first_bucket_cap_mb: float = 1.0,
         broadcast_buffers: bool = True,
         find_unused_parameters: bool = False,
@@ -65,12 +67,20 @@ class DistributedDataParallel(nn.Module):
         collective_log: CollectiveLog | None = None,
     ):
         super().__init__()
-        if not dist.is_initialized():
-            raise ValueError("torch.distributed is not initialized: call dist.init_process_group first")
+        self._autotuner = None
+        if bucket_cap_mb == "auto":
+            self._autotuner = BucketAutotuner(process_group)
+            bucket_cap_mb = self._autotuner.first_cap_mb
+        elif isinstance(bucket_cap_mb, str):
+            raise ValueError(f"bucket_cap_mb must be a number of MiB or 'auto', got {bucket_cap_mb!r}")
         if bucket_cap_mb <= 0 or first_bucket_cap_mb <= 0:
             raise ValueError(
                 f"bucket_cap_mb ({bucket_cap_mb}) and first_bucket_cap_mb ({first_bucket_cap_mb}) must be > 0"
             )
+        if not dist.is_initialized():
+            raise ValueError("torch.distributed is not initialized: call dist.init_process_group first")
+        self.bucket_cap_mb = bucket_cap_mb
+        self.first_bucket_cap_mb = first_bucket_cap_mb
         self.module = module
         self.process_group = process_group
         self.broadcast_buffers = broadcast_buffers
@@ -145,10 +155,38 @@ class DistributedDataParallel(nn.Module):
         if self.device is not None:
             inputs, kwargs = _move_to(inputs, self.device), _move_to(kwargs, self.device)
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
+            if self._autotuner is not None and not self._autotuner.done:
+                self._autotune_step()
             self.reducer.prepare_for_backward()
         else:
             self.reducer.disarm()
         return self.module(*inputs, **kwargs)
+
+    def _autotune_step(self) -> None:
+        cap = self._autotuner.on_synced_forward(time.perf_counter())
+        if cap is not None and cap != self.bucket_cap_mb:
+            self._rebuild_buckets(cap)
+        if self._autotuner.done and dist.get_rank(self.process_group) == 0:
+            print(f"dpscale: {self._autotuner.decision.describe()}", file=sys.stderr, flush=True)
+
+    def _rebuild_buckets(self, cap_mb: float) -> None:
+        """Collective (the transport allocates): every rank rebuilds at the same synced step."""
+        params = self.reducer.params
+        assignment = assign_buckets(params, int(cap_mb * MB), int(self.first_bucket_cap_mb * MB))
+        old = self.reducer.buckets
+        self.reducer.set_buckets(build_buckets(params, assignment, alloc=self.transport.alloc))
+        release = getattr(self.transport, "release", None)
+        if release is not None:
+            for b in old:
+                release(b.buffer)
+        self.bucket_cap_mb = cap_mb
+        names = self.reducer.names
+        self.bucket_assignment = [[names[i] for i in b] for b in assignment]
+
+    @property
+    def autotune_decision(self):
+        """With bucket_cap_mb="auto": what was tried and kept (None until decided)."""
+        return None if self._autotuner is None else self._autotuner.decision
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -33,21 +33,16 @@ class Reducer:
     ):
         self.params = params
         self.names = names
-        self.buckets = buckets
         self.process_group = process_group
         self.transport = transport
         self.world_size = dist.get_world_size(process_group)
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook: tuple[object, CommHook] | None = None
         self.log = log or CollectiveLog(process_group)
-        # where each parameter's gradient lives: (bucket, position in bucket)
-        self._slot = {}
-        for b in buckets:
-            for pos, i in enumerate(b.param_indices):
-                self._slot[i] = (b, pos)
         self._comm_stream = None
         if buckets and buckets[0].buffer.is_cuda:
             self._comm_stream = torch.cuda.Stream(device=buckets[0].buffer.device)
+        self.set_buckets(buckets)
         self._expecting = False
         self._ready = [False] * len(params)
         self._next_bucket = 0
@@ -63,6 +58,20 @@ class Reducer:
         ]
 
     # -- called by the wrapper -------------------------------------------------------------
+    def set_buckets(self, buckets: list[Bucket]) -> None:
+        """Use a new bucket layout from now on; gradients already accumulated move with it."""
+        old = getattr(self, "buckets", None)
+        self.buckets = buckets
+        # where each parameter's gradient lives: (bucket, position in bucket)
+        self._slot = {i: (b, pos) for b in buckets for pos, i in enumerate(b.param_indices)}
+        if old is not buckets:
+            for i, p in enumerate(self.params):
+                if p.grad is not None:
+                    bucket, pos = self._slot[i]
+                    bucket.views[pos].copy_(p.grad)
+                    p.grad = bucket.views[pos]
+        self._futures = [None] * len(buckets)
+
     def prepare_for_backward(self) -> None:
         """Arm the reducer: the next backward must reduce every bucket."""
         self._expecting = True
