@@ -17,7 +17,7 @@ import torch
 
 from ..testing.multirank import run_ranks
 from ..workloads import get_workload
-from .engines import ENGINES, wrap
+from .engines import ENGINES, parse_engines, wrap
 
 
 @dataclass
@@ -37,9 +37,8 @@ class EngineBenchResult:
     rounds: int
     steps_per_round: int
     engines: list[EngineFigures]
-    ratio_dpscale_torch: float | None  # median over rounds of (dpscale round median / torch round median)
-    ratio_p10: float | None
-    ratio_p90: float | None
+    # per dpscale engine: [median, p10, p90] over rounds of (its round median / torch's round median)
+    ratios_vs_torch: dict[str, list[float]]
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,15 +119,20 @@ def run(
     for e in engines:
         flat = [t for rnd in slowest[e] for t in rnd]
         figures.append(EngineFigures(e, statistics.median(flat), _quantile(flat, 0.1), _quantile(flat, 0.9)))
-    ratio = r10 = r90 = None
-    if "dpscale" in engines and "torch" in engines:
-        ratios = [
-            statistics.median(a) / statistics.median(b)
-            for a, b in zip(slowest["dpscale"], slowest["torch"], strict=True)
-        ]
-        ratio, r10, r90 = statistics.median(ratios), _quantile(ratios, 0.1), _quantile(ratios, 0.9)
+    ratios_vs_torch = {}
+    for e in engines:
+        if e.startswith("dpscale") and "torch" in engines:
+            per_round = [
+                statistics.median(a) / statistics.median(b)
+                for a, b in zip(slowest[e], slowest["torch"], strict=True)
+            ]
+            ratios_vs_torch[e] = [
+                statistics.median(per_round),
+                _quantile(per_round, 0.1),
+                _quantile(per_round, 0.9),
+            ]
     return EngineBenchResult(
-        model, world_size, per_worker_batch, 1, rounds, steps_per_round, figures, ratio, r10, r90
+        model, world_size, per_worker_batch, 1, rounds, steps_per_round, figures, ratios_vs_torch
     )
 
 
@@ -136,15 +140,12 @@ def format_result(res: EngineBenchResult) -> str:
     lines = [
         f"model={res.model} world_size={res.world_size} per_worker_batch={res.per_worker_batch} "
         f"threads/worker={res.threads_per_worker} rounds={res.rounds}x{res.steps_per_round} steps",
-        f"{'engine':<10}{'median ms':>12}{'p10 ms':>10}{'p90 ms':>10}",
+        f"{'engine':<14}{'median ms':>12}{'p10 ms':>10}{'p90 ms':>10}",
     ]
     for f in res.engines:
-        lines.append(f"{f.engine:<10}{f.step_ms_median:>12.2f}{f.step_ms_p10:>10.2f}{f.step_ms_p90:>10.2f}")
-    if res.ratio_dpscale_torch is not None:
-        lines.append(
-            f"dpscale/torch step-time ratio: {res.ratio_dpscale_torch:.3f} "
-            f"(p10 {res.ratio_p10:.3f}, p90 {res.ratio_p90:.3f} over rounds)"
-        )
+        lines.append(f"{f.engine:<14}{f.step_ms_median:>12.2f}{f.step_ms_p10:>10.2f}{f.step_ms_p90:>10.2f}")
+    for e, (med, p10, p90) in res.ratios_vs_torch.items():
+        lines.append(f"{e}/torch step-time ratio: {med:.3f} (p10 {p10:.3f}, p90 {p90:.3f} over rounds)")
     return "\n".join(lines)
 
 
@@ -154,6 +155,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--per-worker-batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=15, help="rounds; each engine runs once per round")
     p.add_argument("--steps-per-round", type=int, default=4)
+    p.add_argument(
+        "--engines", default=",".join(ENGINES), help="comma-separated: dpscale, dpscale-gloo, torch, local"
+    )
     p.add_argument("--json", action="store_true", help="print the results as a JSON list on the last line")
 
 
@@ -169,6 +173,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             m,
             args.world_size,
             args.per_worker_batch,
+            parse_engines(args.engines),
             rounds=args.rounds,
             steps_per_round=args.steps_per_round,
         )

@@ -1,6 +1,7 @@
 """Wrap one model the way each compared engine would, so benchmarks differ only in the engine.
 
-- `dpscale`: this project's DistributedDataParallel.
+- `dpscale`: this project's DistributedDataParallel (transport "auto": shared memory on one host).
+- `dpscale-gloo`: the same engine forced onto gloo, torch DDP's transport: engine against engine.
 - `torch`: torch.nn.parallel.DistributedDataParallel, the reference users would pick instead.
 - `local`: the bare model, never synchronized: the compute ceiling a data-parallel engine can
   approach but not beat.
@@ -13,7 +14,8 @@ from torch import nn
 
 from ..engine import DistributedDataParallel
 
-ENGINES = ("dpscale", "torch", "local")
+ENGINES = ("dpscale", "torch", "local")  # the default comparison
+ALL_ENGINES = (*ENGINES, "dpscale-gloo")
 
 
 def wrap(
@@ -23,20 +25,23 @@ def wrap(
     process_group: dist.ProcessGroup | None = None,
     bucket_cap_mb: float = 25.0,
 ) -> nn.Module:
-    if engine == "dpscale":
-        return DistributedDataParallel(model, process_group=process_group, bucket_cap_mb=bucket_cap_mb)
+    if engine in ("dpscale", "dpscale-gloo"):
+        transport = "gloo" if engine == "dpscale-gloo" else "auto"
+        return DistributedDataParallel(
+            model, process_group=process_group, bucket_cap_mb=bucket_cap_mb, transport=transport
+        )
     if engine == "torch":
         return nn.parallel.DistributedDataParallel(
             model, process_group=process_group, bucket_cap_mb=bucket_cap_mb
         )
     if engine == "local":
         return model
-    raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ALL_ENGINES)}")
 
 
 def parse_engines(text: str) -> list[str]:
     names = [e.strip() for e in text.split(",") if e.strip()]
-    bad = [e for e in names if e not in ENGINES]
+    bad = [e for e in names if e not in ALL_ENGINES]
     if bad or not names:
-        raise ValueError(f"unknown engine(s) {bad or text!r}; choose from {', '.join(ENGINES)}")
+        raise ValueError(f"--engines: unknown {bad or text!r}; choose from {', '.join(ALL_ENGINES)}")
     return names

@@ -49,7 +49,7 @@ from ..workloads import WORKLOADS
 from ..workloads.recipe import USER_MODEL_CONVENTION, USER_MODEL_RE, load_recipe
 from .args import parse_int_list, parse_name_list
 from .engine import _quantile as quantile
-from .engines import ENGINES, wrap
+from .engines import ALL_ENGINES, ENGINES, wrap
 from .report import Image, ReportDir, Section, Table, new_figure
 from .sysinfo import _usable_cores
 
@@ -58,7 +58,7 @@ DEFAULT_PER_WORKER_BATCH = 64
 # Short rounds: the more often engines alternate, the less a burst of load on a shared machine
 # lands on one engine only; 5 steps still amortize the switch between models' caches.
 STEPS_PER_ROUND = 5
-_ENGINE_COLORS = {"dpscale": "C0", "torch": "C1", "local": "C2"}
+_ENGINE_COLORS = {"dpscale": "C0", "torch": "C1", "local": "C2", "dpscale-gloo": "C3"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +83,7 @@ class ScalingConfig:
         for flag, values in (("--world-sizes", self.world_sizes), ("--engines", self.engines)):
             if not values or len(set(values)) != len(values):
                 raise ValueError(f"{flag}: give a non-empty list without repeats, got {values}")
-        parse_name_list(",".join(self.engines), flag="--engines", choices=list(ENGINES))
+        parse_name_list(",".join(self.engines), flag="--engines", choices=list(ALL_ENGINES))
         if any(n < 1 for n in self.world_sizes):
             raise ValueError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
         if self.mode == "weak":
@@ -185,7 +185,7 @@ class ScalingResult:
 
 
 def _transport_name(model: nn.Module, engine: str) -> str:
-    if engine == "dpscale":
+    if engine.startswith("dpscale"):
         return getattr(getattr(model, "transport", None), "name", "gloo")
     return dist.get_backend() if engine == "torch" else "none"
 
@@ -475,7 +475,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--per-worker-batch", type=int, default=None, help=f"weak mode (default {DEFAULT_PER_WORKER_BATCH})")
     add("--global-batch", type=int, default=None, help="strong mode: split G/N over N workers")
     add("--world-sizes", default="1,2", help="comma-separated worker counts (default 1,2)")
-    add("--engines", default=",".join(ENGINES), help=f"comma-separated from {', '.join(ENGINES)}")
+    add("--engines", default=",".join(ENGINES), help=f"comma-separated from {', '.join(ALL_ENGINES)}")
     add("--steps", type=int, default=30, help="timed steps per engine and world size (default 30)")
     add("--warmup", type=int, default=3, help="untimed steps per engine first (default 3)")
     add("--threads-per-worker", type=int, default=1, help="intra-op threads per worker (default 1)")
