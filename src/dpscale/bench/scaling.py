@@ -296,7 +296,8 @@ def summarize(config: ScalingConfig, runs: list[EngineRun]) -> list[ScalingPoint
                 exposed_comm_ms=exposed,
                 ceiling_fraction=throughput[key] / throughput[local] if local in throughput else None,
                 overhead_ms=median[key] - median[local] if local in median else None,
-                overlap_pct=100 * (1 - exposed / comm) if comm and exposed is not None else None,
+                # medians of two per-step figures: exposed can exceed comm by rounding; 0% is the floor
+                overlap_pct=max(0.0, 100 * (1 - exposed / comm)) if comm and exposed is not None else None,
                 straggler_ms=statistics.median(max(s) - min(s) for s in r.step_ms),
                 steps=len(r.step_ms),
             )
@@ -337,7 +338,8 @@ def _describe(config: ScalingConfig) -> str:
 def format_table(result: ScalingResult) -> str:
     """The points as a fixed-width terminal table."""
     widths = {c: max(len(h), 9) + 1 for c, (h, _) in _COLUMNS.items()}
-    widths["engine"] = widths["transport"] = 10
+    widths["engine"] = 14
+    widths["transport"] = 13
     widths["world_size"] = 4
 
     def cell(c: str, v: object, text: str | None = None) -> str:
@@ -490,7 +492,7 @@ def config_from_args(args: argparse.Namespace) -> ScalingConfig:
         per_worker_batch=args.per_worker_batch,
         global_batch=args.global_batch,
         world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
-        engines=parse_name_list(args.engines, flag="--engines", choices=list(ENGINES)),
+        engines=parse_name_list(args.engines, flag="--engines", choices=list(ALL_ENGINES)),
         steps=args.steps,
         warmup=args.warmup,
         threads_per_worker=args.threads_per_worker,
