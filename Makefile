@@ -26,8 +26,8 @@ study: venv
 	$(VENV)/bin/dpscale study $(STUDY_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 
 bench: venv
 	$(PY) benchmarks/engine.py
