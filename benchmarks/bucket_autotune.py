@@ -14,7 +14,7 @@ import time
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.bench.engine import _quantile
+from dpscale.bench.scaling import quantile as _quantile
 from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS
 from dpscale.testing.multirank import run_ranks
 from dpscale.workloads import get_workload

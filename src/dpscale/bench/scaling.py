@@ -48,7 +48,6 @@ from ..testing.multirank import run_ranks
 from ..workloads import WORKLOADS
 from ..workloads.recipe import USER_MODEL_CONVENTION, USER_MODEL_RE, load_recipe
 from .args import parse_int_list, parse_name_list
-from .engine import _quantile as quantile
 from .engines import ALL_ENGINES, ENGINES, wrap
 from .report import Image, ReportDir, Section, Table, new_figure
 from .sysinfo import _usable_cores
@@ -182,6 +181,12 @@ class ScalingResult:
         config.__dict__.update(doc["config"])
         points = [ScalingPoint(**p) for p in doc["points"]]
         return cls(config, points, [EngineRun(**r) for r in doc["runs"]])
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of `xs` by nearest rank (no interpolation: every figure is a measured step)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
 def _transport_name(model: nn.Module, engine: str) -> str:

@@ -1,0 +1,24 @@
+"""`dpscale bench engine`: figures per engine and per-round ratios against torch DDP."""
+
+import pytest
+
+from dpscale.bench import engine
+
+
+def test_engine_bench_reports_each_engine_and_ratios_to_torch():
+    res = engine.run(
+        "digits", world_size=2, per_worker_batch=8, engines=["dpscale", "dpscale-gloo", "torch"], steps=10
+    )
+    assert [f.engine for f in res.engines] == ["dpscale", "dpscale-gloo", "torch"]
+    assert [f.transport for f in res.engines] == ["shm", "gloo", "gloo"]
+    for f in res.engines:
+        assert 0 < f.step_ms_p10 <= f.step_ms_median <= f.step_ms_p90
+    assert set(res.ratios_vs_torch) == {"dpscale", "dpscale-gloo"}
+    for med, p10, p90 in res.ratios_vs_torch.values():
+        assert 0 < p10 <= med <= p90
+    assert "dpscale/torch step-time ratio" in engine.format_result(res)
+
+
+def test_unknown_engine_names_the_flag():
+    with pytest.raises(ValueError, match="--engines"):
+        engine.parse_engines("dpscale,horovod")
