@@ -176,3 +176,35 @@ def world_is_initialized(rank, world):
 
 def test_harness_gives_a_process_group():
     assert run_ranks(world_is_initialized, 2) == [True, True]
+
+
+class TwoHeads(nn.Module):
+    """`a` and `b` share a bucket; `use_b` decides whether `b` takes part."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.ones(3))
+        self.b = nn.Parameter(torch.ones(3))
+
+    def forward(self, x, use_b):
+        return (self.a * x).sum() + ((self.b * x).sum() if use_b else 0.0)
+
+
+def mixed_bucket(rank, world, transport):
+    # micro-batch 1 (no_sync) uses only `a`, so at the synced backward `a` was accumulated in its
+    # view while `b` arrives fresh: one bucket, gradients in both states
+    model = DistributedDataParallel(TwoHeads(), transport=transport, find_unused_parameters=True)
+    x = torch.full((3,), float(rank + 1))
+    with model.no_sync():
+        model(x, use_b=False).backward()
+    model(x, use_b=True).backward()
+    return model.module.a.grad.clone(), model.module.b.grad.clone()
+
+
+@pytest.mark.parametrize("transport", ["gloo", "shm"])
+def test_bucket_mixing_accumulated_and_fresh_gradients_is_averaged_once(transport):
+    (a0, b0), (a1, b1) = run_ranks(mixed_bucket, 2, transport)
+    # a: 2 micro-batches of x = r + 1 on rank r -> 2, 4; mean 3.  b: one of x -> 1, 2; mean 1.5
+    for a, b in ((a0, b0), (a1, b1)):
+        torch.testing.assert_close(a, torch.full((3,), 3.0))
+        torch.testing.assert_close(b, torch.full((3,), 1.5))

@@ -6,7 +6,7 @@ so changing one (say, fp16 compression) never touches the others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -61,9 +61,6 @@ class Bucket:
     offsets: list[int]
     # filled by the reducer each step
     pending: int = 0
-    needs_scaling: bool = False
-    ready_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:

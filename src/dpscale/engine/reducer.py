@@ -51,7 +51,6 @@ class Reducer:
         self._callback_queued = False
         self._spent: list[torch.Tensor] = []
         self._t_forward_end = 0.0
-        self._t_last_grad = 0.0
         self.last_stats: StepStats | None = None
         self._step = 0
         self._handles = [
@@ -80,7 +79,6 @@ class Reducer:
         self._ready = [False] * len(self.params)
         for b in self.buckets:
             b.pending = len(b.param_indices)
-            b.needs_scaling = False
         self._next_bucket = 0
         self._futures = [None] * len(self.buckets)
         self._timings = [BucketTiming(b.index, b.nbytes) for b in self.buckets]
@@ -116,9 +114,10 @@ class Reducer:
         grad = param.grad
         fast_path = self._expecting and self.comm_hook is None
         if grad.data_ptr() == view.data_ptr():
-            # autograd added into the view in place (accumulation); the bucket still holds
-            # the local sum and must be divided before the reduction
-            bucket.needs_scaling = True
+            # autograd added into the view in place (accumulation): the view holds the local sum,
+            # to be divided before the reduction (views in one bucket may differ in this)
+            if fast_path:
+                view.div_(self.world_size)
         else:
             if fast_path:
                 # copy and pre-divide in one pass over the gradient
@@ -141,8 +140,6 @@ class Reducer:
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
         bucket.pending -= 1
         if bucket.pending == 0:
-            self._t_last_grad = time.perf_counter()
-            bucket.ready_s = self._t_last_grad
             self._launch_ready_buckets()
 
     def _launch_ready_buckets(self) -> None:
@@ -177,8 +174,6 @@ class Reducer:
         op = "all_reduce" if self.comm_hook is None else "comm_hook"
         self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)
         if self.comm_hook is None:
-            if bucket.needs_scaling:
-                bucket.buffer.div_(self.world_size)
             return self.transport.all_reduce(bucket.buffer)
         state, hook = self.comm_hook
         params = [self.params[i] for i in bucket.param_indices]
@@ -213,11 +208,10 @@ class Reducer:
             p, view = self.params[i], bucket.views[pos]
             if p.grad is None:
                 view.zero_()  # contributes nothing from this rank
-            elif p.grad.data_ptr() == view.data_ptr():
-                bucket.needs_scaling |= self.comm_hook is None  # local accumulated sum, undivided
-            else:
+            elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
-                bucket.needs_scaling |= self.comm_hook is None
+            if p.grad is not None and self.comm_hook is None:
+                view.div_(self.world_size)  # a local accumulated sum, undivided so far
             bucket.pending -= 1
         self._launch_ready_buckets()
         # every rank must issue this collective, also one that saw every gradient
