@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
 
 class Transport(Protocol):
@@ -21,6 +22,10 @@ class Transport(Protocol):
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """A zeroed 1-D buffer that this transport reduces in place fastest (collective)."""
+        ...
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """Give back a buffer from `alloc` (every rank at the same point); others are ignored."""
         ...
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
@@ -54,6 +59,11 @@ def chunk_bounds(n: int, parts: int, index: int) -> tuple[int, int]:
     size, extra = divmod(n, parts)
     lo = index * size + min(index, extra)
     return lo, lo + size + (1 if index < extra else 0)
+
+
+def global_rank(group, rank: int) -> int:
+    """The global rank of `group`'s rank `rank` (None: the default group, where they coincide)."""
+    return dist.get_global_rank(group, rank) if group is not None else rank
 
 
 def completed(value: object) -> torch.futures.Future:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .base import global_rank
 from .process_group import ProcessGroupTransport
 from .shm import SharedMemoryTransport
 
@@ -35,12 +36,11 @@ class HierarchicalTransport:
                 f"{[len(p) for p in per_host]}; start the same number per host or use transport='gloo'"
             )
         local_size = sizes.pop()
-        to_global = (
-            (lambda r: dist.get_global_rank(process_group, r)) if process_group is not None else (lambda r: r)
-        )
         # every rank must create every subgroup, in the same order
-        local_groups = [dist.new_group([to_global(r) for r in p]) for p in per_host]
-        cross_groups = [dist.new_group([to_global(p[i]) for p in per_host]) for i in range(local_size)]
+        local_groups = [dist.new_group([global_rank(process_group, r) for r in p]) for p in per_host]
+        cross_groups = [
+            dist.new_group([global_rank(process_group, p[i]) for p in per_host]) for i in range(local_size)
+        ]
         my_host = hosts.index(host_ids[self.rank])
         self.local_rank = per_host[my_host].index(self.rank)
         self.num_hosts = len(hosts)
@@ -50,6 +50,9 @@ class HierarchicalTransport:
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         return self.local.alloc(numel, dtype, device)
+
+    def release(self, tensor: torch.Tensor) -> None:
+        self.local.release(tensor)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         return self.local.all_reduce(tensor, between_hosts=self._between_hosts)

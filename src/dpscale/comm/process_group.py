@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import chunk_bounds
+from .base import chunk_bounds, global_rank
 
 
 class ProcessGroupTransport:
@@ -17,6 +17,9 @@ class ProcessGroupTransport:
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=device)
+
+    def release(self, tensor: torch.Tensor) -> None:
+        pass  # ordinary tensors: freed when the last reference goes
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         work = dist.all_reduce(tensor, group=self.group, async_op=True)
@@ -49,4 +52,4 @@ class ProcessGroupTransport:
         return f"{self.name} ({self.world_size} workers, torch.distributed)"
 
     def _global(self, rank: int) -> int:
-        return dist.get_global_rank(self.group, rank) if self.group is not None else rank
+        return global_rank(self.group, rank)

@@ -1,7 +1,7 @@
 """Choosing a transport: `auto` picks the fastest one that fits where the workers run.
 
 - CUDA tensors: the process group itself (NCCL).
-- CPU workers all on one host: `shm`.
+- CPU workers all on one host: `shm` (on x86-64; elsewhere gloo, see `shm_is_safe`).
 - CPU workers on several hosts: `hierarchical` (shm within hosts, gloo between).
 - `gloo` forces the plain process group.
 
@@ -13,6 +13,7 @@ hostnames do not tell hosts apart).
 from __future__ import annotations
 
 import os
+import platform
 import socket
 
 import torch
@@ -23,6 +24,12 @@ from .process_group import ProcessGroupTransport
 from .shm import SharedMemoryTransport
 
 TRANSPORT_NAMES = ("auto", "gloo", "nccl", "shm", "hierarchical")
+
+
+def shm_is_safe() -> bool:
+    """The shm barriers use plain stores and loads, which order data and flag on x86-64 only
+    (total store order); on weaker memory models (Arm) a peer could see the flag before the data."""
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def host_id() -> str:
@@ -51,6 +58,10 @@ def make_transport(
         if is_cuda and name in ("shm", "hierarchical"):
             raise ValueError(f"transport {name!r} reduces CPU tensors; use 'auto' or 'nccl' for a CUDA model")
         return ProcessGroupTransport(process_group)
+    if name == "shm" and not shm_is_safe():
+        raise ValueError(
+            f"transport 'shm' relies on x86-64 memory ordering; this is {platform.machine()}: use 'gloo'"
+        )
     world = dist.get_world_size(process_group)
     hosts: list = [None] * world
     dist.all_gather_object(hosts, host_id(), group=process_group)
@@ -62,6 +73,8 @@ def make_transport(
         )
     if name == "auto" and world == 1:
         return ProcessGroupTransport(process_group)  # nothing to reduce with anyone
+    if name == "auto" and not shm_is_safe():
+        return ProcessGroupTransport(process_group)
     if name == "shm" or (name == "auto" and one_host):
         return SharedMemoryTransport(process_group, timeout_s=timeout_s)
     return HierarchicalTransport(process_group, hosts, timeout_s=timeout_s)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .base import chunk_bounds, completed
+from .base import chunk_bounds, completed, global_rank
 
 SHM_DIR = "/dev/shm"
 _LINE = 8  # int64 slots per counter: one 64-byte cache line each, no false sharing
@@ -67,8 +67,7 @@ class SharedMemoryTransport:
         self._staging: torch.Tensor | None = None
         # unique per job and per construction: torchrun restarts get new segments
         tag = [f"dpscale-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}-{secrets.token_hex(4)}"]
-        src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
-        dist.broadcast_object_list(tag, src=src, group=process_group)
+        dist.broadcast_object_list(tag, src=global_rank(process_group, 0), group=process_group)
         self._tag = tag[0]
         # one cache line of counters per rank, written by its owner only
         self._ctl_maps = self._map_all(64)
@@ -82,19 +81,23 @@ class SharedMemoryTransport:
         size = max(nbytes, 1)
         fd = os.open(paths[self.rank], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
-        dist.barrier(group=self.group)
-        maps = []
-        for path in paths:
-            fd = os.open(path, os.O_RDWR)
             try:
-                maps.append(mmap.mmap(fd, size))
+                os.ftruncate(fd, size)
             finally:
                 os.close(fd)
-        dist.barrier(group=self.group)
-        os.unlink(paths[self.rank])  # everyone has it mapped; from here on nothing can be left behind
+            dist.barrier(group=self.group)
+            maps = []
+            for path in paths:
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    maps.append(mmap.mmap(fd, size))
+                finally:
+                    os.close(fd)
+            dist.barrier(group=self.group)
+        finally:
+            # everyone has it mapped (or set-up failed): either way the name goes now, so neither
+            # a crash later nor a failed barrier here leaves it behind in /dev/shm
+            os.unlink(paths[self.rank])
         return maps
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -40,6 +40,7 @@ class AutotuneDecision:
 @dataclass
 class BucketAutotuner:
     process_group: dist.ProcessGroup | None
+    device: torch.device = torch.device("cpu")  # where the decision's all-reduce runs (CUDA for NCCL)
     candidates_mb: tuple[float, ...] = CANDIDATES_MB
     warmup_steps: int = WARMUP_STEPS
     measured_steps: int = MEASURED_STEPS
@@ -81,10 +82,14 @@ class BucketAutotuner:
 
     def _decide(self) -> float:
         medians = torch.tensor(
-            [statistics.median(self._times[c]) for c in self.candidates_mb], dtype=torch.float64
+            [statistics.median(self._times[c]) for c in self.candidates_mb],
+            dtype=torch.float64,
+            device=self.device,
         )
         # the slowest rank sets the pace, and every rank must choose the same size
         dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.process_group)
         best = int(torch.argmin(medians))
-        self.decision = AutotuneDecision(list(self.candidates_mb), medians.tolist(), self.candidates_mb[best])
+        self.decision = AutotuneDecision(
+            list(self.candidates_mb), medians.cpu().tolist(), self.candidates_mb[best]
+        )
         return self.decision.chosen_mb

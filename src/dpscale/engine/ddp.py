@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..comm import Transport, make_transport
+from ..comm.base import global_rank
 from .autotune import BucketAutotuner
 from .buckets import MB, assign_buckets, build_buckets
 from .collective_log import CollectiveLog
@@ -89,6 +90,8 @@ class DistributedDataParallel(nn.Module):
         self.static_graph = static_graph
         self.output_device = output_device
         self.device = self._check_devices(module, device_ids)
+        if self._autotuner is not None and self.device is not None:
+            self._autotuner.device = self.device
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
         self.collective_log = log = collective_log or CollectiveLog(process_group)
@@ -175,10 +178,8 @@ class DistributedDataParallel(nn.Module):
         assignment = assign_buckets(params, int(cap_mb * MB), int(self.first_bucket_cap_mb * MB))
         old = self.reducer.buckets
         self.reducer.set_buckets(build_buckets(params, assignment, alloc=self.transport.alloc))
-        release = getattr(self.transport, "release", None)
-        if release is not None:
-            for b in old:
-                release(b.buffer)
+        for b in old:
+            self.transport.release(b.buffer)
         self.bucket_cap_mb = cap_mb
         names = self.reducer.names
         self.bucket_assignment = [[names[i] for i in b] for b in assignment]
@@ -270,7 +271,7 @@ def _broadcast_coalesced(
     by_kind: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         by_kind.setdefault((t.device, t.dtype), []).append(t)
-    src_global = dist.get_global_rank(group, src) if group is not None else src
+    src_global = global_rank(group, src)
     for ts in by_kind.values():
         flat = torch.cat([t.reshape(-1) for t in ts])
         if log is not None:

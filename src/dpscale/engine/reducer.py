@@ -226,7 +226,9 @@ class Reducer:
     def _globally_used(self, missing: list[int]) -> dict[int, bool]:
         # A parameter unused here may be used on another rank; its averaged gradient then
         # is real and must reach the optimizer. Unused everywhere: leave .grad as it was.
-        local = torch.ones(len(self.params), dtype=torch.int32)
+        # on the buckets' device: NCCL reduces CUDA tensors only
+        device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
+        local = torch.ones(len(self.params), dtype=torch.int32, device=device)
         local[missing] = 0
         self.log.record("all_reduce", "used-parameter flags", local)
         dist.all_reduce(local, group=self.process_group)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ..comm import Transport, make_transport
-from ..comm.base import completed
+from ..comm.base import completed, global_rank
 from .layout import FlatLayout, element_keys, is_element_state, piece_state
 
 # Partition: the flat parameter vector is cut into W equal contiguous ranges (`FlatLayout`), not
@@ -117,7 +117,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self._grad_views.append(grad)
             # Replicas start identical, as with DDP: rank 0's values win. Through the process group,
             # not the transport: shm would keep a staging copy of the whole vector for later use.
-            src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+            src = global_rank(process_group, 0)
             dist.broadcast(self._flat_params, src=src, group=process_group)
 
         lo, hi = self._shard = self.layout.shard(self.rank)

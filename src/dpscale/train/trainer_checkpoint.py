@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
+from ..comm.base import global_rank
 from .checkpoint import (
     CheckpointError,
     CheckpointWarning,
@@ -169,4 +170,4 @@ def _load_into(load_state_dict, state: object, path: Path) -> None:
 
 
 def _global_rank0(t: Trainer) -> int:
-    return dist.get_global_rank(t.group, 0) if t.group is not None else 0
+    return global_rank(t.group, 0)
