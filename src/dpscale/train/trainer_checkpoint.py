@@ -99,7 +99,24 @@ def resume(t: Trainer) -> None:
         raise CheckpointError(f"cannot resume from {root}: {choice[1]}")
     if choice[0] is None:
         return  # nothing saved yet: a fresh start
-    ckpt = loaded or load_checkpoint(choice[0], expected_stems=STEMS)
+    # Every rank loads and applies the checkpoint itself; one that fails (no shared file system,
+    # a file damaged since rank 0 verified it) must stop the others too, not leave them waiting
+    # in the first training collective until it times out.
+    try:
+        _apply(t, choice[0], loaded)
+        error = None
+    except Exception as e:  # noqa: BLE001 - reported to every rank, then raised everywhere
+        error = f"rank {t.rank}: {type(e).__name__}: {e}"
+    errors: list = [None] * t.world_size
+    t.log.record("all_gather_object", "resume outcome")
+    dist.all_gather_object(errors, error, group=t.group)
+    failed = [e for e in errors if e]
+    if failed:
+        raise CheckpointError(f"cannot resume from {choice[0]}: {'; '.join(failed)}")
+
+
+def _apply(t: Trainer, path: str, loaded: LoadedCheckpoint | None) -> None:
+    ckpt = loaded or load_checkpoint(path, expected_stems=STEMS)
     payload, where = ckpt.payload, ckpt.path
     state = _trainer_state(payload["trainer"], where)
     if state["global_batch"] != t.cfg.global_batch:
