@@ -211,6 +211,14 @@ class DistributedDataParallel(nn.Module):
             raise RuntimeError("register_comm_hook may be called only once")
         self.reducer.comm_hook = (state, hook)
 
+    def close(self) -> None:
+        """Detach from the module (its parameters' hooks) and give back the transport's buffers.
+
+        The module keeps working on its own afterwards; this wrapper must not be used again.
+        """
+        self.reducer.remove_hooks()
+        self.transport.close()
+
     @property
     def last_step_stats(self) -> StepStats | None:
         """Communication timings of the last synchronized backward (see `StepStats`)."""

@@ -183,6 +183,8 @@ class Trainer:
         finally:
             progress.close()
             metrics.close()
+            if isinstance(self.model, DistributedDataParallel):
+                self.model.close()  # one fit per Trainer: give the hooks and shared memory back now
         elapsed = time.perf_counter() - t_start
         result = TrainResult(
             world_size=self.world_size,
