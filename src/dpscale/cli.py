@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from .cli_fields import add_dataclass_arguments, dataclass_kwargs
@@ -164,12 +165,23 @@ def _version() -> str:
     return f"dpscale {__version__}"
 
 
+def _raised_by_dpscale(e: BaseException) -> bool:
+    """dpscale's own ValueErrors are its verdicts on the user's input (exit 2, one line)."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(_PACKAGE_DIR)
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as e:  # bad input: one line, exit 2
+    except ValueError as e:
+        if not _raised_by_dpscale(e):
+            raise  # a library's ValueError mid-run is a bug to show in full, not bad input
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"dpscale {args.command}: error: {msg}", file=sys.stderr)
         return 2
