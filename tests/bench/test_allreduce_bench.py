@@ -43,7 +43,19 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def cli_run(tmp_path_factory):
     """One small sweep through the command-line entry point, shared by the tests that read it."""
     base = tmp_path_factory.mktemp("reports")
-    flags = ["--world-sizes", "1,2", "--sizes", "4,64K", "--iters", "5", "--json", "--report-dir", str(base)]
+    flags = [
+        "--transport",
+        "gloo",
+        "--world-sizes",
+        "1,2",
+        "--sizes",
+        "4,64K",
+        "--iters",
+        "5",
+        "--json",
+        "--report-dir",
+        str(base),
+    ]
     args = _parse(flags)
     out, err = io.StringIO(), io.StringIO()
     # Pretend this machine has one core so that world size 2 must print the oversubscription warning;
@@ -113,7 +125,8 @@ def test_report_directory_has_markdown_csv_and_readable_pngs(cli_run):
     order = [md.index(h) for h in ("## System", "**Hardware:**", "**Software:**", "## Command", "## Results")]
     assert order == sorted(order), "the report opens with hardware, software, then the command line"
     command = (
-        f"dpscale bench allreduce --world-sizes 1,2 --sizes 4,64K --iters 5 --json --report-dir {d.parent}"
+        f"dpscale bench allreduce --transport gloo --world-sizes 1,2 --sizes 4,64K --iters 5 --json "
+        f"--report-dir {d.parent}"
     )
     assert f"```\n{command}\n```" in md
     assert "| gloo | 2 | 64K | 65536 |" in md
@@ -218,3 +231,8 @@ def test_system_info_names_hardware_and_software():
     assert sw["torch"] == torch.__version__ and isinstance(sw["git_dirty"], bool)
     assert info["timestamp_utc"].endswith("Z")
     json.dumps(info, allow_nan=False)
+
+
+def test_default_transports_are_every_one_available_here():
+    assert allreduce.config_from_args(_parse([])).transports == allreduce.available_transports()
+    assert "gloo" in allreduce.available_transports()

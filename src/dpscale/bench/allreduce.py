@@ -139,6 +139,14 @@ register_transport(
 )
 
 
+def available_transports(world_size: int = 2) -> list[str]:
+    """Every registered transport that can run here (nccl only with CUDA, shm only on x86-64)."""
+    from ..comm.select import shm_is_safe
+
+    names = [n for n, spec in TRANSPORTS.items() if spec.unavailable(world_size) is None]
+    return [n for n in names if n != "shm" or shm_is_safe()]
+
+
 # ---- config and results -------------------------------------------------------------------------
 
 
@@ -467,8 +475,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # argparse %-formats help text; a transport's description must not break --help
     add(
         "--transport",
-        default="gloo",
-        help=f"comma-separated (default gloo) from {choices}".replace("%", "%%"),
+        default=None,
+        help=f"comma-separated (default: every transport available here) from {choices}".replace("%", "%%"),
     )
     add("--world-sizes", default="1,2", help="comma-separated rank counts (default 1,2)")
     add("--sizes", default=None, help="comma-separated, binary K/M/G (default 4,16,64,...,64M)")
@@ -479,7 +487,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> AllReduceConfig:
     return AllReduceConfig(
-        transports=parse_name_list(args.transport, flag="--transport", choices=list(TRANSPORTS)),
+        transports=(
+            parse_name_list(args.transport, flag="--transport", choices=list(TRANSPORTS))
+            if args.transport
+            else available_transports()
+        ),
         world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
         sizes_bytes=parse_size_list(args.sizes, flag="--sizes") if args.sizes else list(DEFAULT_SIZES_BYTES),
         iters=args.iters,
