@@ -224,3 +224,20 @@ class ReportDir:
         if isinstance(block, str):
             return block.rstrip()
         raise TypeError(f"a section block must be str, Table or Image, not {type(block).__name__}")
+
+
+def read_report(location: str | Path, *, flag: str) -> dict:
+    """The report.json document of a report directory (or of the file itself).
+
+    ValueError, prefixed with `flag` (the option that named it), when it cannot be read or holds
+    no bench results.
+    """
+    path = Path(location)
+    path = path / "report.json" if path.is_dir() else path
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{flag}: cannot read a report at {path}: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict | list):
+        raise ValueError(f"{flag}: {path} is not a dpscale report (it has no results)")
+    return doc

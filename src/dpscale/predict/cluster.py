@@ -10,12 +10,13 @@ times themselves for the world sizes that were measured (`MeasuredAllReduce`).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from ..bench.report import read_report
 
 INTRA, INTER = "intra-node", "inter-node"
 
@@ -220,15 +221,9 @@ def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
 
 def load_allreduce_report(report_dir: str | Path, *, flag: str = "--calibrate") -> dict:
     """The "results" of a `dpscale bench allreduce` report directory (or its report.json)."""
-    path = Path(report_dir)
-    path = path / "report.json" if path.is_dir() else path
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{flag}: cannot read an all-reduce report at {path}: {e}") from None
-    results = doc.get("results") if isinstance(doc, dict) else None
+    results = read_report(report_dir, flag=flag)["results"]
     if not isinstance(results, dict) or "points" not in results or "fits" not in results:
-        raise ValueError(f"{flag}: {path} is not a `dpscale bench allreduce` report (no results.points/fits)")
+        raise ValueError(f"{flag}: {report_dir} is not a `dpscale bench allreduce` report (no points/fits)")
     return results
 
 

@@ -34,7 +34,6 @@ overlaps; `gloo` reduces on its own thread, so bucket reductions overlap the res
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from dataclasses import asdict, dataclass, replace
@@ -42,7 +41,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..bench.report import Image, ReportDir, Section, Table, new_figure
+from ..bench.report import Image, ReportDir, Section, Table, new_figure, read_report
 from ..bench.scaling import STEPS_PER_ROUND
 from .cluster import Cluster, calibrated, preset_cluster
 from .model import PredictConfig, predict
@@ -98,15 +97,9 @@ class ValidationResult:
 
 
 def load_scaling_report(report_dir: str | Path, *, flag: str = "--validate") -> dict:
-    path = Path(report_dir)
-    path = path / "report.json" if path.is_dir() else path
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{flag}: cannot read a scaling report at {path}: {e}") from None
-    results = doc.get("results") if isinstance(doc, dict) else None
+    results = read_report(report_dir, flag=flag)["results"]
     if not isinstance(results, dict) or not results.get("points") or "config" not in results:
-        raise ValueError(f"{flag}: {path} is not a `dpscale bench scaling` report (no results.points)")
+        raise ValueError(f"{flag}: {report_dir} is not a `dpscale bench scaling` report (no points)")
     missing = {"engine", "transport", "world_size", "per_worker_batch", "step_ms"} - set(results["points"][0])
     if missing:
         raise ValueError(f"{flag}: the report's points lack {', '.join(sorted(missing))}")
