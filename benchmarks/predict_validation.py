@@ -18,7 +18,7 @@ import itertools
 import sys
 from dataclasses import asdict
 
-from dpscale.bench import allreduce, scaling
+from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report
 from dpscale.bench.report import ReportDir, Section, Table, markdown_table
 from dpscale.predict import emulate, emulate_validate, profile, published, render, validate
 from dpscale.predict.cluster import load_allreduce_report
@@ -27,8 +27,8 @@ from dpscale.predict.cluster import load_allreduce_report
 def run_local(args: argparse.Namespace) -> int:
     ar = allreduce.run(allreduce.AllReduceConfig(transports=["gloo", "shm"], world_sizes=[1, 2]))
     ar_report = ReportDir.create(args.report_dir, "allreduce")
-    allreduce.write_report(ar, ar_report)
-    print(allreduce.format_fits(ar))
+    allreduce_report.write_report(ar, ar_report)
+    print(allreduce_report.format_fits(ar))
     calibration = load_allreduce_report(ar_report.path)
     for model in args.models.split(","):
         prof = profile.measure(model, args.per_worker_batch, co_located=2)
@@ -38,7 +38,7 @@ def run_local(args: argparse.Namespace) -> int:
         )
         sc = scaling.run(config)
         sc_report = ReportDir.create(args.report_dir, "scaling")
-        scaling.write_report(sc, sc_report)
+        scaling_report.write_report(sc, sc_report)
         prof.save(sc_report.path / "profile.json")  # the prediction's input, next to what it predicts
         for statistic, compute_from in itertools.product(args.statistics.split(","), ("local", "profile")):
             result = validate.validate(

@@ -6,10 +6,10 @@ import shutil
 
 import pytest
 
-from dpscale.bench import allreduce, compare
+from dpscale.bench import allreduce, allreduce_report, compare
 from dpscale.bench.allreduce import AllReduceConfig
 from dpscale.bench.convergence import ConvergenceResult
-from dpscale.bench.convergence import write_report as write_convergence
+from dpscale.bench.convergence_report import write_report as write_convergence
 from dpscale.bench.report import ReportDir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +29,7 @@ def allreduce_reports(tmp_path_factory):
     for _ in range(2):
         result = allreduce.run(AllReduceConfig(world_sizes=[1], sizes_bytes=[4, 65536], iters=3))
         report = ReportDir.create(base, "allreduce", argv=["dpscale", "bench", "allreduce", "--iters", "3"])
-        allreduce.write_report(result, report)
+        allreduce_report.write_report(result, report)
         dirs.append(report.path)
     return dirs
 

@@ -21,10 +21,9 @@ from dpscale.bench.scaling import (
     EngineRun,
     ScalingConfig,
     ScalingResult,
-    format_table,
     summarize,
-    write_report,
 )
+from dpscale.bench.scaling_report import format_table, write_report
 
 REQUIRED_KEYS = {
     "engine",

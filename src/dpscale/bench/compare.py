@@ -39,7 +39,7 @@ from .report import ReportDir, markdown_table
 from .sysinfo import describe_system
 
 # command -> (module, result class): imported only when a report of that command is re-rendered, so
-# a missing or broken bench costs only its own reports.
+# a missing or broken bench costs only its own reports. `<module>_report` holds its write_report.
 BENCHES: dict[str, tuple[str, str]] = {
     "allreduce": ("dpscale.bench.allreduce", "AllReduceResult"),
     "scaling": ("dpscale.bench.scaling", "ScalingResult"),
@@ -83,7 +83,7 @@ def _bench(command: str, directory: str | Path):
             f"{directory}: a {command} report needs {module_name}, which cannot be imported here ({e}); "
             "re-render it with a dpscale that has that bench"
         ) from None
-    return module, getattr(module, class_name)
+    return importlib.import_module(module_name + "_report"), getattr(module, class_name)
 
 
 def rerender(directory: str | Path) -> Path:

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from . import allreduce, convergence, scaling
+from . import allreduce, allreduce_report, convergence, convergence_report, scaling, scaling_report
 from .report import Image, ReportDir, Section, Table
 
 TRANSPORTS = ["shm", "gloo"]
@@ -188,7 +188,7 @@ def _sub_report(parent: ReportDir, command: str, argv: list[str]) -> ReportDir:
 def write_report(result: StudyResult, report: ReportDir) -> None:
     """The combined report: each bench in its own subdirectory, the summary on top."""
     ar = _sub_report(report, "allreduce", ["dpscale", "bench", "allreduce", "(part of dpscale study)"])
-    allreduce.write_report(result.allreduce, ar)
+    allreduce_report.write_report(result.allreduce, ar)
     images = [Image("allreduce/allreduce_busbw.png", "all-reduce bus bandwidth vs message size")]
     for res in result.scaling:
         sub = _sub_report(
@@ -196,12 +196,12 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
             f"scaling-{res.config.model}",
             ["dpscale", "bench", "scaling", "--model", res.config.model, "(part of dpscale study)"],
         )
-        scaling.write_report(res, sub)
+        scaling_report.write_report(res, sub)
         images.append(
             Image(f"{sub.path.name}/scaling_efficiency.png", f"scaling efficiency, {res.config.model}")
         )
     cv = _sub_report(report, "convergence", ["dpscale", "bench", "convergence", "(part of dpscale study)"])
-    convergence.write_report(result.convergence, cv)
+    convergence_report.write_report(result.convergence, cv)
     images.append(Image("convergence/convergence.png", "loss vs samples seen per world size"))
     doc = result.to_dict()
     report.write_json(doc, config=doc["config"])

@@ -1,0 +1,169 @@
+"""Rendering of scaling bench results: the terminal table, the two plots and the report directory.
+
+Everything here works from a `ScalingResult` alone, so `dpscale report` re-renders old runs.
+"""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from .report import Image, ReportDir, Section, Table, new_figure
+from .scaling import STEPS_PER_ROUND, ScalingConfig, ScalingPoint, ScalingResult
+
+_ENGINE_COLORS = {"dpscale": "C0", "torch": "C1", "local": "C2", "dpscale-gloo": "C3"}
+
+
+_COLUMNS = {  # point field: (table header, format); None = "-"
+    "engine": ("engine", ""),
+    "transport": ("transport", ""),
+    "world_size": ("N", "d"),
+    "per_worker_batch": ("batch/worker", "d"),
+    "global_batch": ("global batch", "d"),
+    "step_ms": ("step ms", ".2f"),
+    "step_ms_p90": ("p90 ms", ".2f"),
+    "samples_per_s": ("samples/s", ".0f"),
+    "efficiency": ("efficiency", ".1%"),
+    "ceiling_fraction": ("of ceiling", ".1%"),
+    "overhead_ms": ("overhead ms", ".2f"),
+    "comm_ms": ("comm ms", ".2f"),
+    "exposed_comm_ms": ("exposed ms", ".2f"),
+    "overlap_pct": ("overlap %", ".0f"),
+    "straggler_ms": ("straggler ms", ".2f"),
+}
+
+
+def _describe(config: ScalingConfig) -> str:
+    batch = (
+        f"{config.per_worker_batch} samples/worker"
+        if config.mode == "weak"
+        else f"global batch {config.global_batch}"
+    )
+    return f"{config.mode} scaling, {config.model}, {batch}"
+
+
+def format_table(result: ScalingResult) -> str:
+    """The points as a fixed-width terminal table."""
+    widths = {c: max(len(h), 9) + 1 for c, (h, _) in _COLUMNS.items()}
+    widths["engine"] = 14
+    widths["transport"] = 13
+    widths["world_size"] = 4
+
+    def cell(c: str, v: object, text: str | None = None) -> str:
+        text = text or ("-" if v is None else format(v, _COLUMNS[c][1]))
+        return text.ljust(widths[c]) if c in ("engine", "transport") else text.rjust(widths[c])
+
+    lines = [_describe(result.config), "".join(cell(c, None, h) for c, (h, _) in _COLUMNS.items())]
+    lines += ["".join(cell(c, getattr(p, c)) for c in _COLUMNS) for p in result.points]
+    return "\n".join(lines)
+
+
+def _engine_series(points: list[ScalingPoint]) -> dict[str, list[ScalingPoint]]:
+    series: dict[str, list[ScalingPoint]] = {}
+    for p in sorted(points, key=lambda p: p.world_size):
+        series.setdefault(p.engine, []).append(p)
+    return series
+
+
+def _workers_axis(fig: Figure, result: ScalingResult, ylabel: str, title: str):
+    ax = fig.add_subplot()
+    sizes = sorted({p.world_size for p in result.points})
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_xlim(min(sizes) - 0.3, max(sizes) + 0.3)
+    threads = result.config.threads_per_worker
+    each = "1 intra-op thread" if threads == 1 else f"{threads} intra-op threads"
+    ax.set(xlabel=f"workers N (processes, {each} each)", ylabel=ylabel)
+    ax.set_title(f"{title}\n{_describe(result.config)}")
+    ax.grid(True, alpha=0.35)
+    return ax
+
+
+def _label(engine: str, pts: list[ScalingPoint]) -> str:
+    # dpscale may pick a different transport per world size (gloo alone, shm on one host): show it.
+    transports = list(dict.fromkeys(p.transport for p in pts if p.transport != "none"))
+    return f"{engine} ({', '.join(transports)})" if transports else engine
+
+
+def plot_throughput(result: ScalingResult) -> Figure:
+    """Samples/s vs workers per engine, each with its ideal line N x (its own 1-worker throughput)."""
+    fig = new_figure()
+    ax = _workers_axis(fig, result, "throughput (samples/s, global batch)", "Throughput vs workers")
+    for e, pts in _engine_series(result.points).items():
+        color, ns = _ENGINE_COLORS.get(e), [p.world_size for p in pts]
+        ax.plot(ns, [p.samples_per_s for p in pts], marker="o", lw=2, color=color, label=_label(e, pts))
+        if pts[0].world_size == 1 and len(pts) > 1:
+            ax.plot(ns, [n * pts[0].samples_per_s for n in ns], ls="--", lw=1.2, color=color, alpha=0.8)
+    # one legend entry for all the dashed lines; each has its engine's colour
+    ax.plot([], [], ls="--", color="gray", label="ideal: N x same engine at N=1")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize="small")
+    return fig
+
+
+def plot_efficiency(result: ScalingResult) -> Figure:
+    """Scaling efficiency (% of linear) vs workers per engine; 100% is perfect scaling."""
+    fig = new_figure()
+    ax = _workers_axis(fig, result, "scaling efficiency (% of linear)", "Scaling efficiency vs workers")
+    ax.axhline(100, color="gray", ls="--", lw=1, label="ideal (100%)")
+    top = 110.0
+    for e, pts in _engine_series(result.points).items():
+        pts = [p for p in pts if p.efficiency is not None]
+        if not pts:
+            continue
+        ys = [100 * p.efficiency for p in pts]
+        top = max(top, *(y * 1.1 for y in ys))
+        ax.plot(
+            [p.world_size for p in pts],
+            ys,
+            marker="o",
+            lw=2,
+            color=_ENGINE_COLORS.get(e),
+            label=_label(e, pts),
+        )
+        for p, y in zip(pts, ys, strict=True):
+            if p.world_size > 1:  # N=1 is 100% by definition; labels there would only overlap
+                ax.annotate(f"{y:.0f}%", (p.world_size, y), textcoords="offset points", xytext=(7, -4))
+    if len(ax.lines) == 1:
+        ax.text(
+            0.5, 0.5, "no world size 1 measured: efficiency undefined", transform=ax.transAxes, ha="center"
+        )
+    ax.set_ylim(0, top)
+    ax.legend(loc="lower left", fontsize="small")
+    return fig
+
+
+def write_report(result: ScalingResult, report: ReportDir) -> None:
+    """Fill `report` with report.json, scaling.csv, the two plots and report.md."""
+    doc = result.to_dict()
+    report.write_json(doc, config=doc["config"])
+    report.write_csv("scaling", doc["points"])
+    report.save_figure(plot_throughput(result), "scaling_throughput")
+    report.save_figure(plot_efficiency(result), "scaling_efficiency")
+    c = result.config
+    formats = {k: f for k, (_, f) in _COLUMNS.items() if f}
+    headers = {k: h for k, (h, _) in _COLUMNS.items()}
+    method = (
+        f"{_describe(c)}. Every engine is built from the same seed in the same ranks; engines alternate "
+        f"in rounds of up to {STEPS_PER_ROUND} steps, after {c.warmup} warm-up steps, for {c.steps} timed "
+        f"steps each. A step (zero_grad, forward, loss, backward, SGD step) counts at its slowest rank; "
+        f"step ms and p90 are over steps. Intra-op threads per worker: {c.threads_per_worker}."
+    )
+    definitions = (
+        "efficiency = samples/s(N) / (N x samples/s(1)) for the same engine; of ceiling = samples/s / "
+        "local engine's samples/s at the same N; overhead = step ms - local step ms; comm and exposed = "
+        "median of dpscale's per-step stats on rank 0 (the reducer's own view; overhead counts everything "
+        "the engine adds); overlap = 1 - exposed/comm; straggler = median of (slowest - fastest rank) "
+        "per step. '-' = not applicable or not measured."
+    )
+    report.write_markdown(
+        "Scaling bench",
+        [
+            Section("Results", [method, definitions, Table(doc["points"], list(_COLUMNS), formats, headers)]),
+            Section(
+                "Plots",
+                [
+                    Image("scaling_throughput.png", "throughput vs workers"),
+                    Image("scaling_efficiency.png", "scaling efficiency vs workers"),
+                ],
+            ),
+        ],
+    )
