@@ -6,7 +6,7 @@ from dpscale.bench import engine
 
 
 def test_engine_bench_reports_each_engine_and_ratios_to_torch():
-    res = engine.run(
+    res, measured = engine.run(
         "digits", world_size=2, per_worker_batch=8, engines=["dpscale", "dpscale-gloo", "torch"], steps=10
     )
     assert [f.engine for f in res.engines] == ["dpscale", "dpscale-gloo", "torch"]
@@ -17,6 +17,7 @@ def test_engine_bench_reports_each_engine_and_ratios_to_torch():
     for med, p10, p90 in res.ratios_vs_torch.values():
         assert 0 < p10 <= med <= p90
     assert "dpscale/torch step-time ratio" in engine.format_result(res)
+    assert engine.summarize(measured) == res
 
 
 def test_unknown_engine_names_the_flag():

@@ -60,7 +60,7 @@ def cli_run(tmp_path_factory):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         with pytest.MonkeyPatch.context() as mp:
             # One core here, so world size 2 must warn; the ranks see the real machine.
-            mp.setattr(scaling, "_usable_cores", lambda: 1)
+            mp.setattr(scaling, "usable_cores", lambda: 1)
             mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "scaling", *flags])
             rc = scaling.run_from_args(_parse(flags))
     (report_dir,) = base.iterdir()

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import tempfile
 import time
@@ -54,6 +53,7 @@ from ..train.trainer import Trainer
 from ..workloads import WORKLOADS, get_workload
 from .args import parse_int_list
 from .report import ReportDir
+from .sysinfo import usable_cores
 
 DEFAULT_EPOCHS = 5
 DEFAULT_TOLERANCE = 0.05
@@ -266,7 +266,7 @@ def _train(
             compression="none" if reference is None else config.compression,
         )
         train.resolve_batch(world_size)  # fails here, with its message, rather than in every rank
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
         # The same threads per rank at every world size, so no run gets more compute per sample.
         threads = max(1, cores // max(config.world_sizes))
         # Generous: a big workload on a busy machine must finish; a hang still ends with stacks.

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from ..workloads import get_workload
 from . import scaling
 from .engines import ENGINES, parse_engines
+from .report import ReportDir
+from .scaling_report import write_report
 
 
 @dataclass
@@ -44,18 +46,14 @@ class EngineBenchResult:
         return asdict(self)
 
 
-def _rounds(step_ms: list[float]) -> list[list[float]]:
-    per = scaling.STEPS_PER_ROUND
-    return [step_ms[i : i + per] for i in range(0, len(step_ms), per)]
-
-
 def run(
     model: str = "mlp",
     world_size: int = 2,
     per_worker_batch: int = 64,
     engines: list[str] | None = None,
     steps: int = 60,
-) -> EngineBenchResult:
+) -> tuple[EngineBenchResult, scaling.ScalingResult]:
+    """The engine figures, and the scaling bench's result they come from (for its report)."""
     config = scaling.ScalingConfig(
         model=model,
         world_sizes=[world_size],
@@ -64,6 +62,12 @@ def run(
         steps=steps,
     )
     result = scaling.run(config)
+    return summarize(result), result
+
+
+def summarize(result: scaling.ScalingResult) -> EngineBenchResult:
+    config = result.config
+    (world_size,) = config.world_sizes
     # a step's time is its slowest rank's: that is what the next collective waits for
     slowest = {r.engine: [max(ranks) for ranks in r.step_ms] for r in result.runs}
     transport = {r.engine: r.transport for r in result.runs}
@@ -75,11 +79,11 @@ def run(
     ]
     ratios = {}
     if "torch" in slowest:
-        torch_rounds = _rounds(slowest["torch"])
+        torch_rounds = scaling.split_rounds(slowest["torch"])
         for e in (e for e in slowest if e.startswith("dpscale")):
             per_round = [
                 statistics.median(a) / statistics.median(b)
-                for a, b in zip(_rounds(slowest[e]), torch_rounds, strict=True)
+                for a, b in zip(scaling.split_rounds(slowest[e]), torch_rounds, strict=True)
             ]
             ratios[e] = [
                 statistics.median(per_round),
@@ -87,11 +91,11 @@ def run(
                 scaling.quantile(per_round, 0.9),
             ]
     return EngineBenchResult(
-        model,
+        config.model,
         world_size,
         config.batches(world_size)[0],
         config.threads_per_worker,
-        steps,
+        config.steps,
         scaling.STEPS_PER_ROUND,
         figures,
         ratios,
@@ -124,6 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--engines", default=",".join(ENGINES), help="comma-separated: dpscale, dpscale-gloo, torch, local"
     )
     p.add_argument("--json", action="store_true", help="print the results as a JSON list on the last line")
+    p.add_argument("--report-dir", default="reports", help="base directory of the reports (default reports)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -140,8 +145,12 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     results = []
     for m in models:
-        res = run(m, args.world_size, args.per_worker_batch, engines, args.steps)
+        res, measured = run(m, args.world_size, args.per_worker_batch, engines, args.steps)
         print(format_result(res), flush=True)
+        # the per-step measurements, as a scaling report: `dpscale report` re-renders and compares it
+        report = ReportDir.create(args.report_dir, "scaling")
+        write_report(measured, report)
+        print(f"report: {report.path}", flush=True)
         results.append(res.to_dict())
     if args.json:
         print(json.dumps(results))

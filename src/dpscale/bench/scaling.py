@@ -49,7 +49,7 @@ from ..workloads.recipe import USER_MODEL_CONVENTION, USER_MODEL_RE, load_recipe
 from .args import parse_int_list, parse_name_list
 from .engines import ALL_ENGINES, ENGINES, wrap
 from .report import ReportDir
-from .sysinfo import _usable_cores
+from .sysinfo import usable_cores
 
 MODES = ("weak", "strong")
 DEFAULT_PER_WORKER_BATCH = 64
@@ -193,6 +193,11 @@ def _transport_name(model: nn.Module, engine: str) -> str:
     return dist.get_backend() if engine == "torch" else "none"
 
 
+def split_rounds(per_step: list[float]) -> list[list[float]]:
+    """One engine's per-step figures cut into the rounds it ran in (engines alternate per round)."""
+    return [per_step[i : i + STEPS_PER_ROUND] for i in range(0, len(per_step), STEPS_PER_ROUND)]
+
+
 def _round_sizes(steps: int) -> list[int]:
     return [min(STEPS_PER_ROUND, steps - s) for s in range(0, steps, STEPS_PER_ROUND)]
 
@@ -241,7 +246,7 @@ def run(config: ScalingConfig) -> ScalingResult:
     """Measure every (engine, world size) of `config`; one set of ranks per world size."""
     if config.model not in WORKLOADS:
         load_recipe(config.model)  # a bad user model fails here, once, not in every rank
-    cores = _usable_cores()
+    cores = usable_cores()
     runs = []
     for n in config.world_sizes:
         if n * config.threads_per_worker > cores:

@@ -42,7 +42,7 @@ def collect_system_info() -> dict:
         "hardware": {
             "cpu_model": _cpu_model(),
             "logical_cores": os.cpu_count() or 1,
-            "usable_cores": _usable_cores(),
+            "usable_cores": usable_cores(),
             "memory_GiB": _memory_GiB(),
             "gpus": _gpus(),
         },
@@ -75,7 +75,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), which can be fewer than the machine has."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -42,7 +42,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from ..bench.report import Image, ReportDir, Section, Table, new_figure, read_report
-from ..bench.scaling import STEPS_PER_ROUND
+from ..bench.scaling import split_rounds
 from .cluster import Cluster, calibrated, preset_cluster
 from .model import PredictConfig, predict
 from .profile import ModelProfile
@@ -114,10 +114,6 @@ def _quantile(values: list[float], q: float) -> float:
     return xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
 
 
-def _rounds(steps: list[float]) -> list[list[float]]:
-    return [steps[i : i + STEPS_PER_ROUND] for i in range(0, len(steps), STEPS_PER_ROUND)]
-
-
 def measured_steps(scaling: dict, statistic: str = "median") -> dict[tuple[str, int], float]:
     """(engine, world size) -> measured step ms by `statistic` (see the module docstring)."""
     if statistic == "median":
@@ -142,7 +138,7 @@ def measured_steps(scaling: dict, statistic: str = "median") -> dict[tuple[str, 
         # the engines share every round (bench/scaling.py), so step k of each is in round k // STEPS_PER_ROUND
         deltas = [
             statistics.median(e) - statistics.median(b)
-            for e, b in zip(_rounds(steps), _rounds(local), strict=True)
+            for e, b in zip(split_rounds(steps), split_rounds(local), strict=True)
         ]
         out[engine, n] = statistics.median(local) + statistics.median(deltas)
     return out
