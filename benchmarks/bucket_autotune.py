@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
 from dpscale import DistributedDataParallel
 from dpscale.bench.scaling import quantile as _quantile
+from dpscale.bench.scaling import timed_step
 from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS
 from dpscale.testing.multirank import run_ranks
 from dpscale.workloads import get_workload
@@ -34,11 +34,7 @@ def rank_main(rank: int, world: int, model_name: str, transport: str, rounds: in
 
     def step(cap) -> float:
         m, opt = engines[cap]
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        (w.loss_sum(m(x), y) / batch).backward()
-        opt.step()
-        return (time.perf_counter() - t0) * 1e3
+        return timed_step(m, opt, w.loss_sum, x, y)
 
     for _ in range(len(CANDIDATES_MB) * (WARMUP_STEPS + MEASURED_STEPS) + 2):
         step("auto")  # the tuning schedule, then one step on the chosen buckets

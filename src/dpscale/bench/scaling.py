@@ -193,6 +193,17 @@ def _transport_name(model: nn.Module, engine: str) -> str:
     return dist.get_backend() if engine == "torch" else "none"
 
 
+def timed_step(
+    model: nn.Module, opt: torch.optim.Optimizer, loss_sum, x: torch.Tensor, y: torch.Tensor
+) -> float:
+    """One training step as the benches time it (zero_grad, forward, mean loss, backward, step), in ms."""
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    (loss_sum(model(x), y) / x.shape[0]).backward()
+    opt.step()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def split_rounds(per_step: list[float]) -> list[list[float]]:
     """One engine's per-step figures cut into the rounds it ran in (engines alternate per round)."""
     return [per_step[i : i + STEPS_PER_ROUND] for i in range(0, len(per_step), STEPS_PER_ROUND)]
@@ -220,11 +231,7 @@ def _rank_measure(
 
     def step(e: str) -> float:
         model, opt = runs[e]
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        (workload.loss(model(x), y) / batch).backward()
-        opt.step()
-        return (time.perf_counter() - t0) * 1e3
+        return timed_step(model, opt, workload.loss, x, y)
 
     for e in engines:
         for _ in range(warmup):
