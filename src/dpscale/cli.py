@@ -79,6 +79,13 @@ def _check_checkpoint_dir(cfg: TrainConfig) -> None:
         raise UsageError(f"--checkpoint-dir {d} is not readable and writable by this user")
 
 
+def _command(sub, name: str, text: str, add_arguments, run) -> None:
+    """Register one subcommand: its flags from `add_arguments`, its body `run(args) -> exit code`."""
+    p = sub.add_parser(name, help=text, description=text)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
 def _add_bench(sub) -> None:
     from .bench import allreduce, convergence, scaling
     from .bench import engine as engine_bench
@@ -91,28 +98,26 @@ def _add_bench(sub) -> None:
         ("convergence", convergence, "loss curves at several world sizes with the same global batch"),
         ("engine", engine_bench, "step time of dpscale vs torch DDP vs no synchronization, alternating"),
     ]:
-        b = bsub.add_parser(name, help=text, description=text)
-        module.add_arguments(b)
-        b.set_defaults(func=module.run_from_args)
+        _command(bsub, name, text, module.add_arguments, module.run_from_args)
 
 
 def _add_study_and_report(sub) -> None:
     from .bench import compare, study
 
-    s = sub.add_parser(
+    _command(
+        sub,
         "study",
-        help="the main job: all-reduce, weak scaling and convergence, one report",
-        description=study.__doc__.splitlines()[0],
+        "the main job: all-reduce, weak scaling and convergence, one report",
+        study.add_arguments,
+        study.run_from_args,
     )
-    study.add_arguments(s)
-    s.set_defaults(func=study.run_from_args)
-    r = sub.add_parser(
+    _command(
+        sub,
         "report",
-        help="re-render one report directory, or compare several (A/B)",
-        description="Re-render a report from its report.json, or compare reports side by side.",
+        "re-render one report directory, or compare several (A/B)",
+        compare.add_arguments,
+        compare.run_from_args,
     )
-    compare.add_arguments(r)
-    r.set_defaults(func=compare.run_from_args)
 
 
 def _add_check(sub) -> None:
@@ -121,30 +126,26 @@ def _add_check(sub) -> None:
     p = sub.add_parser("check", help="checks: data-parallel equivalence of your loss, unused parameters")
     csub = p.add_subparsers(dest="check", required=True, metavar="{equivalence,unused}")
     for name, module in (("equivalence", equivalence), ("unused", unused)):
-        c = csub.add_parser(
-            name, help=module.__doc__.splitlines()[0], description=module.__doc__.splitlines()[0]
-        )
-        module.add_arguments(c)
-        c.set_defaults(func=module.run_from_args)
+        _command(csub, name, module.__doc__.splitlines()[0], module.add_arguments, module.run_from_args)
 
 
 def _add_predict(sub) -> None:
     from .predict import cli as predict_cli
 
-    p = sub.add_parser(
+    _command(
+        sub,
         "profile",
-        help="measure one worker's step: compute phases, bucket ready times, bytes",
-        description="Profile one worker of a model, for dpscale predict.",
+        "measure one worker's step: compute phases, bucket ready times, bytes",
+        predict_cli.add_profile_arguments,
+        predict_cli.run_profile_from_args,
     )
-    predict_cli.add_profile_arguments(p)
-    p.set_defaults(func=predict_cli.run_profile_from_args)
-    q = sub.add_parser(
+    _command(
+        sub,
         "predict",
-        help="predict throughput and scaling efficiency on a cluster you describe",
-        description="Predict data-parallel scaling from a one-worker profile and a cluster.",
+        "predict throughput and scaling efficiency on a cluster you describe",
+        predict_cli.add_predict_arguments,
+        predict_cli.run_predict_from_args,
     )
-    predict_cli.add_predict_arguments(q)
-    q.set_defaults(func=predict_cli.run_predict_from_args)
 
 
 def build_parser() -> argparse.ArgumentParser:
