@@ -215,7 +215,14 @@ def test_state_dict_is_plain_and_round_trips():
     next(s.iter_steps())
     state = s.state_dict()
     assert state == dict(
-        epoch=3, step_in_epoch=1, dataset_size=50, global_batch=10, seed=7, shuffle=True, tail="pad"
+        epoch=3,
+        step_in_epoch=1,
+        sample_offset=0,
+        dataset_size=50,
+        global_batch=10,
+        seed=7,
+        shuffle=True,
+        tail="pad",
     )
     assert all(type(v) in (int, str, bool) for v in state.values())
 
@@ -290,3 +297,74 @@ def test_works_as_a_data_loader_batch_sampler(tail):
     got = [batch.tolist() for (batch,) in loader]
     assert got == [[10 * i for i in mb] for mb in expected]
     assert Counter(len(b) for b in got) == {2: len(expected)}
+
+
+# -- a new global batch mid-epoch (the trainer's world_change=scale-lr) --------------------------
+
+
+@st.composite
+def regroup_cases(draw):
+    cfg = draw(configs(tails=("drop", "keep")))
+    steps = GlobalBatchSampler(
+        cfg["dataset_size"], rank=0, **{k: v for k, v in cfg.items() if k != "dataset_size"}
+    )
+    taken = draw(st.integers(0, steps.steps_per_epoch))
+    w2, k2, micro2 = draw(st.integers(1, 4)), draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    return cfg, taken, dict(world_size=w2, accumulation_steps=k2, global_batch=w2 * k2 * micro2)
+
+
+@SETTINGS
+@given(regroup_cases())
+def test_a_regrouped_epoch_goes_on_from_the_next_unused_sample(case):
+    """Whatever the old and new global batch, the rest of the epoch's permutation is used in order,
+    each sample once: each new step takes the next slice of it (a dropped tail of the new grouping
+    aside), and an epoch the old grouping had finished is not reopened."""
+    cfg, taken, new = case
+    if new["global_batch"] > cfg["dataset_size"] and cfg["tail"] == "drop":
+        return  # no complete global batch at all: the constructor refuses, tested elsewhere
+    epoch = 1
+    order = reference_perm(cfg, epoch)
+    before = all_ranks(cfg, epoch)
+    for s in before:
+        for _ in range(taken):
+            next(s.iter_steps())
+    state = before[0].state_dict()
+    used = min(taken * cfg["global_batch"], cfg["dataset_size"])
+    after = all_ranks(cfg, **new)
+    for s in after:
+        s.load_state_dict(state, regroup=True)
+    if taken == before[0].steps_this_epoch and new["global_batch"] != cfg["global_batch"]:
+        assert (after[0].epoch, after[0].sample_offset, after[0].step_in_epoch) == (epoch + 1, 0, 0)
+        return
+    rest = global_batches(after)
+    g = new["global_batch"]
+    for j, batch in enumerate(rest):
+        assert sorted(batch) == sorted(order[used + j * g : used + (j + 1) * g])
+    left = cfg["dataset_size"] - used - sum(len(b) for b in rest)
+    assert left == 0 if cfg["tail"] == "keep" else 0 <= left < g
+
+
+def test_regroup_offset_survives_another_save_and_load():
+    s = GlobalBatchSampler(40, global_batch=8, world_size=2, rank=0, shuffle=False)
+    next(s.iter_steps())
+    t = GlobalBatchSampler(40, global_batch=4, world_size=1, rank=0, shuffle=False)
+    t.load_state_dict(s.state_dict(), regroup=True)
+    assert (t.sample_offset, t.step_in_epoch, t.steps_this_epoch, t.steps_per_epoch) == (8, 0, 8, 10)
+    assert next(t.iter_steps()).micro_batches == [[8, 9, 10, 11]]
+    u = GlobalBatchSampler(40, global_batch=4, world_size=2, rank=1, shuffle=False)
+    u.load_state_dict(t.state_dict())
+    assert next(u.iter_steps()).micro_batches == [[14, 15]]
+    u.set_epoch(1)
+    assert u.sample_offset == 0 and u.steps_this_epoch == 10
+
+
+def test_another_global_batch_needs_regroup():
+    s = GlobalBatchSampler(40, global_batch=8, world_size=2, rank=0)
+    with pytest.raises(ValueError, match="saved global_batch 8 differs"):
+        GlobalBatchSampler(40, global_batch=4, world_size=1, rank=0).load_state_dict(s.state_dict())
+
+
+def test_load_rejects_an_offset_outside_the_dataset():
+    s = GlobalBatchSampler(40, global_batch=8, world_size=1, rank=0)
+    with pytest.raises(ValueError, match="sample_offset 41"):
+        s.load_state_dict({**s.state_dict(), "sample_offset": 41})

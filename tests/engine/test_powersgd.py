@@ -261,3 +261,63 @@ def test_compression_is_validated_where_it_is_configured():
     with pytest.raises(ValueError, match="^--compression: unknown 'zip'"):
         ConvergenceConfig(samples=640, compression="zip")
     assert ConvergenceConfig(samples=640, compression="powersgd").compression == "powersgd"
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------
+
+
+def _compressed_state(world: int = 1) -> tuple[PowerSGDState, list[tuple[str, torch.Tensor]]]:
+    bucket = make_bucket()
+    named = [(f"p{i}", p) for i, p in enumerate(bucket.parameters())]
+    state = PowerSGDState(None, rank=2, start_iter=0)
+    for view in bucket.gradients():
+        view.copy_(torch.randn(view.shape, generator=torch.Generator().manual_seed(view.numel())))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=world)
+    try:
+        powersgd_hook(state, bucket).wait()
+    finally:
+        dist.destroy_process_group()
+    return state, named
+
+
+def test_state_dict_round_trips_by_parameter_name():
+    state, named = _compressed_state()
+    saved = state.state_dict(named)
+    assert set(saved["q"]) == set(saved["errors"]) == {"p0", "p2"}  # the compressed matrices
+    assert saved["iteration"] == 1
+    fresh_params = [(n, torch.zeros(p.shape)) for n, p in named]  # new objects, as after a restart
+    fresh = PowerSGDState(None, rank=2, start_iter=0)
+    fresh.load_state_dict(saved, fresh_params)
+    assert fresh.iteration == 1 and fresh.total_bytes == state.total_bytes
+    for (name, new), (_, old) in zip(fresh_params, named, strict=True):
+        if name in saved["q"]:
+            assert torch.equal(fresh.q[new], state.q[old]) and torch.equal(
+                fresh.errors[new], state.errors[old]
+            )
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda s: s["q"].update(nope=torch.zeros(2, 2)), "'nope', which is not a parameter here"),
+        (lambda s: s["q"].update(p0=torch.zeros(12, 3)), "has shape (12, 3), this run expects (12, 2)"),
+        (lambda s: s.update(iteration=-1), "iteration is -1"),
+    ],
+)
+def test_load_state_dict_names_what_does_not_fit(change, words):
+    state, named = _compressed_state()
+    saved = state.state_dict(named)
+    change(saved)
+    with pytest.raises(ValueError) as err:
+        PowerSGDState(None, rank=2).load_state_dict(saved, named)
+    assert words in str(err.value)
+
+
+def test_merging_ranks_keeps_the_mean_error():
+    """At another world size every rank gets the old ranks' mean error, so the correction the next
+    averaged gradient absorbs, mean over ranks of e, is unchanged."""
+    a = {"iteration": 5, "q": {"w": torch.ones(3, 2)}, "errors": {"w": torch.full((4, 3), 1.0)}}
+    b = {"iteration": 5, "q": {"w": torch.ones(3, 2)}, "errors": {"w": torch.full((4, 3), 3.0)}}
+    merged = PowerSGDState.merge_rank_states([a, b])
+    assert torch.equal(merged["errors"]["w"], torch.full((4, 3), 2.0))
+    assert merged["iteration"] == 5 and torch.equal(merged["q"]["w"], a["q"]["w"])

@@ -57,3 +57,24 @@ def test_world_size_range_goes_on_with_fewer_workers(tmp_path, reference):
     assert out["resumed_from_step"] == 10 and out["steps"] == 30
     assert out["samples_seen"] == reference["samples_seen"]
     assert math.isclose(out["final_loss"], reference["final_loss"], rel_tol=1e-4)
+
+
+def test_world_size_range_with_scale_lr_keeps_the_per_worker_batch(tmp_path, reference):
+    """The same fall-back under --world-change scale-lr: one worker keeps its batch of 64, so the
+    global batch halves, the LR follows by the linear rule, and the run takes twice the steps for
+    the rest of the same sample budget."""
+    ckpt = tmp_path / "ckpt"
+    args = TRAIN + ["--checkpoint-dir", str(ckpt), "--nproc", "1:2", "--max-restarts", "0"]
+    args += ["--world-change", "scale-lr", "--rescale-warmup-steps", "5"]
+    p = run_cli(args, faults="kill@step=15,rank=1,world=2")
+    assert p.returncode == 0, p.stderr
+    out = last_json(p.stdout)
+    assert "per-worker batch 64 x 1 kept; global batch 128 -> 64; LR multiplier 1 -> 0.5" in p.stderr
+    assert (out["world_size"], out["global_batch"], out["micro_batch"], out["accumulation_steps"]) == (
+        1,
+        64,
+        64,
+        1,
+    )
+    assert out["resumed_from_step"] == 10 and out["steps"] == 10 + 2 * 20
+    assert out["samples_seen"] == reference["samples_seen"]

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..cores import usable_cores
 from ..engine.powersgd import COMPRESSIONS
 from ..testing.multirank import run_ranks
 from ..train.config import TrainConfig
@@ -53,7 +54,6 @@ from ..train.trainer import Trainer
 from ..workloads import WORKLOADS, get_workload
 from .args import parse_int_list
 from .report import ReportDir
-from .sysinfo import usable_cores
 
 DEFAULT_EPOCHS = 5
 DEFAULT_TOLERANCE = 0.05

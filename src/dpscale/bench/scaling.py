@@ -43,13 +43,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..cores import usable_cores
 from ..testing.multirank import run_ranks
 from ..workloads import WORKLOADS
 from ..workloads.recipe import USER_MODEL_CONVENTION, USER_MODEL_RE, load_recipe
 from .args import parse_int_list, parse_name_list
 from .engines import ALL_ENGINES, ENGINES, wrap
 from .report import ReportDir
-from .sysinfo import usable_cores
 
 MODES = ("weak", "strong")
 DEFAULT_PER_WORKER_BATCH = 64

@@ -31,6 +31,8 @@ import torch
 
 import dpscale
 
+from ..cores import usable_cores
+
 # git can hang on a network file system or a lock; a report must not.
 _GIT_TIMEOUT_S = 5.0
 
@@ -73,14 +75,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity), which can be fewer than the machine has."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _memory_GiB() -> float | None:

@@ -4,6 +4,11 @@ The user states the global batch G; with W ranks and k accumulation steps every 
 micro-batches of G / (W * k) samples per step. The set of samples in each global batch depends only
 on (dataset_size, global_batch, seed, epoch), never on W or k, so runs with different world sizes
 see the same data per step, and a run can resume mid-epoch with a different world size.
+
+A run may also change its global batch mid-epoch (a trainer that keeps the per-worker batch and
+rescales the learning rate when the world size changes): `load_state_dict(state, regroup=True)`
+continues from the sample the saved position had reached, grouping the rest of the epoch's
+permutation by the new global batch, so no sample of the epoch is repeated or skipped.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ class StepBatch:
     global_count: int
     # this rank's `accumulation_steps` micro-batches; with tail="keep" the last step's may be short or empty
     micro_batches: list[list[int]]
+
+
+def _steps(samples: int, global_batch: int, tail: str) -> int:
+    """Global batches in `samples` samples: the complete ones, plus a short one unless dropped."""
+    full, leftover = divmod(samples, global_batch)
+    return full + (leftover > 0 and tail != "drop")
 
 
 def _even_part(items: np.ndarray, parts: int, index: int) -> np.ndarray:
@@ -59,6 +70,10 @@ class GlobalBatchSampler:
     `__iter__` (when the k-th micro-batch of a step is handed out, so a checkpoint taken
     mid-accumulation redoes that step). Iteration stops at the end of the epoch; call
     `set_epoch(epoch + 1)` to go on. The position is shared by all iterators of one sampler.
+
+    After `load_state_dict(..., regroup=True)` with another global batch, the current epoch goes on
+    from a sample offset: its remaining steps (`steps_this_epoch`) slice perm[offset:] and
+    `step_in_epoch` counts from 0 again; the next epoch starts whole.
     """
 
     def __init__(
@@ -116,6 +131,8 @@ class GlobalBatchSampler:
         self.tail = tail
         self._epoch = 0
         self._next_step = 0
+        # samples of this epoch consumed under an earlier global batch (regroup); 0 otherwise
+        self._offset = 0
         # one permutation per epoch, computed once: every step of the epoch slices it
         self._perm_epoch: int | None = None
         self._perm = np.empty(0, dtype=np.int64)
@@ -127,9 +144,21 @@ class GlobalBatchSampler:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Global batches, i.e. optimizer steps, per epoch."""
-        full, leftover = divmod(self.dataset_size, self.global_batch)
-        return full + (leftover > 0 and self.tail != "drop")
+        """Global batches, i.e. optimizer steps, per whole epoch."""
+        return self._steps_for(self.dataset_size)
+
+    @property
+    def steps_this_epoch(self) -> int:
+        """Steps of the current epoch: `steps_per_epoch`, or fewer after a regrouped resume."""
+        return self._steps_for(self.dataset_size - self._offset)
+
+    @property
+    def sample_offset(self) -> int:
+        """Samples of the current epoch consumed before the current grouping (0 unless regrouped)."""
+        return self._offset
+
+    def _steps_for(self, samples: int) -> int:
+        return _steps(samples, self.global_batch, self.tail)
 
     @property
     def epoch(self) -> int:
@@ -137,7 +166,7 @@ class GlobalBatchSampler:
 
     @property
     def step_in_epoch(self) -> int:
-        """The next step to hand out; equals `steps_per_epoch` once the epoch is exhausted."""
+        """The next step to hand out; equals `steps_this_epoch` once the epoch is exhausted."""
         return self._next_step
 
     def __len__(self) -> int:
@@ -150,6 +179,7 @@ class GlobalBatchSampler:
             raise ValueError(f"epoch {epoch} must be non-negative")
         self._epoch = epoch
         self._next_step = 0
+        self._offset = 0
 
     def _permutation(self) -> np.ndarray:
         if self._perm_epoch != self._epoch:
@@ -163,7 +193,8 @@ class GlobalBatchSampler:
 
     def _step_batch(self, step: int) -> StepBatch:
         perm = self._permutation()
-        batch = perm[step * self.global_batch : (step + 1) * self.global_batch]
+        start = self._offset + step * self.global_batch
+        batch = perm[start : start + self.global_batch]
         if self.tail == "pad" and len(batch) < self.global_batch:
             # np.resize repeats cyclically, which also covers a global batch larger than the dataset
             batch = np.concatenate([batch, np.resize(perm, self.global_batch - len(batch))])
@@ -175,7 +206,7 @@ class GlobalBatchSampler:
 
     def iter_steps(self) -> Iterator[StepBatch]:
         """Yield this rank's steps from the current position to the end of the epoch."""
-        while self._next_step < self.steps_per_epoch:
+        while self._next_step < self.steps_this_epoch:
             step = self._step_batch(self._next_step)
             # advance before handing out: a state_dict taken after consuming this step resumes at the next
             self._next_step += 1
@@ -183,7 +214,7 @@ class GlobalBatchSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         """Yield this rank's micro-batches (k per step), for `DataLoader(batch_sampler=...)`."""
-        while self._next_step < self.steps_per_epoch:
+        while self._next_step < self.steps_this_epoch:
             *head, last = self._step_batch(self._next_step).micro_batches
             yield from head
             # the step counts as taken only with its last micro-batch: the accumulated gradient of a
@@ -196,6 +227,7 @@ class GlobalBatchSampler:
         return {
             "epoch": self._epoch,
             "step_in_epoch": self._next_step,
+            "sample_offset": self._offset,
             "dataset_size": self.dataset_size,
             "global_batch": self.global_batch,
             "seed": self.seed,
@@ -203,19 +235,35 @@ class GlobalBatchSampler:
             "tail": self.tail,
         }
 
-    def load_state_dict(self, state: dict[str, int | str | bool]) -> None:
-        """Restore the position; world_size, rank and accumulation_steps may differ from the saver's."""
-        for name in ("dataset_size", "global_batch", "seed", "shuffle", "tail"):
+    def load_state_dict(self, state: dict[str, int | str | bool], *, regroup: bool = False) -> None:
+        """Restore the position; world_size, rank and accumulation_steps may differ from the saver's.
+
+        With `regroup=True` the saved global batch may differ too: the epoch goes on from the first
+        sample the saved position had not used (an exhausted epoch: from the next epoch's start).
+        """
+        names = ("dataset_size", "seed", "shuffle", "tail") + (() if regroup else ("global_batch",))
+        for name in names:
             if state[name] != getattr(self, name):
                 raise ValueError(
                     f"saved {name} {state[name]!r} differs from this sampler's {getattr(self, name)!r}; "
                     f"construct the sampler with {name}={state[name]!r} to resume this position"
                 )
-        epoch, step = state["epoch"], state["step_in_epoch"]
-        if epoch < 0 or not 0 <= step <= self.steps_per_epoch:
+        epoch, step, offset = state["epoch"], state["step_in_epoch"], state.get("sample_offset", 0)
+        saved_g = state["global_batch"]
+        if not (isinstance(saved_g, int) and saved_g >= 1 and isinstance(offset, int)):
+            raise ValueError(f"saved global_batch {saved_g!r} or sample_offset {offset!r} is corrupt")
+        n = self.dataset_size
+        saved_steps = _steps(n - offset, saved_g, self.tail) if 0 <= offset <= n else 0
+        if epoch < 0 or not 0 <= offset <= n or not 0 <= step <= saved_steps:
             raise ValueError(
-                f"saved position epoch {epoch}, step_in_epoch {step} is outside epoch >= 0 and "
-                f"0 <= step_in_epoch <= {self.steps_per_epoch}; the state is corrupt"
+                f"saved position epoch {epoch}, step_in_epoch {step}, sample_offset {offset} is outside "
+                f"epoch >= 0, 0 <= sample_offset <= {n} and 0 <= step_in_epoch <= {saved_steps}; "
+                "the state is corrupt"
             )
-        self._epoch = epoch
-        self._next_step = step
+        self._epoch, self._next_step, self._offset = epoch, step, offset
+        if saved_g == self.global_batch:
+            return
+        if step == saved_steps:  # the saved epoch is over (a dropped tail stays dropped)
+            self.set_epoch(epoch + 1)
+        else:
+            self._offset, self._next_step = offset + step * saved_g, 0

@@ -23,6 +23,8 @@ so whatever a step leaves out is applied later, not lost (the paper's Algorithm 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
 
@@ -46,7 +48,9 @@ class PowerSGDState:
 
     Measurements: `last_step_bytes` (what this rank contributed to the step's all-reduces),
     `last_step_uncompressed_bytes` (what plain averaging would have sent), `total_bytes`.
-    Q and the errors are kept per parameter, so they survive a change of the bucket layout.
+    Q and the errors are kept per parameter, so they survive a change of the bucket layout, and
+    `state_dict` / `load_state_dict` carry them through a checkpoint (the trainer saves every
+    rank's, since errors differ per rank), so a resumed run compresses from its first step.
     """
 
     def __init__(
@@ -81,6 +85,61 @@ class PowerSGDState:
         self._step_bytes = 0
         self._step_uncompressed_bytes = 0
         self._generator = torch.Generator().manual_seed(seed)
+
+    # -- checkpoints: per parameter name, since Parameter objects do not survive a restart --------
+    def state_dict(self, named_parameters: Iterable[tuple[str, torch.Tensor]]) -> dict:
+        """This rank's Qs, errors and step count, keyed by parameter name (CPU tensors)."""
+        names = {param: name for name, param in named_parameters}
+        return {
+            "iteration": self.iteration,
+            "total_bytes": self.total_bytes,
+            "q": {names[p]: q.detach().cpu() for p, q in self.q.items()},
+            "errors": {names[p]: e.detach().cpu() for p, e in self.errors.items()},
+            "generator": self._generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict, named_parameters: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Restore `state_dict`'s output onto these parameters; ValueError naming what does not fit."""
+        params = dict(named_parameters)
+        if not isinstance(state, dict) or not {"iteration", "q", "errors"} <= set(state):
+            raise ValueError("PowerSGD state must be a dict with iteration, q and errors")
+        iteration = state["iteration"]
+        if type(iteration) is not int or iteration < 0:
+            raise ValueError(f"PowerSGD state: iteration is {iteration!r}, not a count")
+        q, errors = {}, {}
+        for kind, saved, out in (("q", state["q"], q), ("errors", state["errors"], errors)):
+            for name, tensor in dict(saved).items():
+                param = params.get(name)
+                if param is None or not isinstance(tensor, torch.Tensor):
+                    raise ValueError(f"PowerSGD state: {kind} for {name!r}, which is not a parameter here")
+                nmr = self.compresses(param.shape)
+                want = None if nmr is None else ((nmr[1], nmr[2]) if kind == "q" else (nmr[0], nmr[1]))
+                if want is None or tuple(tensor.shape) != want:
+                    raise ValueError(
+                        f"PowerSGD state: {kind} for {name!r} has shape {tuple(tensor.shape)}, this "
+                        f"run expects {want} (another model, rank or min_compression_rate?)"
+                    )
+                out[param] = tensor.to(device=param.device, dtype=param.dtype)
+        self.iteration, self.q, self.errors = iteration, q, errors
+        self.total_bytes = int(state.get("total_bytes", 0))
+        if isinstance(state.get("generator"), torch.Tensor):
+            self._generator.set_state(state["generator"])
+
+    @staticmethod
+    def merge_rank_states(states: list[dict]) -> dict:
+        """One state for a different world size: the ranks' errors averaged, everything else rank 0's.
+
+        The averaged gradient of the next step absorbs mean_w e_w (module docstring), so giving
+        every new rank that mean keeps the pending correction whatever the new number of ranks.
+        Q is the same on every rank already (it is all-reduced).
+        """
+        merged = dict(states[0])
+        names = set().union(*(s["errors"] for s in states))
+        merged["errors"] = {
+            n: torch.stack([s["errors"][n] for s in states if n in s["errors"]]).sum(0) / len(states)
+            for n in names
+        }
+        return merged
 
     def compresses(self, shape: torch.Size) -> tuple[int, int, int] | None:
         """(n, m, r) if a gradient of this shape is compressed, else None."""

@@ -16,6 +16,7 @@ from ..engine.powersgd import COMPRESSIONS
 from ..workloads import WORKLOADS
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+WORLD_CHANGES = ("keep-global-batch", "scale-lr")
 ENGINES = ("dpscale", "torch")
 
 
@@ -45,6 +46,12 @@ class TrainConfig:
     """Linear scaling (Goyal et al. 2017): lr is multiplied by global_batch / this; None: no scaling."""
     warmup_steps: int = 0
     """Linear warm-up: from lr to the scaled lr with lr_reference_batch, else from 0 to lr."""
+    world_change: str = "keep-global-batch"
+    """When a resume finds another world size: keep-global-batch (change accumulation steps; the
+    optimization is unchanged) or scale-lr (keep each worker's batch, so the global batch follows
+    the world size, and scale the LR with it by the linear rule, ramped over rescale_warmup_steps)."""
+    rescale_warmup_steps: int = 20
+    """With world_change=scale-lr: steps over which the LR moves linearly to its rescaled value."""
     grad_clip_norm: float | None = None
     """Clip gradients to this global L2 norm; None: no clipping."""
     seed: int = 0
@@ -103,10 +110,15 @@ class TrainConfig:
             raise ValueError(f"engine: unknown {self.engine!r}; choose one of {', '.join(ENGINES)}")
         if self.tail not in TAIL_POLICIES:
             raise ValueError(f"tail: unknown {self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}")
+        if self.world_change not in WORLD_CHANGES:
+            raise ValueError(
+                f"world_change: unknown {self.world_change!r}; choose one of {', '.join(WORLD_CHANGES)}"
+            )
         if self.progress not in ("auto", "bar", "plain", "none"):
             raise ValueError(f"progress: unknown {self.progress!r}; choose auto, bar, plain or none")
         for name in (
             "warmup_steps",
+            "rescale_warmup_steps",
             "checkpoint_every",
             "log_every",
             "seed",

@@ -25,6 +25,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from ..cores import usable_cores
 from .config import TrainConfig
 from .trainer import Trainer, TrainResult
 
@@ -38,7 +39,8 @@ class LaunchError(RuntimeError):
 
 
 def default_threads(nproc: int) -> int:
-    return max(1, (os.cpu_count() or 1) // nproc)
+    """Intra-op threads per worker: the cores this process may use, split evenly."""
+    return max(1, usable_cores() // nproc)
 
 
 def rendezvous_warning(addr: str | None) -> str | None:
@@ -120,8 +122,10 @@ def launch(
         raise ValueError(f"nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {min_nproc}:{nproc}")
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-    for n in sorted({nproc, min_nproc}, reverse=True):
-        cfg.resolve_batch(n)  # fail before starting anything when the batch does not split
+    # fail before starting anything when the batch does not split (resolve_batch names the numbers)
+    cfg.resolve_batch(nproc)
+    if not _splits(cfg, min_nproc):
+        cfg.resolve_batch(min_nproc)
     if nproc == 1 and max_restarts == 0:
         return _run_in_process(cfg, threads or default_threads(1))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -145,6 +149,9 @@ def launch(
 
 
 def _splits(cfg: TrainConfig, n: int) -> bool:
+    """Whether n workers can run: the configured batch splits, or scale-lr takes the checkpoint's."""
+    if cfg.world_change == "scale-lr" and cfg.checkpoint_dir:
+        return True
     try:
         cfg.resolve_batch(n)
     except ValueError:

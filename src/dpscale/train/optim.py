@@ -4,11 +4,16 @@ Linear scaling with gradual warm-up follows Goyal et al., "Accurate, Large Minib
 Training ImageNet in 1 Hour" (2017): multiply the reference learning rate by
 global_batch / reference_batch, and ramp up to it linearly over the first steps because the
 scaled rate is unstable while the weights still change fast.
+
+With `world_change=scale-lr` the global batch follows the world size after an elastic restart, and
+the same linear rule moves the rate by G_now / G_configured, ramped from the rate in use at the
+restart (`BatchScale`). The ramp lives in the trainer's checkpoint, so a resume mid-ramp goes on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -35,5 +40,53 @@ def lr_factor(cfg: TrainConfig, step: int) -> float:
     return scale
 
 
-def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step))
+@dataclass
+class BatchScale:
+    """Extra LR multiplier G_now / G_configured, reached linearly from `start` over `steps` steps.
+
+    Steps are the scheduler's (optimizer steps taken, skipped ones not counted): from step
+    `from_step` on, the multiplier is start + (target - start) * min(1, (step - from_step + 1) / steps).
+    """
+
+    target: float = 1.0
+    start: float = 1.0
+    from_step: int = 0
+    steps: int = 0
+
+    def __call__(self, step: int) -> float:
+        if self.steps == 0 or step - self.from_step + 1 >= self.steps:
+            return self.target
+        frac = max(0, step - self.from_step + 1) / self.steps
+        return self.start + (self.target - self.start) * frac
+
+    def retarget(self, target: float, at_step: int, steps: int) -> None:
+        """Ramp from the multiplier in force at `at_step` to `target` (a world-size change)."""
+        self.start, self.target, self.from_step, self.steps = self(at_step), target, at_step, steps
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: object) -> BatchScale:
+        if not isinstance(d, dict) or set(d) != {"target", "start", "from_step", "steps"}:
+            raise ValueError(f"batch scale {d!r} is not a dict with target, start, from_step, steps")
+        scale = cls(float(d["target"]), float(d["start"]), int(d["from_step"]), int(d["steps"]))
+        if not (scale.target > 0 and scale.start > 0 and scale.from_step >= 0 and scale.steps >= 0):
+            raise ValueError(f"batch scale {d!r} has a non-positive multiplier or a negative step")
+        return scale
+
+
+def build_scheduler(
+    cfg: TrainConfig, optimizer: torch.optim.Optimizer, batch_scale: BatchScale | None = None
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR over lr_factor, times `batch_scale` (read at every step, so it may change later)."""
+    scale = batch_scale or BatchScale()
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step) * scale(step))
+
+
+def sync_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set the optimizer's rates to what the schedule says for the next step (after a resume)."""
+    for group, base, fn in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["lr"] = base * fn(scheduler.last_epoch)

@@ -34,7 +34,7 @@ from . import trainer_checkpoint
 from .config import TrainConfig
 from .drift import check_replicas
 from .metrics import MetricsWriter, Progress, StepMetrics, summary_table
-from .optim import build_optimizer, build_scheduler
+from .optim import BatchScale, build_optimizer, build_scheduler
 
 # How long a rank whose collective failed waits for the others to report theirs: they time out
 # at about the same moment, so a few seconds separate "also failed" from "gone".
@@ -79,7 +79,20 @@ class Trainer:
         self.group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
-        self.micro_batch, self.accumulation_steps = config.resolve_batch(self.world_size)
+        # the configured global batch; with world_change=scale-lr a resume may change it (see
+        # trainer_checkpoint), and the LR follows through `batch_scale`
+        self.global_batch = config.global_batch
+        self._split_error: ValueError | None = None
+        try:
+            self.micro_batch, self.accumulation_steps = config.resolve_batch(self.world_size)
+        except ValueError as e:
+            # scale-lr restarts at a world size the configured batch may not split over; the
+            # checkpoint's per-worker batch decides, so wait for it (fit raises if there is none)
+            if not (config.resume and config.world_change == "scale-lr"):
+                raise
+            self._split_error = e
+            self.micro_batch, self.accumulation_steps = max(1, self.global_batch // self.world_size), 1
+            self.global_batch = self.micro_batch * self.world_size
         self.workload = get_workload(config.workload)
         self.train_data, self.test_data = self.workload.build_data(config.seed)
         # what this rank asked of the others: for hang reports and the first steps' agreement check
@@ -100,19 +113,20 @@ class Trainer:
                     collective_timeout_s=config.collective_timeout_s,
                     collective_log=self.log,
                 )
+        # the hook's state (PowerSGD's Qs and errors) goes into checkpoints; None for stateless hooks
+        self.comm_state = None
         if (hook := compression_hook(config.compression, process_group)) is not None:
             self.model.register_comm_hook(*hook)
+            self.comm_state = hook[0] if hasattr(hook[0], "state_dict") else None
         self.optimizer = build_optimizer(config, self.model.parameters())
-        self.scheduler = build_scheduler(config, self.optimizer)
+        self.batch_scale = BatchScale()
+        self.scheduler = build_scheduler(config, self.optimizer, self.batch_scale)
         self.sampler = self._build_sampler()
-        if config.max_steps is not None:
-            self.total_steps = config.max_steps
-        else:
-            self.total_steps = config.epochs * self.sampler.steps_per_epoch
-        # each rank its own stream of randomness for anything stochastic in the user's model
-        _seed_all(config.seed * 1000 + self.rank)
         self.step = 0
         self.samples_seen = 0
+        self.total_steps = self.plan_total_steps()
+        # each rank its own stream of randomness for anything stochastic in the user's model
+        _seed_all(config.seed * 1000 + self.rank)
         self.skipped_steps = 0
         self.last_loss: float | None = None
         self.last_checkpoint: str | None = None
@@ -123,7 +137,7 @@ class Trainer:
     def _build_sampler(self) -> GlobalBatchSampler:
         return GlobalBatchSampler(
             len(self.train_data),
-            global_batch=self.cfg.global_batch,
+            global_batch=self.global_batch,
             world_size=self.world_size,
             rank=self.rank,
             accumulation_steps=self.accumulation_steps,
@@ -132,13 +146,33 @@ class Trainer:
         )
 
     def set_batch_split(self, micro_batch: int, accumulation_steps: int) -> None:
-        """Change how this rank's share of the global batch is split (resuming at a new world size)."""
-        assert micro_batch * accumulation_steps * self.world_size == self.cfg.global_batch
+        """Change the global batch's split over workers and micro-batches (resuming at a new world size).
+
+        The global batch becomes W x micro_batch x accumulation_steps; when that differs from the
+        current one (world_change=scale-lr), the sampler goes on from the next unused sample.
+        """
         self.micro_batch, self.accumulation_steps = micro_batch, accumulation_steps
+        self.global_batch = micro_batch * accumulation_steps * self.world_size
         state = self.sampler.state_dict()
         self.sampler = self._build_sampler()
-        self.sampler.load_state_dict(state)
+        self.sampler.load_state_dict(state, regroup=True)
         self._steps_iter = None
+
+    def plan_total_steps(self) -> int:
+        """The step at which training ends, from the configuration and the current position.
+
+        With the configured global batch this is max_steps, or epochs x steps per epoch. After the
+        global batch changed (world_change=scale-lr) the budget is kept in samples: the epochs, or
+        max_steps x the configured global batch, whatever batch the remaining steps use.
+        """
+        cfg, s = self.cfg, self.sampler
+        if cfg.max_steps is not None:
+            if self.global_batch == cfg.global_batch:
+                return cfg.max_steps
+            left = max(0, cfg.max_steps * cfg.global_batch - self.samples_seen)
+            return self.step + -(-left // self.global_batch)
+        left_this_epoch = s.steps_this_epoch - s.step_in_epoch
+        return self.step + left_this_epoch + max(0, cfg.epochs - 1 - s.epoch) * s.steps_per_epoch
 
     def _explained(self):
         return explain_failures(self.log, min(self.cfg.collective_timeout_s, _REPORT_WAIT_S))
@@ -149,6 +183,8 @@ class Trainer:
         if cfg.resume:
             with self._explained():
                 self._resume()
+        if self._split_error is not None and self.resumed_from is None:
+            raise self._split_error  # nothing to resume from: the configured batch must split
         lead = self.rank == 0
         metrics = MetricsWriter(cfg.metrics_dir if lead else None, resume=self.resumed_from is not None)
         progress = Progress(self.total_steps, cfg.progress if lead else "none", cfg.log_every)
@@ -188,7 +224,7 @@ class Trainer:
         elapsed = time.perf_counter() - t_start
         result = TrainResult(
             world_size=self.world_size,
-            global_batch=cfg.global_batch,
+            global_batch=self.global_batch,
             micro_batch=self.micro_batch,
             accumulation_steps=self.accumulation_steps,
             steps=self.step,
@@ -210,7 +246,7 @@ class Trainer:
     def _next_batch(self) -> StepBatch:
         while True:
             if self._steps_iter is None:
-                if self.sampler.step_in_epoch >= self.sampler.steps_per_epoch:
+                if self.sampler.step_in_epoch >= self.sampler.steps_this_epoch:
                     self.sampler.set_epoch(self.sampler.epoch + 1)
                 self._steps_iter = self.sampler.iter_steps()
             batch = next(self._steps_iter, None)

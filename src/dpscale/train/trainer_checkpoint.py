@@ -6,8 +6,13 @@ lockstep: rank 0 reads or writes and broadcasts the outcome, an error included, 
 rank 0 stops every rank with the same message instead of leaving the others in a collective.
 
 The sampler position is counted in global batches, so a checkpoint resumes at any world size.
-When it does, the trainer keeps the global batch (the optimization is the same) and the saved
-micro-batch (what fits a worker's memory) and changes the accumulation steps, and says so.
+When it does, by default (world_change=keep-global-batch) the trainer keeps the global batch (the
+optimization is the same) and the saved micro-batch (what fits a worker's memory) and changes the
+accumulation steps. With world_change=scale-lr it keeps each worker's batch instead: the global
+batch follows the world size, the sampler goes on from the next unused sample, the LR moves by the
+linear rule over a ramp, and the sample budget (epochs, or max_steps x the configured batch) is
+kept. Either way it says what it changed. A comm hook's state (PowerSGD) is saved per rank; at
+another world size every rank starts from the ranks' mean error, which keeps the pending correction.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ from .checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
+from .optim import BatchScale, sync_lr
 
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-STEMS = ("model", "optimizer", "scheduler", "sampler", "trainer", "rng")
+STEMS = ("model", "optimizer", "scheduler", "sampler", "trainer", "rng", "comm_hook")
 # trainer.pt entries that must be non-negative ints; anything else means a corrupt or foreign file
-_COUNTS = ("step", "samples_seen", "skipped_steps", "world_size", "global_batch")
+_COUNTS = ("step", "samples_seen", "skipped_steps", "world_size", "global_batch", "base_global_batch")
 
 
 def save(t: Trainer) -> str:
@@ -44,6 +50,12 @@ def save(t: Trainer) -> str:
     rngs: list = [None] * t.world_size
     t.log.record("all_gather_object", "RNG states for a checkpoint")
     dist.all_gather_object(rngs, capture_rng_state(), group=t.group)
+    hooks: list = [None] * t.world_size
+    if t.comm_state is not None:  # every rank's: PowerSGD's errors differ per rank
+        t.log.record("all_gather_object", "comm hook states for a checkpoint")
+        dist.all_gather_object(
+            hooks, t.comm_state.state_dict(t.model.module.named_parameters()), group=t.group
+        )
     outcome: list = [None, None]  # path, error
     error: Exception | None = None
     if t.rank == 0:
@@ -57,12 +69,15 @@ def save(t: Trainer) -> str:
                 "samples_seen": t.samples_seen,
                 "skipped_steps": t.skipped_steps,
                 "world_size": t.world_size,
-                "global_batch": t.cfg.global_batch,
+                "global_batch": t.global_batch,
+                "base_global_batch": t.cfg.global_batch,
+                "batch_scale": t.batch_scale.to_dict(),
                 "micro_batch": t.micro_batch,
                 "accumulation_steps": t.accumulation_steps,
                 "last_loss": t.last_loss,
             },
             "rng": {"ranks": rngs},
+            "comm_hook": {"compression": t.cfg.compression, "ranks": hooks} if t.comm_state else None,
         }
         try:
             path = save_checkpoint(t.cfg.checkpoint_dir, t.step, payload, keep_last=t.cfg.keep_checkpoints)
@@ -119,21 +134,40 @@ def _apply(t: Trainer, path: str, loaded: LoadedCheckpoint | None) -> None:
     ckpt = loaded or load_checkpoint(path, expected_stems=STEMS)
     payload, where = ckpt.payload, ckpt.path
     state = _trainer_state(payload["trainer"], where)
-    if state["global_batch"] != t.cfg.global_batch:
+    cfg = t.cfg
+    if state["base_global_batch"] != cfg.global_batch:
         raise ValueError(
-            f"checkpoint {where} was trained with global_batch {state['global_batch']}, this run "
-            f"asks for {t.cfg.global_batch}; use the same global batch to resume"
+            f"checkpoint {where} was trained with global_batch {state['base_global_batch']}, this run "
+            f"asks for {cfg.global_batch}; use the same global batch to resume"
         )
-    if state["world_size"] != t.world_size:
-        _resplit(t, state)
+    if state["global_batch"] != cfg.global_batch and cfg.world_change != "scale-lr":
+        raise ValueError(
+            f"checkpoint {where} had moved to global batch {state['global_batch']} under "
+            f"world_change=scale-lr; resume with world_change=scale-lr (--world-change scale-lr)"
+        )
     _load_into(t.model.module.load_state_dict, payload["model"], where / "model.pt")
     _load_into(t.optimizer.load_state_dict, payload["optimizer"], where / "optimizer.pt")
     _load_into(t.scheduler.load_state_dict, payload["scheduler"], where / "scheduler.pt")
-    _load_into(t.sampler.load_state_dict, payload["sampler"], where / "sampler.pt")
     t.step = state["step"]
     t.samples_seen = state["samples_seen"]
     t.skipped_steps = state["skipped_steps"]
     t.last_loss = state.get("last_loss")
+    saved_scale = _batch_scale(state, where)
+    vars(t.batch_scale).update(vars(saved_scale))  # in place: the scheduler holds this object
+    if state["world_size"] != t.world_size or state["global_batch"] != t.global_batch:
+        _resplit(t, state)
+    _load_into(
+        lambda s: t.sampler.load_state_dict(s, regroup=t.global_batch != state["global_batch"]),
+        payload["sampler"],
+        where / "sampler.pt",
+    )
+    if t.global_batch != state["global_batch"]:
+        t.batch_scale.retarget(
+            t.global_batch / cfg.global_batch, t.scheduler.last_epoch, cfg.rescale_warmup_steps
+        )
+    sync_lr(t.scheduler)
+    t.total_steps = t.plan_total_steps()
+    _load_comm_hook(t, payload["comm_hook"], where / "comm_hook.pt")
     rngs = payload["rng"].get("ranks") if isinstance(payload["rng"], dict) else None
     if not rngs:
         raise CheckpointError(f"checkpoint {where / 'rng.pt'} holds no RNG states")
@@ -141,27 +175,71 @@ def _apply(t: Trainer, path: str, loaded: LoadedCheckpoint | None) -> None:
     restore_rng_state(rngs[t.rank % len(rngs)])
     t.resumed_from = t.step
     t.last_checkpoint = str(where)
+    if t.rank == 0 and state["world_size"] != t.world_size:
+        _report_resplit(t, state)
 
 
 def _resplit(t: Trainer, state: dict) -> None:
-    """Keep the global batch at a new world size: the saved micro-batch if it fits, else the config's."""
-    g, old_world = t.cfg.global_batch, state["world_size"]
-    old_micro = state.get("micro_batch")
-    old_k = state.get("accumulation_steps")
-    if isinstance(old_micro, int) and old_micro > 0 and g % (t.world_size * old_micro) == 0:
-        t.set_batch_split(old_micro, g // (t.world_size * old_micro))
-        how = "same micro-batch"
-    else:
-        how = "micro-batch from the configuration"  # already resolved for this world size
-    if t.rank == 0:
-        print(
-            f"dpscale: checkpoint written by {old_world} workers, resuming with {t.world_size}: global "
-            f"batch {g} kept; micro-batch {old_micro} -> {t.micro_batch}, accumulation steps {old_k} -> "
-            f"{t.accumulation_steps} ({how}); results match the uninterrupted run up to floating-point "
-            "summation order",
-            file=sys.stderr,
-            flush=True,
+    """Split the batch for this world size: keep the global batch, or each worker's batch (scale-lr)."""
+    old_world, old_g = state["world_size"], state["global_batch"]
+    old_micro, old_k = state.get("micro_batch"), state.get("accumulation_steps")
+    saved_split = all(isinstance(v, int) and v > 0 for v in (old_micro, old_k))
+    if t.cfg.world_change == "scale-lr":
+        if not saved_split or old_micro * old_k * old_world != old_g:
+            raise CheckpointError(
+                f"checkpoint trainer.pt: micro_batch {old_micro!r} x accumulation_steps {old_k!r} x "
+                f"world_size {old_world} is not its global batch {old_g}; the file is corrupt"
+            )
+        t.set_batch_split(old_micro, old_k)
+    elif saved_split and t.global_batch % (t.world_size * old_micro) == 0:
+        t.set_batch_split(old_micro, t.global_batch // (t.world_size * old_micro))
+    # else: keep the split resolve_batch made from the configuration for this world size
+
+
+def _report_resplit(t: Trainer, state: dict) -> None:
+    old_world, old_g = state["world_size"], state["global_batch"]
+    old_micro, old_k = state.get("micro_batch"), state.get("accumulation_steps")
+    if t.global_batch == old_g:
+        how = (
+            f"global batch {old_g} kept; micro-batch {old_micro} -> {t.micro_batch}, accumulation steps "
+            f"{old_k} -> {t.accumulation_steps}; results match the uninterrupted run up to "
+            "floating-point summation order"
         )
+    else:
+        s = t.batch_scale
+        how = (
+            f"per-worker batch {old_micro} x {old_k} kept; global batch {old_g} -> {t.global_batch}; "
+            f"LR multiplier {s.start:.4g} -> {s.target:.4g} (linear scaling rule) over {s.steps} steps; "
+            f"the run ends at step {t.total_steps} to keep its sample budget"
+        )
+    print(
+        f"dpscale: checkpoint written by {old_world} workers, resuming with {t.world_size}: {how}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _batch_scale(state: dict, where: Path) -> BatchScale:
+    try:
+        return BatchScale.from_dict(state.get("batch_scale", BatchScale().to_dict()))
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {where / 'trainer.pt'}: {e}") from None
+
+
+def _load_comm_hook(t: Trainer, saved: object, path: Path) -> None:
+    """Give the hook its saved state: this rank's at the same world size, the ranks' mean otherwise."""
+    if t.comm_state is None or saved is None:
+        return  # no hook now, or none then: a PowerSGD run starts its uncompressed steps afresh
+    if not isinstance(saved, dict) or not isinstance(saved.get("ranks"), list) or not saved["ranks"]:
+        raise CheckpointError(f"checkpoint {path} holds no per-rank hook states")
+    if saved.get("compression") != t.cfg.compression:
+        return  # another compression then: its state means nothing to this hook
+    ranks = saved["ranks"]
+    try:
+        mine = ranks[t.rank] if len(ranks) == t.world_size else type(t.comm_state).merge_rank_states(ranks)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this run: {e}") from None
+    _load_into(lambda s: t.comm_state.load_state_dict(s, t.model.module.named_parameters()), mine, path)
 
 
 def _trainer_state(state: object, where: Path) -> dict:
@@ -170,7 +248,11 @@ def _trainer_state(state: object, where: Path) -> dict:
         raise CheckpointError(f"checkpoint {where / 'trainer.pt'} holds a {type(state).__name__}, not a dict")
     for key in _COUNTS:
         value = state.get(key)
-        if type(value) is not int or value < 0 or (key in ("world_size", "global_batch") and value < 1):
+        if (
+            type(value) is not int
+            or value < 0
+            or (key in ("world_size", "global_batch", "base_global_batch") and value < 1)
+        ):
             raise CheckpointError(
                 f"checkpoint {where / 'trainer.pt'}: {key} is {value!r}, not a valid count; "
                 "the file is corrupt or was not written by dpscale"
