@@ -2,7 +2,8 @@
 
     python benchmarks/predict_validation.py local [--models mlp,transformer] [--steps 30]
         this machine: all-reduce bench (gloo, shm) for calibration, then per model a one-worker
-        profile and a scaling bench at world sizes 1 and 2, and predicted vs measured step times
+        profile (with the in-step sync calibration of two co-located workers, predict/sync.py) and a
+        scaling bench at world sizes 1 and 2, and predicted vs measured step times
     python benchmarks/predict_validation.py emulate [--hosts 2] [--rate-gbit 1] [--transport gloo]
         an emulated multi-host cluster (network namespaces, tbf-shaped links; needs root)
     python benchmarks/predict_validation.py published
@@ -34,7 +35,12 @@ def run_local(args: argparse.Namespace) -> int:
         prof = profile.measure(model, args.per_worker_batch, co_located=2)
         print(render.profile_summary(prof))
         config = scaling.ScalingConfig(
-            model=model, per_worker_batch=args.per_worker_batch, world_sizes=[1, 2], steps=args.steps
+            model=model,
+            per_worker_batch=args.per_worker_batch,
+            world_sizes=[1, 2],
+            steps=args.steps,
+            # every transport of the acceptance line: dpscale on shm (N=2) and gloo, torch DDP on gloo
+            engines=["dpscale", "dpscale-gloo", "torch", "local"],
         )
         sc = scaling.run(config)
         sc_report = ReportDir.create(args.report_dir, "scaling")
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-dir", default="reports")
     sub = parser.add_subparsers(dest="what", required=True)
     local = sub.add_parser("local", help="this machine: scaling bench vs prediction")
-    local.add_argument("--models", default="mlp")
+    local.add_argument("--models", default="digits,synthetic,mlp,transformer")
     local.add_argument("--per-worker-batch", type=int, default=64)
     local.add_argument("--steps", type=int, default=30)
     local.add_argument("--statistics", default="median,paired", help="see `dpscale predict --statistic`")

@@ -51,7 +51,12 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     add("--steps", type=int, default=20, help="timed steps; figures are medians (default 20)")
     add("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     add("--threads", type=int, default=1, help="intra-op threads of the worker (default 1)")
-    add("--co-located", type=int, default=1, help="also measure K workers computing in lockstep (contention)")
+    add(
+        "--co-located",
+        type=int,
+        default=1,
+        help="also measure K workers computing in lockstep (contention) and the in-step call overhead",
+    )
     add("--out", default=None, help="profile JSON file (default profile-<model>-b<batch>.json)")
     add("--json", action="store_true", help="print the profile as JSON on the last line of stdout")
 
@@ -143,7 +148,12 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     add("--report-dir", default="reports", help="base directory of the report (default reports)")
 
 
-def _profile(args: argparse.Namespace, default_model: str | None = None, default_batch: int | None = None):
+def _profile(
+    args: argparse.Namespace,
+    default_model: str | None = None,
+    default_batch: int | None = None,
+    co_located: int = 1,
+):
     explicit = args.params is not None or args.step_compute_ms is not None
     given = [
         f for f, on in (("--profile", args.profile), ("--model", args.model), ("--params", explicit)) if on
@@ -169,7 +179,7 @@ def _profile(args: argparse.Namespace, default_model: str | None = None, default
     if model is None:
         raise ValueError("--profile: give --profile FILE, --model NAME, or --params and --step-compute-ms")
     print(f"profiling {model} at batch {batch} on one worker ...", flush=True)
-    return profiles.measure(model, batch)
+    return profiles.measure(model, batch, co_located=co_located)
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
@@ -251,6 +261,8 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
         algorithm=args.algorithm,
         engine=args.engine,
         contention=args.contention,
+        # the in-step sync terms of the transport the cluster was calibrated for (predict/sync.py)
+        sync_transport=next(iter(cluster.measured.values())).transport if cluster.measured else None,
     )
     for n in config.world_sizes:
         cluster.layout(n)  # bad world sizes fail before a profile is measured
@@ -272,7 +284,9 @@ def _run_validate(args: argparse.Namespace) -> int:
     allreduce = load_allreduce_report(args.calibrate) if args.calibrate else None
     cfg = scaling["config"]
     batch = cfg.get("per_worker_batch") or scaling["points"][0]["per_worker_batch"]
-    prof = _profile(args, default_model=cfg.get("model"), default_batch=batch)
+    # profiled now: also the sync terms at the report's largest world size on this machine
+    co_located = max(p["world_size"] for p in scaling["points"])
+    prof = _profile(args, default_model=cfg.get("model"), default_batch=batch, co_located=co_located)
     result = validate.validate(
         scaling,
         prof,

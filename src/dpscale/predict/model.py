@@ -3,7 +3,7 @@
 For N workers, from a one-worker profile and a cluster:
 
     compute_ms  = (forward + backward + engine overhead + optimizer) x contention
-    comm_ms     = sum over buckets of all_reduce_cost(bucket bytes / compression, N)
+    comm_ms     = sum over buckets of [all_reduce_cost(bucket bytes / compression, N) x level + call overhead]
     exposed     = what the bucket timeline (timeline.py) leaves after the end of backward
     step_ms     = compute_ms + exposed
     samples/s   = N x per-worker batch / step
@@ -13,21 +13,32 @@ For N workers, from a one-worker profile and a cluster:
 cores, caches): --contention, else the profile's measurement for that many workers on a node
 (`dpscale profile --co-located K`), else 1. The engine overhead is the profile's measured
 cost of the engine at one worker (copying gradients into buckets), spent during backward.
+
+With a sync calibration (sync.py, `dpscale profile --co-located N`) for `sync_transport` at N, what
+a synchronized step costs beyond free-running compute and the tight loop (waiting for the slowest
+peer, waking the transport's threads, slower compute after the wait) is added per call, and the
+cluster's all-reduce times are scaled to the calibration's own tight-loop level for the same buckets
+(the bench gives the shape over sizes; the level drifts with the load of a shared machine). The
+engine overhead then loses the one-worker gloo calls it was measured with. Without a calibration,
+neither applies.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .cluster import Cluster
-from .costs import ALGORITHM_CHOICES, AllReduceCost, all_reduce_cost
+from .costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
 from .profile import PROFILE_ENGINES, ModelProfile
+from .sync import SyncCost
 from .timeline import BucketSpan, ReadyBucket, simulate
 
 ENGINE_CHOICES = (*PROFILE_ENGINES, "none")
 # Exposed communication below this share of the step is noise next to compute.
 COMPUTE_BOUND_SHARE = 0.05
+IN_STEP_LABEL = "in-step call overhead (waiting for peers, thread wake-ups)"
+ENGINE_PROFILE_TRANSPORT = "gloo"  # profile.py times the engines on a one-worker gloo group
 JSON_KEYS = (
     "world_size",
     "nodes",
@@ -54,6 +65,8 @@ class PredictConfig:
     # --contention: compute time multiplier when a node holds > 1 worker; None: the profile's
     # measured factor for that many workers per node, or 1 where it has none
     contention: float | None = None
+    # --transport (with --calibrate): whose in-step sync terms from the profile apply; None: none
+    sync_transport: str | None = None
 
     def __post_init__(self) -> None:
         if not self.world_sizes or any(n < 1 for n in self.world_sizes):
@@ -103,6 +116,14 @@ def _bottleneck(world_size: int, step_ms: float, exposed_ms: float, terms_ms: di
     return max(terms_ms, key=terms_ms.__getitem__)
 
 
+def _level(sync: SyncCost, cluster: Cluster, config: PredictConfig) -> float:
+    """The calibration's tight-loop time over the cluster's for the same buckets: the cluster (the
+    all-reduce bench) gives how the time grows with size, the sync calibration its level then."""
+    n = sync.world_size
+    model_ms = sum(all_reduce_cost(b, n, cluster, config.algorithm).seconds * 1e3 for b in sync.bucket_bytes)
+    return sync.tight_comm_ms / model_ms if model_ms > 0 and sync.tight_comm_ms > 0 else 1.0
+
+
 def predict(
     profile: ModelProfile,
     cluster: Cluster,
@@ -128,13 +149,28 @@ def predict(
             factor = config.contention or prof.contention.get(lay.per_node, 1.0)
         if contention_by_world_size and n in contention_by_world_size:
             factor = contention_by_world_size[n]
-        backward_ms = (prof.backward_ms + overhead_ms) * factor
+        engine_ms, call_s, level = overhead_ms, 0.0, 1.0
+        sync = prof.sync_cost(config.sync_transport, n) if config.sync_transport else None
+        if sync is not None:
+            call_s = sync.call_overhead_ms / 1e3
+            level = _level(sync, cluster, config)
+            one = prof.sync_cost(ENGINE_PROFILE_TRANSPORT, 1)
+            if one is not None:
+                # the engine overhead was measured with one worker on gloo, so it holds gloo's
+                # one-worker calls: swap those for this transport's at this world size
+                engine_ms = max(0.0, overhead_ms - one.step_comm_ms)
+        backward_ms = (prof.backward_ms + engine_ms) * factor
         stretch = backward_ms / prof.backward_ms if prof.backward_ms > 0 else 1.0
         ready = [ReadyBucket(b.index, b.nbytes, min(b.ready_ms * stretch, backward_ms)) for b in buckets]
         costs: list[AllReduceCost] = []
 
-        def reduce_ms(nbytes: int, n=n, costs=costs) -> float:
+        def reduce_ms(nbytes: int, n=n, costs=costs, call_s=call_s, level=level) -> float:
             cost = all_reduce_cost(nbytes / config.compression, n, cluster, config.algorithm)
+            if level != 1.0:
+                cost = replace(cost, terms=tuple(replace(t, seconds=t.seconds * level) for t in cost.terms))
+            if call_s > 0:
+                extra = Term("overhead", "software", call_s, IN_STEP_LABEL)
+                cost = replace(cost, terms=(*cost.terms, extra))
             costs.append(cost)
             return cost.seconds * 1e3
 

@@ -8,11 +8,13 @@ In the same process, on a one-worker process group, the step is also timed wrapp
 (dpscale, torch DDP), alternating with the bare model: the difference is what the engine adds
 (copying gradients into buckets, hooks) with nothing to communicate.
 
-Contention (`measure(..., co_located=K)`): K workers on this machine step the bare model in
+Contention and sync terms (`measure(..., co_located=K)`): K workers on this machine step the bare model in
 lockstep (a barrier before every step, as synchronized training aligns them, so their
 memory-hungry phases coincide), alternating with steps where worker 0 runs alone; the median of
 the per-round ratio (slowest worker together / worker 0 alone) is how much slower a worker computes
 beside K-1 others. Alternating rounds make the ratio robust to other load on a shared machine.
+The same K workers then calibrate the in-step sync terms of each local transport (sync.py): what a
+synchronized step adds per all-reduce call and to compute, beyond the all-reduce bench's figures.
 
 Explicit (`explicit`): numbers for a model not at hand; its gradients are then assumed to become
 ready evenly through backward.
@@ -25,6 +27,9 @@ JSON (`ModelProfile.to_dict()`):
                ready_ms from the start of backward; empty for explicit profiles),
      "engine_overhead_ms": {"dpscale": float, "torch": float},
      "contention": {"K": float, ...} (compute slowdown with K workers on the node; may be empty),
+     "sync": [{"transport": str, "world_size": int, "call_overhead_ms": float, "free_compute_ms": float,
+               "in_step_ms": float, "tight_comm_ms": float, "bucket_bytes": [int, ...]}, ...]
+             (in-step sync overheads at world sizes 1 and K with --co-located K, sync.py; may be empty),
      "threads": int | null,
      "steps": int | null, "warmup": int | null, "system": {...} | null}
 """
@@ -40,6 +45,8 @@ from pathlib import Path
 import torch
 
 from ..engine.buckets import MB, assign_buckets
+from . import sync as syncs
+from .sync import SyncCost
 from .timeline import ReadyBucket
 
 PROFILE_ENGINES = ("dpscale", "torch")
@@ -66,6 +73,7 @@ class ModelProfile:
     params: tuple[ParamTiming, ...] = ()  # registration order; empty: gradients spread evenly
     engine_overhead_ms: dict[str, float] = field(default_factory=dict)
     contention: dict[int, float] = field(default_factory=dict)  # workers on the node -> compute slowdown
+    sync: tuple[SyncCost, ...] = ()  # in-step sync terms per (transport, world size), sync.py
     threads: int | None = None
     steps: int | None = None
     warmup: int | None = None
@@ -86,6 +94,10 @@ class ModelProfile:
     @property
     def bytes_per_param(self) -> float:
         return self.param_bytes / self.param_count if self.param_count else 0.0
+
+    def sync_cost(self, transport: str, world_size: int) -> SyncCost | None:
+        """The calibrated in-step sync terms of `transport` at `world_size`, if measured."""
+        return next((c for c in self.sync if (c.transport, c.world_size) == (transport, world_size)), None)
 
     def buckets(self, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0) -> list[ReadyBucket]:
         """The engine's bucket layout (engine/buckets.py) and when each bucket is ready."""
@@ -139,6 +151,9 @@ class ModelProfile:
         doc = dict(doc)
         doc["params"] = tuple(ParamTiming(**p) for p in doc.get("params", ()))
         doc["contention"] = {int(k): v for k, v in doc.get("contention", {}).items()}  # JSON keys are str
+        doc["sync"] = tuple(
+            SyncCost(**{**c, "bucket_bytes": tuple(c["bucket_bytes"])}) for c in doc.get("sync", ())
+        )
         doc.pop("bytes_per_param", None)
         return cls(**doc)
 
@@ -345,7 +360,7 @@ def measure(
         ParamTiming(name, numel, nbytes, max(0.0, med(r[i] for r in ready)))
         for i, (name, numel, nbytes) in enumerate(zip(raw["names"], raw["numel"], raw["nbytes"], strict=True))
     )
-    return ModelProfile(
+    prof = ModelProfile(
         model=model,
         source="measured",
         per_worker_batch=per_worker_batch,
@@ -366,3 +381,15 @@ def measure(
         warmup=warmup,
         system=collect_system_info(),
     )
+    if co_located > 1:
+        # with the engine's default buckets, as the scaling bench trains
+        bucket_bytes = [b.nbytes for b in prof.buckets()]
+        costs = [
+            c
+            for n in (1, co_located)  # 1: what the engine overheads above already hold (sync.py)
+            for c in syncs.measure(
+                model, per_worker_batch, bucket_bytes, n, threads=threads, compute_ms=prof.compute_ms
+            )
+        ]
+        prof = replace(prof, sync=tuple(costs))
+    return prof

@@ -28,6 +28,10 @@ engine's rounds a burst happened to hit; the engines take turns in rounds of a f
 paired difference within a round cancels most of a burst, and a low percentile (p25) keeps to the
 unloaded machine as long as bursts cover less than a quarter of the steps.
 
+Sync terms: at N > 1 the profile's in-step sync terms for the point's transport (sync.py, measured
+by `dpscale profile --co-located N` on the bare model, apart from the report) scale compute and add
+a cost per all-reduce call; a profile without them predicts without.
+
 Transports: `shm` (and `hierarchical`) reduce synchronously on the autograd thread, so nothing
 overlaps; `gloo` reduces on its own thread, so bucket reductions overlap the rest of backward.
 """
@@ -184,8 +188,9 @@ def validate(
             config = PredictConfig(
                 world_sizes=[n],
                 per_worker_batch=batch,
-                engine=engine if engine in profile.engine_overhead_ms else "none",
+                engine=_profiled_engine(engine, profile),
                 overlap=transport not in BLOCKING_TRANSPORTS,
+                sync_transport=transport,
             )
             (pred,) = predict(profile, cluster, config, contention_by_world_size={n: factor})
             pred_ms, comm, exposed = pred.step_ms, pred.comm_ms, pred.exposed_comm_ms
@@ -211,6 +216,12 @@ def validate(
         )
     summary = {k: v for k, v in profile.to_dict().items() if k not in ("params", "system")}
     return ValidationResult(scaling_report, calibration, statistic, compute_from, summary, rows)
+
+
+def _profiled_engine(engine: str, profile: ModelProfile) -> str:
+    """Whose one-worker overhead the profile has for `engine`: dpscale-gloo is dpscale's engine."""
+    base = "dpscale" if engine.startswith("dpscale") else engine
+    return base if base in profile.engine_overhead_ms else "none"
 
 
 def _compute_factor(n: int, prof: ModelProfile, steps: dict, compute_from: str) -> tuple[float, int | None]:
