@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 from dataclasses import asdict
 
@@ -23,6 +24,8 @@ from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report
 from dpscale.bench.report import ReportDir, Section, Table, markdown_table
 from dpscale.predict import emulate, emulate_validate, profile, published, render, validate
 from dpscale.predict.cluster import load_allreduce_report
+
+MIN_BENCH_S = 2.0
 
 
 def run_local(args: argparse.Namespace) -> int:
@@ -38,7 +41,8 @@ def run_local(args: argparse.Namespace) -> int:
             model=model,
             per_worker_batch=args.per_worker_batch,
             world_sizes=[1, 2],
-            steps=args.steps,
+            # at least --steps, and ~2 s per engine: 30 steps of a 1 ms model are 30 ms of data
+            steps=max(args.steps, math.ceil(MIN_BENCH_S * 1e3 / max(prof.compute_ms, 1e-3))),
             # every transport of the acceptance line: dpscale on shm (N=2) and gloo, torch DDP on gloo
             engines=["dpscale", "dpscale-gloo", "torch", "local"],
         )

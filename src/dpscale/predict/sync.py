@@ -9,7 +9,8 @@ waited computes its next step more slowly than one that never stops (its core we
 caches were evicted). On a 2-core machine and sub-millisecond steps these are most of the step.
 
 They are calibrated here, apart from any training run: N workers run the bare model in three
-variants, alternating in rounds of a few steps (so load on a shared machine hits all alike):
+variants, alternating in rounds of at least 5 steps and 50 ms (so load on a shared machine hits
+all alike):
 
     free      compute only, never synchronized (what the scaling bench's `local` engine measures)
     tight     the all-reduces of the model's buckets back to back, no compute (what the bench sees)
@@ -30,6 +31,7 @@ engine runs here (no hooks, no overlap): validate.py checks those against real e
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -37,10 +39,18 @@ from dataclasses import dataclass
 import torch
 
 SYNC_TRANSPORTS = ("gloo", "shm")
-_STEPS_PER_ROUND = 5
+_MIN_STEPS_PER_ROUND = 5
+# A round of each variant lasts at least this long, so that a sub-millisecond step is sampled
+# hundreds of times per round instead of five.
+_MIN_ROUND_S = 0.05
 # Enough rounds for a stable median of per-round figures, few enough for a 0.5 s step.
 BUDGET_S = 20.0
 ROUNDS = (4, 16)
+
+
+def steps_per_round(compute_ms: float) -> int:
+    """Steps per round of each variant for a model whose step computes for `compute_ms`."""
+    return min(500, max(_MIN_STEPS_PER_ROUND, math.ceil(_MIN_ROUND_S * 1e3 / max(compute_ms, 1e-3))))
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ def _rank_sync(
     numels: list[int],
     transports: list[str],
     rounds: int,
+    per_round: int,
 ) -> dict:
     from ..bench.allreduce import TRANSPORTS
     from ..workloads import get_workload
@@ -113,7 +124,7 @@ def _rank_sync(
         out: dict[str, list[list[tuple[float, float]]]] = {n: [] for n in names}
         for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate: drift hits all alike
-                out[name].append([run(name) for _ in range(_STEPS_PER_ROUND)])
+                out[name].append([run(name) for _ in range(per_round)])
         return out
     finally:
         for tr in opened.values():
@@ -172,8 +183,9 @@ def measure(
         raise ValueError(f"--co-located: must be >= 1, got {world_size}")
     if not bucket_bytes:
         raise ValueError("sync: the model has no gradient buckets to reduce")
+    per_round = steps_per_round(compute_ms)
     if rounds is None:
-        per_round_s = (1 + len(transports)) * _STEPS_PER_ROUND * compute_ms / 1e3  # the computing variants
+        per_round_s = (1 + len(transports)) * per_round * compute_ms / 1e3  # the computing variants
         rounds = min(max(int(BUDGET_S / per_round_s), ROUNDS[0]), ROUNDS[1])
     numels = [max(1, b // 4) for b in bucket_bytes]  # float32 buffers, as the engines' buckets
     per_rank = run_ranks(
@@ -184,6 +196,7 @@ def measure(
         numels,
         list(transports),
         rounds,
+        per_round,
         threads=threads,
         timeout_s=300 + 30 * rounds,
     )
