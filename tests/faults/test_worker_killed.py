@@ -69,7 +69,7 @@ def test_world_size_range_with_scale_lr_keeps_the_per_worker_batch(tmp_path, ref
     p = run_cli(args, faults="kill@step=15,rank=1,world=2")
     assert p.returncode == 0, p.stderr
     out = last_json(p.stdout)
-    assert "per-worker batch 64 x 1 kept; global batch 128 -> 64; LR multiplier 1 -> 0.5" in p.stderr
+    assert "per-worker batch 64 x 1 kept; global batch 128 -> 64; learning rate x0.5" in p.stderr
     assert (out["world_size"], out["global_batch"], out["micro_batch"], out["accumulation_steps"]) == (
         1,
         64,

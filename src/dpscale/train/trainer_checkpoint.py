@@ -35,7 +35,7 @@ from .checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from .optim import BatchScale, sync_lr
+from .optim import BatchScale, lr_factor, sync_lr
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -206,11 +206,14 @@ def _report_resplit(t: Trainer, state: dict) -> None:
             "floating-point summation order"
         )
     else:
-        s = t.batch_scale
+        s, c, base = t.batch_scale, t.scheduler.last_epoch, t.scheduler.base_lrs[0]
+        lr_from = base * lr_factor(t.cfg, c) * s.start
+        lr_to = base * lr_factor(t.cfg, c + s.steps) * s.target
         how = (
             f"per-worker batch {old_micro} x {old_k} kept; global batch {old_g} -> {t.global_batch}; "
-            f"LR multiplier {s.start:.4g} -> {s.target:.4g} (linear scaling rule) over {s.steps} steps; "
-            f"the run ends at step {t.total_steps} to keep its sample budget"
+            f"learning rate x{s.target / s.start:.4g} by the linear scaling rule ({lr_from:.4g} -> "
+            f"{lr_to:.4g} over {s.steps} steps); the run ends at step {t.total_steps} to keep its "
+            "sample budget"
         )
     print(
         f"dpscale: checkpoint written by {old_world} workers, resuming with {t.world_size}: {how}",
