@@ -1,12 +1,10 @@
 """The trainer's checkpoints: failures reach every rank, and a checksum-valid but wrong file is refused."""
 
-import hashlib
-import json
-
 import pytest
 import torch
 import torch.distributed as dist
 
+from dpscale.testing.forge import replace_checkpoint_file
 from dpscale.testing.multirank import MultiRankError, run_ranks
 from dpscale.train.checkpoint import CheckpointError
 from dpscale.train.config import TrainConfig
@@ -38,18 +36,6 @@ def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path):
     assert "timed out" not in report, "rank 1 must learn of the failure, not wait for it"
 
 
-def _replace_file(step_dir, name, obj):
-    path = step_dir / name
-    torch.save(obj, path)
-    manifest = json.loads((step_dir / "manifest.json").read_text())
-    for entry in manifest["files"]:
-        if entry["name"] == name:
-            entry["size_bytes"] = path.stat().st_size
-            entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    (step_dir / "manifest.json").write_text(json.dumps(manifest))
-    return path
-
-
 @pytest.mark.parametrize(
     "name,content,words",
     [
@@ -63,7 +49,7 @@ def test_checksum_valid_but_wrong_content_is_refused_naming_the_file(
 ):
     ckpt = tmp_path / "ckpt"
     Trainer(TrainConfig(**BASE, checkpoint_dir=str(ckpt))).fit()
-    bad = _replace_file(ckpt / "step-00000002", name, content)
+    bad = replace_checkpoint_file(ckpt / "step-00000002", name, content)
     trainer = Trainer(TrainConfig(**{**BASE, "max_steps": 4}, checkpoint_dir=str(ckpt), resume=True))
     with pytest.raises(CheckpointError) as err:
         trainer.fit()

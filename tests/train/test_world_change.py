@@ -6,9 +6,12 @@ import json
 import shutil
 
 import pytest
+import torch
 import torch.distributed as dist
 
-from dpscale.testing.multirank import run_ranks
+from dpscale.testing.forge import replace_checkpoint_file
+from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.train.checkpoint import CheckpointError
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 
@@ -84,21 +87,21 @@ def test_the_lr_ramps_to_the_linear_rule(two_then_one):
 
 
 def test_a_second_resume_at_the_new_size_continues_bit_exactly(two_then_one):
-    """Stop the 1-worker part half-way (budget 15 x 64 ends at step 20) and resume it: the same
-    parameters as the uninterrupted 1-worker part, so the ramp and the regrouped sampler position
-    went through the checkpoint."""
+    """Stop the 1-worker part in the middle of its LR ramp (budget 11 x 64 ends at step 12; the ramp
+    runs from step 11 to 14) and resume it: the same parameters as the uninterrupted 1-worker part,
+    so the ramp and the regrouped sampler position went through the checkpoint."""
     root, early, _, rest = two_then_one
     ((whole, _),) = rest
     ckpt = root / "second"
     shutil.copytree(early, ckpt)
     ((half, _),) = run_ranks(
-        fit_and_record, 1, {**BASE, "max_steps": 15, "checkpoint_dir": str(ckpt), "resume": True}
+        fit_and_record, 1, {**BASE, "max_steps": 11, "checkpoint_dir": str(ckpt), "resume": True}
     )
-    assert half["steps"] == 20 and half["global_batch"] == 32
+    assert half["steps"] == 12 and half["global_batch"] == 32
     ((end, _),) = run_ranks(
         fit_and_record, 1, {**BASE, "max_steps": 20, "checkpoint_dir": str(ckpt), "resume": True}
     )
-    assert end["resumed_from_step"] == 20 and end["steps"] == 30
+    assert end["resumed_from_step"] == 12 and end["steps"] == 30
     assert end["param_sha256"] == whole["param_sha256"]
 
 
@@ -135,10 +138,69 @@ def test_keep_global_batch_refuses_a_checkpoint_whose_batch_scale_lr_changed(two
         Trainer(cfg).fit()
 
 
-def test_without_a_checkpoint_the_configured_batch_must_split(tmp_path, world_of_one):
-    # a world of 1 always splits; the check is that a fresh start does not keep a provisional split
-    cfg = TrainConfig(**BASE, max_steps=1, checkpoint_dir=str(tmp_path), resume=True)
-    assert Trainer(cfg).fit().global_batch == 64
+def test_without_a_checkpoint_the_configured_batch_must_split(tmp_path):
+    """Nothing to resume from: 3 workers cannot split 64, and every rank says so."""
+    cfg = {**BASE, "max_steps": 1, "checkpoint_dir": str(tmp_path), "resume": True}
+    with pytest.raises(MultiRankError) as err:
+        run_ranks(fit_and_record, 3, cfg, timeout_s=60)
+    assert str(err.value).count("global_batch 64 is not divisible by the world size 3") == 3
+
+
+def test_a_second_change_keeps_the_sample_budget(two_then_one):
+    """2 workers to step 10, 1 to step 16, 2 again to the end: the budget (20 x 64 samples) holds
+    although the batch is back at the configured 64 (the run now counts samples, not steps)."""
+    root, early, _, _ = two_then_one
+    ckpt = root / "twice"
+    shutil.copytree(early, ckpt)
+    cfg = {**BASE, "checkpoint_dir": str(ckpt), "resume": True}
+    ((mid, _),) = run_ranks(fit_and_record, 1, {**cfg, "max_steps": 13})  # budget 13 x 64 = 640 + 6 x 32
+    assert (mid["steps"], mid["samples_seen"]) == (16, 832)
+    (end, _), _ = run_ranks(fit_and_record, 2, {**cfg, "max_steps": 20})
+    assert end["global_batch"] == 64 and end["samples_seen"] == 20 * 64
+    assert end["steps"] == 16 + (1280 - 832) // 64
+
+
+def test_epochs_are_not_exceeded_after_a_regroup_at_the_end(tmp_path):
+    """A finished 1-epoch run resumed on fewer workers has nothing left to do, under either policy."""
+    ckpt = tmp_path / "ckpt"
+    cfg = {**BASE, "epochs": 1, "checkpoint_dir": str(ckpt)}
+    (done, _), _ = run_ranks(fit_and_record, 2, cfg)
+    assert done["steps"] == 22
+    for policy in ("scale-lr", "keep-global-batch"):
+        ((again, seen),) = run_ranks(fit_and_record, 1, {**cfg, "resume": True, "world_change": policy})
+        assert again["steps"] == 22 and seen == [], policy
+
+
+def test_a_checkpoint_from_before_world_change_resumes(tmp_path, world_of_one):
+    """trainer.pt without base_global_batch and batch_scale, and no comm_hook file: still loads."""
+    ckpt = tmp_path / "ckpt"
+    Trainer(TrainConfig(**BASE, max_steps=2, checkpoint_dir=str(ckpt))).fit()
+    step_dir = ckpt / "step-00000002"
+    assert not (step_dir / "comm_hook.pt").exists()
+    state = torch.load(step_dir / "trainer.pt", weights_only=True)
+    del state["base_global_batch"], state["batch_scale"]
+    replace_checkpoint_file(step_dir, "trainer.pt", state)
+    result = Trainer(TrainConfig(**BASE, max_steps=3, checkpoint_dir=str(ckpt), resume=True)).fit()
+    assert (result.resumed_from_step, result.steps) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (dict(batch_scale={"target": float("inf"), "start": 1.0, "from_step": 0, "steps": 0}), "finite"),
+        (dict(batch_scale={"target": 1.0, "start": 1.0, "from_step": 2.5, "steps": 0}), "steps counts"),
+        (dict(global_batch=10**9, micro_batch=10**9 // 2, world_size=2), "exceeds the configured"),
+    ],
+)
+def test_a_forged_world_change_state_is_refused_naming_the_file(tmp_path, world_of_one, change, words):
+    ckpt = tmp_path / "ckpt"
+    Trainer(TrainConfig(**BASE, max_steps=2, checkpoint_dir=str(ckpt))).fit()
+    step_dir = ckpt / "step-00000002"
+    state = torch.load(step_dir / "trainer.pt", weights_only=True)
+    replace_checkpoint_file(step_dir, "trainer.pt", {**state, **change})
+    with pytest.raises(CheckpointError) as err:
+        Trainer(TrainConfig(**BASE, max_steps=3, checkpoint_dir=str(ckpt), resume=True)).fit()
+    assert str(step_dir / "trainer.pt") in str(err.value) and words in str(err.value)
 
 
 def fit(rank, world, cfg):

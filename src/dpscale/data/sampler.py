@@ -250,8 +250,11 @@ class GlobalBatchSampler:
                 )
         epoch, step, offset = state["epoch"], state["step_in_epoch"], state.get("sample_offset", 0)
         saved_g = state["global_batch"]
-        if not (isinstance(saved_g, int) and saved_g >= 1 and isinstance(offset, int)):
-            raise ValueError(f"saved global_batch {saved_g!r} or sample_offset {offset!r} is corrupt")
+        if not all(type(v) is int for v in (saved_g, epoch, step, offset)) or saved_g < 1:
+            raise ValueError(
+                f"saved global_batch {saved_g!r}, epoch {epoch!r}, step_in_epoch {step!r} or sample_offset "
+                f"{offset!r} is not a valid count; the state is corrupt"
+            )
         n = self.dataset_size
         saved_steps = _steps(n - offset, saved_g, self.tail) if 0 <= offset <= n else 0
         if epoch < 0 or not 0 <= offset <= n or not 0 <= step <= saved_steps:

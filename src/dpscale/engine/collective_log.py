@@ -26,7 +26,15 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-OPS = ("all_reduce", "broadcast", "all_gather", "all_gather_object", "broadcast_object", "comm_hook")
+OPS = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_object",
+    "broadcast_object",
+    "comm_hook",
+    "gather_object",
+)
 # dtypes the verify message can name; anything else is compared as "other"
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8)
 # what gloo, the TCP store and the shm transport say when a peer is gone or late

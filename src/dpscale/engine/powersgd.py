@@ -134,6 +134,7 @@ class PowerSGDState:
         Q is the same on every rank already (it is all-reduced).
         """
         merged = dict(states[0])
+        # a rank without an error for a parameter (none yet) counts as a zero error
         names = set().union(*(s["errors"] for s in states))
         merged["errors"] = {
             n: torch.stack([s["errors"][n] for s in states if n in s["errors"]]).sum(0) / len(states)

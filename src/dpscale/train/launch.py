@@ -122,8 +122,10 @@ def launch(
         raise ValueError(f"nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {min_nproc}:{nproc}")
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-    # fail before starting anything when the batch does not split (resolve_batch names the numbers)
-    cfg.resolve_batch(nproc)
+    # fail before starting anything when the batch does not split (resolve_batch names the numbers);
+    # a scale-lr resume splits the checkpoint's per-worker batch instead
+    if not (cfg.resume and _splits(cfg, nproc)):
+        cfg.resolve_batch(nproc)
     if not _splits(cfg, min_nproc):
         cfg.resolve_batch(min_nproc)
     if nproc == 1 and max_restarts == 0:

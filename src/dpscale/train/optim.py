@@ -12,6 +12,7 @@ restart (`BatchScale`). The ramp lives in the trainer's checkpoint, so a resume 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -70,10 +71,13 @@ class BatchScale:
     def from_dict(cls, d: object) -> BatchScale:
         if not isinstance(d, dict) or set(d) != {"target", "start", "from_step", "steps"}:
             raise ValueError(f"batch scale {d!r} is not a dict with target, start, from_step, steps")
-        scale = cls(float(d["target"]), float(d["start"]), int(d["from_step"]), int(d["steps"]))
-        if not (scale.target > 0 and scale.start > 0 and scale.from_step >= 0 and scale.steps >= 0):
-            raise ValueError(f"batch scale {d!r} has a non-positive multiplier or a negative step")
-        return scale
+        multipliers, steps = (d["target"], d["start"]), (d["from_step"], d["steps"])
+        if not (
+            all(type(m) in (int, float) and 0 < m < math.inf for m in multipliers)
+            and all(type(s) is int and s >= 0 for s in steps)
+        ):
+            raise ValueError(f"batch scale {d!r}: multipliers must be finite and > 0, steps counts")
+        return cls(float(d["target"]), float(d["start"]), d["from_step"], d["steps"])
 
 
 def build_scheduler(
@@ -90,3 +94,4 @@ def sync_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
         scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
     ):
         group["lr"] = base * fn(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]  # get_last_lr()

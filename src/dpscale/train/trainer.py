@@ -167,12 +167,15 @@ class Trainer:
         """
         cfg, s = self.cfg, self.sampler
         if cfg.max_steps is not None:
-            if self.global_batch == cfg.global_batch:
+            # a run that ever changed its batch (even back to the configured one) counts samples
+            if self.global_batch == cfg.global_batch and self.batch_scale == BatchScale():
                 return cfg.max_steps
             left = max(0, cfg.max_steps * cfg.global_batch - self.samples_seen)
             return self.step + -(-left // self.global_batch)
+        if s.epoch >= cfg.epochs:  # the last epoch is over (a regroup at its end moved past it)
+            return self.step
         left_this_epoch = s.steps_this_epoch - s.step_in_epoch
-        return self.step + left_this_epoch + max(0, cfg.epochs - 1 - s.epoch) * s.steps_per_epoch
+        return self.step + left_this_epoch + (cfg.epochs - 1 - s.epoch) * s.steps_per_epoch
 
     def _explained(self):
         return explain_failures(self.log, min(self.cfg.collective_timeout_s, _REPORT_WAIT_S))

@@ -40,9 +40,10 @@ from .optim import BatchScale, lr_factor, sync_lr
 if TYPE_CHECKING:
     from .trainer import Trainer
 
-STEMS = ("model", "optimizer", "scheduler", "sampler", "trainer", "rng", "comm_hook")
+STEMS = ("model", "optimizer", "scheduler", "sampler", "trainer", "rng")  # + comm_hook with a stateful hook
 # trainer.pt entries that must be non-negative ints; anything else means a corrupt or foreign file
 _COUNTS = ("step", "samples_seen", "skipped_steps", "world_size", "global_batch", "base_global_batch")
+_POSITIVE = ("world_size", "global_batch", "base_global_batch")
 
 
 def save(t: Trainer) -> str:
@@ -50,12 +51,11 @@ def save(t: Trainer) -> str:
     rngs: list = [None] * t.world_size
     t.log.record("all_gather_object", "RNG states for a checkpoint")
     dist.all_gather_object(rngs, capture_rng_state(), group=t.group)
-    hooks: list = [None] * t.world_size
-    if t.comm_state is not None:  # every rank's: PowerSGD's errors differ per rank
-        t.log.record("all_gather_object", "comm hook states for a checkpoint")
-        dist.all_gather_object(
-            hooks, t.comm_state.state_dict(t.model.module.named_parameters()), group=t.group
-        )
+    hooks: list | None = [None] * t.world_size if t.rank == 0 else None
+    if t.comm_state is not None:  # every rank's (PowerSGD's errors differ per rank), to rank 0 only
+        t.log.record("gather_object", "comm hook states for a checkpoint")
+        state = t.comm_state.state_dict(t.model.module.named_parameters())
+        dist.gather_object(state, hooks, dst=_global_rank0(t), group=t.group)
     outcome: list = [None, None]  # path, error
     error: Exception | None = None
     if t.rank == 0:
@@ -77,8 +77,9 @@ def save(t: Trainer) -> str:
                 "last_loss": t.last_loss,
             },
             "rng": {"ranks": rngs},
-            "comm_hook": {"compression": t.cfg.compression, "ranks": hooks} if t.comm_state else None,
         }
+        if t.comm_state is not None:
+            payload["comm_hook"] = {"compression": t.cfg.compression, "ranks": hooks}
         try:
             path = save_checkpoint(t.cfg.checkpoint_dir, t.step, payload, keep_last=t.cfg.keep_checkpoints)
             outcome = [str(path), None]
@@ -155,7 +156,7 @@ def _apply(t: Trainer, path: str, loaded: LoadedCheckpoint | None) -> None:
     saved_scale = _batch_scale(state, where)
     vars(t.batch_scale).update(vars(saved_scale))  # in place: the scheduler holds this object
     if state["world_size"] != t.world_size or state["global_batch"] != t.global_batch:
-        _resplit(t, state)
+        _resplit(t, state, where)
     _load_into(
         lambda s: t.sampler.load_state_dict(s, regroup=t.global_batch != state["global_batch"]),
         payload["sampler"],
@@ -167,7 +168,7 @@ def _apply(t: Trainer, path: str, loaded: LoadedCheckpoint | None) -> None:
         )
     sync_lr(t.scheduler)
     t.total_steps = t.plan_total_steps()
-    _load_comm_hook(t, payload["comm_hook"], where / "comm_hook.pt")
+    _load_comm_hook(t, payload.get("comm_hook"), where / "comm_hook.pt")
     rngs = payload["rng"].get("ranks") if isinstance(payload["rng"], dict) else None
     if not rngs:
         raise CheckpointError(f"checkpoint {where / 'rng.pt'} holds no RNG states")
@@ -179,16 +180,19 @@ def _apply(t: Trainer, path: str, loaded: LoadedCheckpoint | None) -> None:
         _report_resplit(t, state)
 
 
-def _resplit(t: Trainer, state: dict) -> None:
+def _resplit(t: Trainer, state: dict, where: Path) -> None:
     """Split the batch for this world size: keep the global batch, or each worker's batch (scale-lr)."""
     old_world, old_g = state["world_size"], state["global_batch"]
     old_micro, old_k = state.get("micro_batch"), state.get("accumulation_steps")
     saved_split = all(isinstance(v, int) and v > 0 for v in (old_micro, old_k))
     if t.cfg.world_change == "scale-lr":
-        if not saved_split or old_micro * old_k * old_world != old_g:
+        # a worker's batch is the configured global batch over the first world size, never more
+        per_worker = old_micro * old_k if saved_split else 0
+        if not saved_split or per_worker * old_world != old_g or per_worker > t.cfg.global_batch:
             raise CheckpointError(
-                f"checkpoint trainer.pt: micro_batch {old_micro!r} x accumulation_steps {old_k!r} x "
-                f"world_size {old_world} is not its global batch {old_g}; the file is corrupt"
+                f"checkpoint {where / 'trainer.pt'}: micro_batch {old_micro!r} x accumulation_steps "
+                f"{old_k!r} x world_size {old_world} is not its global batch {old_g}, or a worker's batch "
+                f"exceeds the configured global batch {t.cfg.global_batch}; the file is corrupt"
             )
         t.set_batch_split(old_micro, old_k)
     elif saved_split and t.global_batch % (t.world_size * old_micro) == 0:
@@ -249,13 +253,11 @@ def _trainer_state(state: object, where: Path) -> dict:
     # the file passed its checksum, but the manifest is no signature: check what the loop relies on
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {where / 'trainer.pt'} holds a {type(state).__name__}, not a dict")
+    # written before world_change existed: the global batch never changed
+    state = {"base_global_batch": state.get("global_batch"), **state}
     for key in _COUNTS:
         value = state.get(key)
-        if (
-            type(value) is not int
-            or value < 0
-            or (key in ("world_size", "global_batch", "base_global_batch") and value < 1)
-        ):
+        if type(value) is not int or value < 0 or (key in _POSITIVE and value < 1):
             raise CheckpointError(
                 f"checkpoint {where / 'trainer.pt'}: {key} is {value!r}, not a valid count; "
                 "the file is corrupt or was not written by dpscale"
