@@ -87,6 +87,18 @@ def test_one_worker_on_gloo_is_what_the_profile_measured():
     assert p.step_ms == pytest.approx(10.5)
 
 
+def test_dpscale_on_shm_starts_from_the_overhead_profiled_on_shm():
+    """dpscale's engine costs less on a one-worker shm transport than on gloo (no thread hand-offs):
+    a shm prediction starts from that figure and takes out shm's one-worker calls, not gloo's."""
+    costs = (_cost("gloo", 1, 0.2, 0.1), _cost("shm", 1, 0.01, 0.02), _cost("shm", 2, 0.05, 2 * 1.048576))
+    prof = replace(_profile(*costs), engine_overhead_ms={"dpscale": 0.5, "dpscale@shm": 0.2})
+    config = PredictConfig(world_sizes=[2], overlap=False, algorithm="ring", sync_transport="shm")
+    (p,) = predict(prof, _cluster(), config)
+    assert p.compute_ms == pytest.approx(10 + 0.2 - 0.03)
+    (g,) = predict(prof, _cluster(), replace(config, sync_transport="gloo"))
+    assert g.compute_ms == pytest.approx(10 + 0.5)  # no gloo calibration at 2: as profiled on gloo
+
+
 def test_a_transport_or_world_size_without_calibration_predicts_as_before():
     config = PredictConfig(world_sizes=[2], overlap=False, algorithm="ring", sync_transport="shm")
     (p,) = predict(_profile(_cost("gloo", 2, 0.7, 1.0)), _cluster(), config)

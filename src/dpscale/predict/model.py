@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .cluster import Cluster
 from .costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
-from .profile import PROFILE_ENGINES, ModelProfile
+from .profile import DPSCALE_ON_SHM, PROFILE_ENGINES, ModelProfile
 from .sync import SyncCost
 from .timeline import BucketSpan, ReadyBucket, simulate
 
@@ -39,6 +39,7 @@ ENGINE_CHOICES = (*PROFILE_ENGINES, "none")
 COMPUTE_BOUND_SHARE = 0.05
 IN_STEP_LABEL = "in-step call overhead (waiting for peers, thread wake-ups)"
 ENGINE_PROFILE_TRANSPORT = "gloo"  # profile.py times the engines on a one-worker gloo group
+SHM_TRANSPORTS = ("shm",)  # all in shared memory (hierarchical also calls gloo between hosts)
 JSON_KEYS = (
     "world_size",
     "nodes",
@@ -139,6 +140,10 @@ def predict(
     prof = profile.at_batch(config.per_worker_batch or profile.per_worker_batch)
     batch = prof.per_worker_batch
     overhead_ms = prof.engine_overhead_ms.get(config.engine, 0.0)
+    profiled_on = ENGINE_PROFILE_TRANSPORT
+    if config.engine == "dpscale" and config.sync_transport in SHM_TRANSPORTS:
+        if DPSCALE_ON_SHM in prof.engine_overhead_ms:  # measured without gloo's hand-offs
+            overhead_ms, profiled_on = prof.engine_overhead_ms[DPSCALE_ON_SHM], "shm"
     baseline_ms = prof.compute_ms + overhead_ms  # one worker, nothing to communicate, no contention
     buckets = prof.buckets(config.bucket_mb, config.first_bucket_mb)
     out = []
@@ -154,10 +159,10 @@ def predict(
         if sync is not None:
             call_s = sync.call_overhead_ms / 1e3
             level = _level(sync, cluster, config)
-            one = prof.sync_cost(ENGINE_PROFILE_TRANSPORT, 1)
+            one = prof.sync_cost(profiled_on, 1)
             if one is not None:
-                # the engine overhead was measured with one worker on gloo, so it holds gloo's
-                # one-worker calls: swap those for this transport's at this world size
+                # the engine overhead was measured with one worker on gloo (or shm), so it holds
+                # that transport's one-worker calls: swap those for this transport's at this size
                 engine_ms = max(0.0, overhead_ms - one.step_comm_ms)
         backward_ms = (prof.backward_ms + engine_ms) * factor
         stretch = backward_ms / prof.backward_ms if prof.backward_ms > 0 else 1.0

@@ -50,6 +50,9 @@ from .sync import SyncCost
 from .timeline import ReadyBucket
 
 PROFILE_ENGINES = ("dpscale", "torch")
+# dpscale's engine also timed on a one-worker shm transport (where shm runs): its bookkeeping without
+# gloo's thread hand-offs, the base for predicting dpscale on shm (model.py)
+DPSCALE_ON_SHM = "dpscale@shm"
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,8 @@ MAX_ROUNDS = 1000
 
 def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps: int, warmup: int) -> dict:
     from ..bench.engines import wrap
+    from ..comm.select import shm_is_safe
+    from ..engine import DistributedDataParallel
     from ..workloads import get_workload
 
     workload = get_workload(model_name)
@@ -230,7 +235,12 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
 
     def build(engine: str):
         torch.manual_seed(0)  # the same initial weights for every variant
-        model = wrap(workload.build_model(), engine) if engine != "local" else workload.build_model()
+        if engine == "local":
+            model = workload.build_model()
+        elif engine == DPSCALE_ON_SHM:
+            model = DistributedDataParallel(workload.build_model(), transport="shm")
+        else:
+            model = wrap(workload.build_model(), engine)
         return model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
 
     local, local_opt = build("local")
@@ -238,9 +248,10 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
     stamps = [0.0] * len(named)
     for i, (_, p) in enumerate(named):
         p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, time.perf_counter()))
-    engines = {e: build(e) for e in PROFILE_ENGINES}
+    names = [*PROFILE_ENGINES, *([DPSCALE_ON_SHM] if shm_is_safe() else [])]
+    engines = {e: build(e) for e in names}
     phases: list[tuple[float, float, float, list[float]]] = []
-    totals: dict[str, list[float]] = {e: [] for e in ("local", *PROFILE_ENGINES)}
+    totals: dict[str, list[float]] = {e: [] for e in ("local", *names)}
 
     def step(model, opt) -> tuple[float, float, float, float]:
         t0 = time.perf_counter()
@@ -280,6 +291,9 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
             # differences, which a slow drift or a burst of load shifts far less than it shifts a
             # difference of medians
             totals[name].append(statistics.median(times))
+    for model, _ in engines.values():
+        if isinstance(model, DistributedDataParallel):
+            model.close()  # the shm transport's segments and the hooks, now rather than at exit
     return {
         "names": [n for n, _ in named],
         "numel": [p.numel() for _, p in named],
@@ -391,7 +405,8 @@ def measure(
         # a difference on a noisy machine can come out below zero; an engine adds >= 0
         engine_overhead_ms={
             e: max(0.0, med(t - t0 for t, t0 in zip(raw["totals"][e], local, strict=True)))
-            for e in PROFILE_ENGINES
+            for e in raw["totals"]
+            if e != "local"
         },
         contention=contention,
         threads=threads,

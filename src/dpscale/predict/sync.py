@@ -45,7 +45,7 @@ _MIN_STEPS_PER_ROUND = 5
 _MIN_ROUND_S = 0.05
 # Enough rounds for a stable median of per-round figures, few enough for a 0.5 s step.
 BUDGET_S = 20.0
-ROUNDS = (4, 16)
+ROUNDS = (4, 48)
 
 
 def steps_per_round(compute_ms: float) -> int:
