@@ -25,7 +25,7 @@ JSON (`ModelProfile.to_dict()`):
      "param_count": int, "param_bytes": int, "bytes_per_param": float,
      "params": [{"name": str, "numel": int, "nbytes": int, "ready_ms": float}, ...]  (registration order;
                ready_ms from the start of backward; empty for explicit profiles),
-     "engine_overhead_ms": {"dpscale": float, "torch": float},
+     "engine_overhead_ms": {"dpscale": float, "torch": float, "dpscale@shm": float (where shm runs)},
      "contention": {"K": float, ...} (compute slowdown with K workers on the node; may be empty),
      "sync": [{"transport": str, "world_size": int, "call_overhead_ms": float, "free_compute_ms": float,
                "in_step_ms": float, "tight_comm_ms": float, "bucket_bytes": [int, ...]}, ...]
