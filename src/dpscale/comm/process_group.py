@@ -22,8 +22,10 @@ class ProcessGroupTransport:
         pass  # ordinary tensors: freed when the last reference goes
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
-        work = dist.all_reduce(tensor, group=self.group, async_op=True)
-        return work.get_future().then(lambda f: f.value()[0])
+        # The Work's own future (value [tensor]) and no `.then`: a Python callback runs on gloo's
+        # thread and must take the GIL from the thread running backward; two per bucket cost ~0.1
+        # ms per step (7% of a 1.4 ms step at 2 workers, where torch DDP's C++ reducer pays none).
+        return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         dist.broadcast(tensor, src=self._global(src), group=self.group)

@@ -48,6 +48,7 @@ class Reducer:
         self._next_bucket = 0
         self._futures: list[torch.futures.Future | None] = [None] * len(buckets)
         self._timings: list[BucketTiming] = []
+        self._in_flight: list[int] = []  # buckets launched and not yet seen complete
         self._callback_queued = False
         self._spent: list[torch.Tensor] = []
         self._t_forward_end = 0.0
@@ -82,6 +83,7 @@ class Reducer:
         self._next_bucket = 0
         self._futures = [None] * len(self.buckets)
         self._timings = [BucketTiming(b.index, b.nbytes) for b in self.buckets]
+        self._in_flight = []
         self._callback_queued = False
         self._t_forward_end = time.perf_counter()
 
@@ -128,6 +130,7 @@ class Reducer:
             self._spent.append(grad)
         if not self._expecting:
             return
+        self._stamp_completed()
         if self._ready[i]:
             raise RuntimeError(
                 f"parameter {self.names[i]!r} received its gradient twice in one backward pass; "
@@ -159,12 +162,9 @@ class Reducer:
                 fut = self._start_reduction(bucket)
         else:
             fut = self._start_reduction(bucket)
-
-        def done(_f, timing=timing):
-            timing.end_s = time.perf_counter()
-
-        fut.add_done_callback(done)
         self._futures[bucket.index] = fut
+        self._in_flight.append(bucket.index)
+        self._stamp_completed()  # a synchronous transport (shm) is done already
         # A synchronous transport (shm) reduces inside this call, on the thread that runs
         # backward: that time is not overlapped with compute, whatever the timestamps say.
         timing.blocking_s = time.perf_counter() - timing.start_s
@@ -234,9 +234,24 @@ class Reducer:
         dist.all_reduce(local, group=self.process_group)
         return {i: bool(local[i]) for i in missing}
 
+    def _stamp_completed(self) -> None:
+        # When each reduction finished, for the step's statistics. Polled from the autograd thread
+        # (at every gradient, after backward, while waiting) rather than by a done-callback, which
+        # would run on the transport's thread and fight backward for the GIL; so a time is exact
+        # to within one gradient's interval during backward and exact afterwards.
+        if self._in_flight:
+            now = time.perf_counter()
+            still = [b for b in self._in_flight if not self._futures[b].done()]
+            for b in self._in_flight:
+                if b not in still:
+                    self._timings[b].end_s = now
+            self._in_flight = still
+
     def _wait_all(self) -> None:
+        self._stamp_completed()
         for bucket, fut in zip(self.buckets, self._futures, strict=True):
             result = fut.wait()
+            self._stamp_completed()
             if isinstance(result, list):  # a Work's future yields the list of tensors
                 result = result[0]
             if result is not bucket.buffer and result.data_ptr() != bucket.buffer.data_ptr():
