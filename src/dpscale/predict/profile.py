@@ -46,6 +46,7 @@ import torch
 
 from ..engine.buckets import MB, assign_buckets
 from . import sync as syncs
+from .bare import bare_model
 from .sync import SyncCost
 from .timeline import ReadyBucket
 
@@ -308,24 +309,14 @@ def _rank_contention(
 ) -> list:
     import torch.distributed as dist
 
-    from ..workloads import get_workload
-
-    workload = get_workload(model_name)
-    train, _ = workload.build_data(0)
-    g = torch.Generator().manual_seed(100 + rank)
-    x, y = train.batch(torch.randint(0, len(train), (batch,), generator=g).tolist())
-    torch.manual_seed(0)
-    model = workload.build_model()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    bare = bare_model(model_name, batch, rank)
 
     def step(active: bool) -> float:
         dist.barrier()  # start together, as synchronized training does
         elapsed = 0.0
         if active:
             t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            (workload.loss_sum(model(x), y) / batch).backward()
-            opt.step()
+            bare.step()
             elapsed = time.perf_counter() - t0
         t = torch.tensor([elapsed], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step counts at its slowest worker

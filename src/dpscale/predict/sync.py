@@ -36,7 +36,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import torch
+from .bare import bare_model
 
 SYNC_TRANSPORTS = ("gloo", "shm")
 _MIN_STEPS_PER_ROUND = 5
@@ -86,20 +86,8 @@ def _rank_sync(
     per_round: int,
 ) -> dict:
     from ..bench.allreduce import TRANSPORTS
-    from ..workloads import get_workload
 
-    workload = get_workload(model_name)
-    train, _ = workload.build_data(0)
-    g = torch.Generator().manual_seed(100 + rank)
-    x, y = train.batch(torch.randint(0, len(train), (batch,), generator=g).tolist())
-    torch.manual_seed(0)
-    model = workload.build_model()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-
-    def compute() -> None:
-        opt.zero_grad(set_to_none=True)
-        (workload.loss_sum(model(x), y) / batch).backward()
-        opt.step()
+    compute = bare_model(model_name, batch, rank).step
 
     opened = {t: TRANSPORTS[t].setup(rank, world_size) for t in transports}
     buffers = {t: [tr.buffer(n) for n in numels] for t, tr in opened.items()}
