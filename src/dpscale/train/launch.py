@@ -21,6 +21,7 @@ import socket
 import sys
 import uuid
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -123,8 +124,8 @@ def launch(
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     # fail before starting anything when the batch does not split (resolve_batch names the numbers);
-    # a scale-lr resume splits the checkpoint's per-worker batch instead
-    if not (cfg.resume and _splits(cfg, nproc)):
+    # a scale-lr resume with a checkpoint splits the checkpoint's per-worker batch instead
+    if not _can_start(cfg, nproc):
         cfg.resolve_batch(nproc)
     if not _splits(cfg, min_nproc):
         cfg.resolve_batch(min_nproc)
@@ -132,28 +133,42 @@ def launch(
         return _run_in_process(cfg, threads or default_threads(1))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    sizes = [n for n in range(nproc, min_nproc - 1, -1) if _splits(cfg, n)]
-    for i, n in enumerate(sizes):
+    n = nproc
+    while True:
         try:
             return _launch_elastic(cfg, n, max_restarts, threads or default_threads(n))
         except ChildFailedError as e:
             failure = _describe_failure(e, n, max_restarts)
-            if i + 1 == len(sizes):
+            # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
+            cfg = replace(cfg, resume=bool(cfg.checkpoint_dir))
+            smaller = (m for m in range(n - 1, min_nproc - 1, -1) if _can_start(cfg, m))
+            n = next(smaller, None)
+            if n is None:
                 raise LaunchError(failure) from None
             print(
-                f"dpscale: {failure.splitlines()[0]}; launching again with {sizes[i + 1]} workers",
+                f"dpscale: {failure.splitlines()[0]}; launching again with {n} workers",
                 file=sys.stderr,
                 flush=True,
             )
-            # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
-            cfg = replace(cfg, resume=bool(cfg.checkpoint_dir))
-    raise AssertionError("unreachable: sizes always holds nproc")
 
 
 def _splits(cfg: TrainConfig, n: int) -> bool:
-    """Whether n workers can run: the configured batch splits, or scale-lr takes the checkpoint's."""
+    """Whether n workers may be asked for: the configured batch splits, or scale-lr may take a
+    checkpoint's per-worker batch (whether one exists is known only when it comes to it)."""
     if cfg.world_change == "scale-lr" and cfg.checkpoint_dir:
         return True
+    return _configured_split(cfg, n)
+
+
+def _can_start(cfg: TrainConfig, n: int) -> bool:
+    """Whether n workers can start now: the configured batch splits, or a scale-lr resume has a checkpoint."""
+    if cfg.world_change == "scale-lr" and cfg.resume and cfg.checkpoint_dir:
+        if any(Path(cfg.checkpoint_dir).glob("step-*")):
+            return True
+    return _configured_split(cfg, n)
+
+
+def _configured_split(cfg: TrainConfig, n: int) -> bool:
     try:
         cfg.resolve_batch(n)
     except ValueError:
