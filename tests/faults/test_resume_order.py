@@ -9,6 +9,7 @@ order must equal the uninterrupted run's, so no sample is repeated or skipped ac
 import torch
 
 from dpscale.testing.multirank import run_ranks
+from dpscale.testing.recording import record_batches
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 
@@ -19,15 +20,7 @@ TOTAL, STOP = 24, 13
 
 def fit_and_record(rank, world, cfg):
     trainer = Trainer(TrainConfig(**cfg))
-    seen = []
-    next_batch = trainer._next_batch
-
-    def recording():
-        batch = next_batch()
-        seen.append((batch.epoch, [i for micro in batch.micro_batches for i in micro]))
-        return batch
-
-    trainer._next_batch = recording
+    seen = record_batches(trainer)
     result = trainer.fit()
     params = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
     return result.to_dict(), seen, params

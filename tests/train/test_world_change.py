@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from dpscale.testing.forge import replace_checkpoint_file
 from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.testing.recording import record_batches
 from dpscale.train.checkpoint import CheckpointError
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
@@ -30,15 +31,7 @@ BASE = dict(
 
 def fit_and_record(rank, world, cfg):
     trainer = Trainer(TrainConfig(**cfg))
-    seen = []
-    next_batch = trainer._next_batch
-
-    def recording():
-        batch = next_batch()
-        seen.append((batch.epoch, sorted(i for micro in batch.micro_batches for i in micro)))
-        return batch
-
-    trainer._next_batch = recording
+    seen = record_batches(trainer)
     return trainer.fit().to_dict(), seen
 
 
