@@ -240,11 +240,12 @@ class Reducer:
         # would run on the transport's thread and fight backward for the GIL; so a time is exact
         # to within one gradient's interval during backward and exact afterwards.
         if self._in_flight:
-            now = time.perf_counter()
-            still = [b for b in self._in_flight if not self._futures[b].done()]
+            now, still = time.perf_counter(), []
             for b in self._in_flight:
-                if b not in still:
+                if self._futures[b].done():
                     self._timings[b].end_s = now
+                else:
+                    still.append(b)
             self._in_flight = still
 
     def _wait_all(self) -> None:
