@@ -2,12 +2,14 @@
 
     python benchmarks/predict_validation.py local [--models mlp,transformer] [--steps 30]
         this machine: all-reduce bench (gloo, shm) for calibration, then per model a one-worker
-        profile (with the in-step sync calibration of two co-located workers, predict/sync.py) and a
-        scaling bench at world sizes 1 and 2, and predicted vs measured step times
+        profile (with the in-step sync calibration of two co-located workers, predict/sync.py) and,
+        in another run, a scaling bench at world sizes 1 and 2; predicted vs measured step times
+    python benchmarks/predict_validation.py validate SCALING_DIR --profile FILE [--calibrate ALLREDUCE_DIR]
+        the same check for reports you already have (the profile must come from another run)
     python benchmarks/predict_validation.py emulate [--hosts 2] [--rate-gbit 1] [--transport gloo]
         an emulated multi-host cluster (network namespaces, tbf-shaped links; needs root)
     python benchmarks/predict_validation.py published
-        the published-results table (markdown)
+        the published-results table (markdown): parameters fitted on half the cases, error on the other half
 
 Reports go to reports/<UTC>-<name>/ like every bench's.
 """
@@ -15,15 +17,19 @@ Reports go to reports/<UTC>-<name>/ like every bench's.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
-from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report
-from dpscale.bench.report import ReportDir, Section, Table, markdown_table
-from dpscale.predict import emulate, emulate_validate, profile, published, render, validate
-from dpscale.predict.cluster import load_allreduce_report
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_lab, beside this script
+
+from predict_lab import emulate, emulate_validate, published, validate  # noqa: E402
+
+from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
+from dpscale.bench.report import ReportDir, Section, Table  # noqa: E402
+from dpscale.predict import profile, render  # noqa: E402
+from dpscale.predict.cluster import load_allreduce_report  # noqa: E402
 
 MIN_BENCH_S = 2.0
 
@@ -35,6 +41,7 @@ def run_local(args: argparse.Namespace) -> int:
     print(allreduce_report.format_fits(ar))
     calibration = load_allreduce_report(ar_report.path)
     for model in args.models.split(","):
+        # the profile is its own run, before the scaling bench: the prediction takes nothing from it
         prof = profile.measure(model, args.per_worker_batch, co_located=2)
         print(render.profile_summary(prof))
         config = scaling.ScalingConfig(
@@ -50,21 +57,33 @@ def run_local(args: argparse.Namespace) -> int:
         sc_report = ReportDir.create(args.report_dir, "scaling")
         scaling_report.write_report(sc, sc_report)
         prof.save(sc_report.path / "profile.json")  # the prediction's input, next to what it predicts
-        for statistic, compute_from in itertools.product(args.statistics.split(","), ("local", "profile")):
-            result = validate.validate(
-                sc.to_dict(),
-                prof,
-                allreduce=calibration,
-                scaling_report=str(sc_report.path),
-                calibration=str(ar_report.path),
-                statistic=statistic,
-                compute_from=compute_from,
-            )
-            print(f"\n{model}: scaling report {sc_report.path}")
-            print(validate.format_table(result))
-            report = ReportDir.create(args.report_dir, "predict-validate")
-            validate.write_report(result, report)
-            print(f"report: {report.path}")
+        for statistic in args.statistics.split(","):
+            _check(sc.to_dict(), prof, calibration, str(sc_report.path), str(ar_report.path), statistic, args)
+    return 0
+
+
+def _check(scaling_doc, prof, calibration, scaling_path, calibration_path, statistic, args) -> None:
+    result = validate.validate(
+        scaling_doc,
+        prof,
+        allreduce=calibration,
+        scaling_report=scaling_path,
+        calibration=calibration_path,
+        statistic=statistic,
+    )
+    print(f"\n{prof.model}: scaling report {scaling_path}")
+    print(validate.format_table(result))
+    report = ReportDir.create(args.report_dir, "predict-validate")
+    validate.write_report(result, report)
+    print(f"report: {report.path}")
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    scaling_doc = validate.load_scaling_report(args.scaling_report, flag="scaling_report")
+    prof = profile.ModelProfile.load(args.profile)
+    calibration = load_allreduce_report(args.calibrate) if args.calibrate else None
+    for statistic in args.statistics.split(","):
+        _check(scaling_doc, prof, calibration, args.scaling_report, args.calibrate, statistic, args)
     return 0
 
 
@@ -110,11 +129,10 @@ def run_emulate(args: argparse.Namespace) -> int:
 
 
 def run_published(args: argparse.Namespace) -> int:
-    reproductions = [published.reproduce(c) for c in published.cases()]
-    rows = [r.row() for r in reproductions]
-    print(markdown_table(rows, list(rows[0])))
-    for r in reproductions:
-        print(f"\n- {r.case.name}: {r.case.source}. {r.case.notes}")
+    study = published.held_out_study()
+    print(published.format_study(study))
+    for case in published.cases():
+        print(f"\n- {case.name}: {case.source}. {case.notes}")
     return 0
 
 
@@ -126,8 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--models", default="digits,synthetic,mlp,transformer")
     local.add_argument("--per-worker-batch", type=int, default=64)
     local.add_argument("--steps", type=int, default=30)
-    local.add_argument("--statistics", default="median,paired", help="see `dpscale predict --statistic`")
+    local.add_argument("--statistics", default="median,paired", help="median, paired or pNN (validate.py)")
     local.set_defaults(func=run_local)
+    val = sub.add_parser("validate", help="reports you have: scaling report vs a profile from another run")
+    val.add_argument("scaling_report", help="a `dpscale bench scaling` report directory")
+    val.add_argument("--profile", required=True, help="a `dpscale profile` file from another run")
+    val.add_argument("--calibrate", default=None, help="a `dpscale bench allreduce` report directory")
+    val.add_argument("--statistics", default="median", help="median, paired or pNN (validate.py)")
+    val.set_defaults(func=run_validate)
     emu = sub.add_parser("emulate", help="an emulated multi-host cluster (root)")
     emu.add_argument("--hosts", type=int, default=2)
     emu.add_argument("--workers-per-host", type=int, default=1)

@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -66,8 +67,13 @@ def test_nodes_alone_is_one_world_size_and_flags_override_the_preset(tmp_path, m
         (["--nodes", "2", "--world-sizes", "2"], "--nodes"),
         (["--compression", "0"], "--compression"),
         (["--transport", "shm"], "--transport"),
-        (["--statistic", "p20"], "--statistic"),
-        (["--compute-from", "local"], "--compute-from"),
+        (["--compute-cv", "2"], "--compute-cv"),
+        (["--compute-cv", "0.1", "--compute-tail", "1.2"], "--compute-tail"),
+        (["--compute-tail", "0.5"], "--compute-tail"),
+        (["--oversubscription", "0.5"], "--oversubscription"),
+        (["--nodes-per-switch", "0"], "--nodes-per-switch"),
+        (["--congestion-per-doubling", "1.5"], "--congestion-per-doubling"),
+        (["--interference", "2"], "--interference"),
         (["--model", "mlp"], "--model"),  # together with the explicit numbers
     ],
 )
@@ -91,3 +97,48 @@ def test_profile_command_writes_a_profile_that_predict_reads(tmp_path, monkeypat
     argv = ["--profile", str(path), "--preset", "cpu-shm", "--world-sizes", "1,2", "--json"]
     rc, out = _run("predict", [*argv, "--report-dir", str(tmp_path / "r")], monkeypatch)
     assert [r["world_size"] for r in json.loads(out.strip().splitlines()[-1])] == [1, 2]
+
+
+def test_help_shows_worked_examples(capsys):
+    parser = argparse.ArgumentParser()
+    cli.add_predict_arguments(parser)
+    help_text = parser.format_help()
+    assert "worked examples:" in help_text and "--preset dgx-h100" in help_text
+    assert "--no-stragglers" in help_text and "--preset pcie3-x16+roce-25g" in help_text
+
+
+def test_each_term_switches_off_and_the_bottleneck_names_the_dominant(tmp_path, monkeypatch):
+    # VGG-16-like on 4-GPU PCIe servers over 25 GbE RoCE at 512 GPUs: bandwidth-bound
+    base = ["--params", "138.4e6", "--step-compute-ms", "416", "--per-worker-batch", "64"]
+    base += ["--preset", "pcie3-x16+roce-25g", "--workers-per-node", "4", "--world-sizes", "512"]
+    base += ["--algorithm", "ring", "--compute-cv", "0.03", "--json"]
+
+    def efficiency(*flags: str) -> tuple[float, str]:
+        rc, out = _run("predict", [*base, *flags, "--report-dir", str(tmp_path)], monkeypatch)
+        (row,) = json.loads(out.strip().splitlines()[-1])
+        return row["efficiency"], row["bottleneck"]
+
+    full, bottleneck = efficiency()
+    assert bottleneck == "inter-node bandwidth"
+    for flag in ("--no-stragglers", "--no-achieved-bandwidth"):
+        assert efficiency(flag)[0] > full, flag
+    congested, _ = efficiency("--oversubscription", "2")
+    assert congested < full and efficiency("--oversubscription", "2", "--no-congestion")[0] == full
+    # compute-bound: with a large step-to-step variation the stragglers are the dominant loss
+    cpu_bound = ["--params", "1e6", "--step-compute-ms", "400", "--preset", "dgx-h100"]
+    cpu_bound += ["--world-sizes", "1024", "--compute-cv", "0.05", "--json", "--report-dir", str(tmp_path)]
+    rc, out = _run("predict", cpu_bound, monkeypatch)
+    (row,) = json.loads(out.strip().splitlines()[-1])
+    assert row["bottleneck"].startswith("stragglers")
+
+
+def test_a_cpu_profile_on_a_gpu_preset_warns(tmp_path, monkeypatch, capsys):
+    prof = replace(cli.profiles.explicit(
+        params=1000, bytes_per_param=4, step_compute_ms=5, backward_fraction=0.5, per_worker_batch=8
+    ), device="cpu")  # fmt: skip
+    path = prof.save(tmp_path / "cpu.json")
+    argv = ["--profile", str(path), "--world-sizes", "1,8", "--report-dir", str(tmp_path / "r")]
+    _run("predict", [*argv, "--preset", "dgx-h100"], monkeypatch)
+    assert "measured on a CPU" in capsys.readouterr().err
+    _run("predict", [*argv, "--preset", "cpu-shm", "--workers-per-node", "8"], monkeypatch)
+    assert "measured on a CPU" not in capsys.readouterr().err

@@ -5,11 +5,12 @@ on paper; see docs/performance-model.md for the formulas.
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from dpscale.predict.cluster import INTER, INTRA, Cluster, Link, MeasuredAllReduce
-from dpscale.predict.costs import ALGORITHMS, all_reduce_cost
+from dpscale.predict.costs import ALGORITHMS, TREE_BANDWIDTH_FACTOR, all_reduce_cost
 
 A_I, B_I = 2e-6, 100e9  # intra: 2 us per step, 100 GB/s
 A_E, B_E = 10e-6, 10e9  # inter: 10 us per step, 10 GB/s
@@ -44,12 +45,40 @@ def test_ring_across_nodes_pays_inter_latency_per_node_hop_and_the_slowest_bandw
 
 
 def test_tree_is_pipelined_chain_within_and_binary_trees_between_nodes():
-    assert cost("tree", 8) == pytest.approx(2 * 7 * A_I + 2 * N_BYTES / B_I + OVH)
+    # NCCL's tuning model gives the tree 0.92 of the link's bandwidth (an achieved-bandwidth term)
+    t = TREE_BANDWIDTH_FACTOR
+    assert cost("tree", 8) == pytest.approx(2 * 7 * A_I + 2 * N_BYTES / B_I / t + OVH)
     # 64 workers on 8 nodes: depth 2((g-1) + log2 N) steps, 2n through the slowest port
-    expected = 2 * 7 * A_I + 2 * 3 * A_E + 2 * N_BYTES / B_E + OVH
+    expected = 2 * 7 * A_I + 2 * 3 * A_E + 2 * N_BYTES / B_E / t + OVH
     assert cost("tree", 64) == pytest.approx(expected)
     # two workers: each sends n once
-    assert cost("tree", 2) == pytest.approx(2 * A_I + N_BYTES / B_I + OVH)
+    assert cost("tree", 2) == pytest.approx(2 * A_I + N_BYTES / B_I / t + OVH)
+    nominal = cluster(achieved_bandwidth=False)
+    assert cost("tree", 2, nominal) == pytest.approx(2 * A_I + N_BYTES / B_I + OVH)
+
+
+def test_achieved_bandwidth_and_congestion_are_terms_of_their_own():
+    c = cluster()
+    c = replace(
+        c,
+        intra=replace(c.intra, efficiency=0.5),
+        inter=replace(c.inter, efficiency=0.8, congestion=1.25),
+    )
+    p, nodes = 16, 2
+    cost_ = all_reduce_cost(N_BYTES, p, c, "ring")
+    terms = {t.label: t.seconds for t in cost_.terms}
+    # the slowest link is the one with the lowest achieved rate: inter at 10 x 0.8 / 1.25 = 6.4 GB/s
+    volume = 2 * (p - 1) / p * N_BYTES
+    assert terms["inter-node bandwidth"] == pytest.approx(volume / B_E)
+    assert terms["inter-node achieved-bandwidth shortfall"] == pytest.approx(
+        volume / (0.8 * B_E) - volume / B_E
+    )
+    assert terms["inter-node congestion"] == pytest.approx(volume / (0.8 * B_E) * 0.25)
+    assert cost_.seconds == pytest.approx(
+        (2 * (p - 1) - 2 * (nodes - 1)) * A_I + 2 * (nodes - 1) * A_E + volume / (6.4e9) + OVH
+    )
+    off = all_reduce_cost(N_BYTES, p, replace(c, achieved_bandwidth=False), "ring")
+    assert "inter-node achieved-bandwidth shortfall" not in {t.label for t in off.terms}
 
 
 def test_halving_doubling_power_of_two_and_not():

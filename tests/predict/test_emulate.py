@@ -7,9 +7,9 @@ small: 2 hosts x 1 worker on 1 Gbit/s links, a 4 MiB all-reduce and 3 training s
 import subprocess
 
 import pytest
+from predict_lab import emulate
+from predict_lab.emulate_validate import EMULATION_TARGET, validate_emulation
 
-from dpscale.predict import emulate
-from dpscale.predict.emulate_validate import EMULATION_TARGET, validate_emulation
 from dpscale.predict.profile import measure
 
 WHY = emulate.unavailable()

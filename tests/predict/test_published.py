@@ -1,14 +1,69 @@
-"""The published cases reproduce, and the two predictions bracket each other sensibly."""
+"""Published results at 8 to 1024 GPUs: cited cases, a split by rule, the fit the docs state, and the
+held-out error docs/performance-model.md reports (pure computation, no processes)."""
 
-from dpscale.predict.published import cases, reproduce
+import pytest
+from predict_lab import published
+from predict_lab.published import (
+    FITTED,
+    cases,
+    fit,
+    format_study,
+    held_out_cases,
+    held_out_study,
+    training_cases,
+)
+
+from dpscale.predict.cluster import ETH_EFFICIENCY, GPU_COMPUTE_CV
+
+# the held-out errors in points, as docs/performance-model.md reports them (predicted - published)
+DOCUMENTED_HELD_OUT = {
+    "Horovod, Inception V3 (23.8 M), 512 Pascal GPUs": -2.8,
+    "Horovod, ResNet-101 (44.5 M), 512 Pascal GPUs": -4.0,
+    "Horovod, VGG-16 (138.4 M), 512 Pascal GPUs": +7.5,
+    "NVIDIA BERT-large pre-training, seq 128, 64 x DGX-2H (1024 V100)": +8.0,
+    "NVIDIA BERT-large pre-training, seq 512, 64 x DGX-2H (1024 V100)": +0.9,
+    "NVIDIA BERT-large pre-training, seq 128, 16 x DGX-1 (128 V100)": +0.2,
+    "NVIDIA BERT-large pre-training, seq 512, 16 x DGX-1 (128 V100)": +0.3,
+    "NVIDIA ResNet-50 v1.5, mixed precision, 8 x A100 (DGX A100)": +11.7,
+    "Goyal et al. 2017, ResNet-50, 256 P100": +2.9,
+}
 
 
-def test_each_case_reproduces_with_sources_and_a_bracket():
+def test_at_least_8_cited_cases_spanning_8_to_1024_gpus_and_both_kinds_of_model():
     all_cases = cases()
-    assert len(all_cases) >= 3
-    for case in all_cases:
-        r = reproduce(case)
-        assert case.source and case.notes
-        assert 0 < r.predicted_no_overlap <= r.predicted_overlap <= 1.0
-        row = r.row()
-        assert row["published"].endswith("%") and row["bottleneck"]
+    assert len(all_cases) >= 8
+    for c in all_cases:
+        assert c.source and c.how and c.interconnect and c.step_source, c.name
+        assert 0 < c.published_efficiency <= 1
+    assert min(c.gpus for c in all_cases) == 8 and max(c.gpus for c in all_cases) == 1024
+    # compute-bound (ResNet, Inception: < 50 M parameters) and bandwidth-bound (VGG-16, BERT-large)
+    assert {c.params < 50e6 for c in all_cases} == {True, False}
+
+
+def test_the_split_is_the_rule_and_halves_the_cases():
+    held, train = held_out_cases(), training_cases()
+    assert not set(map(id, held)) & set(map(id, train))
+    assert len(held) + len(train) == len(cases()) and abs(len(held) - len(train)) <= 1
+    # the largest GPU count of every family with more than one is held out
+    assert {c.name for c in held} == set(DOCUMENTED_HELD_OUT)
+
+
+def test_the_fitted_parameters_are_the_presets():
+    assert FITTED.eth_efficiency == ETH_EFFICIENCY and FITTED.compute_cv == GPU_COMPUTE_CV
+
+
+def test_held_out_errors_are_the_documented_ones_and_the_target_is_reported_honestly():
+    study = held_out_study(FITTED)
+    held = {r.case.name: r.error_points for r in study.rows if r.held_out}
+    assert held == pytest.approx(DOCUMENTED_HELD_OUT, abs=0.05)
+    worst = max(abs(e) for e in held.values())
+    # the issue's target (every case within 3 points, worst <= 5) is NOT met on the held-out half;
+    # this test fails if the model changes, so that the docs' table is redone with it
+    assert worst == pytest.approx(11.7, abs=0.05) and worst > published.WORST_POINTS
+    text = format_study(study)
+    assert "held out: 5/9 within 3 points" in text and "worst 11.7 points" in text
+
+
+@pytest.mark.slow
+def test_refitting_on_the_training_half_gives_the_recorded_parameters():
+    assert fit(training_cases()) == FITTED

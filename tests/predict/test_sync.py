@@ -128,7 +128,7 @@ def test_bad_world_size_names_the_flag():
 
 
 def test_validate_applies_each_points_transport_and_dpscale_gloo_uses_dpscales_overhead():
-    from dpscale.predict.validate import validate
+    from predict_lab.validate import validate
 
     def point(engine, transport, n, step_ms):
         keys = ("engine", "transport", "world_size", "per_worker_batch", "step_ms")

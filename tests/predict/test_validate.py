@@ -6,11 +6,12 @@ import io
 import json
 from dataclasses import replace
 
+import predict_validation
 import pytest
+from predict_lab.validate import measured_steps, validate
 
 from dpscale.predict import cli
 from dpscale.predict.profile import explicit
-from dpscale.predict.validate import measured_steps, validate
 
 MIB = 1 << 20
 
@@ -20,7 +21,8 @@ def _profile():
     p = explicit(
         params=MIB // 4, bytes_per_param=4, step_compute_ms=100, backward_fraction=0.5, per_worker_batch=8
     )
-    return replace(p, engine_overhead_ms={"dpscale": 10.0, "torch": 20.0})
+    # two workers on one host compute 1.5x slower: measured by the profile (--co-located 2), another run
+    return replace(p, engine_overhead_ms={"dpscale": 10.0, "torch": 20.0}, contention={2: 1.5})
 
 
 def _point(engine, transport, n, step_ms):
@@ -39,7 +41,7 @@ def _scaling() -> dict:
         _point("local", "none", 1, 100.0),
         _point("dpscale", "shm", 2, 170.0),
         _point("torch", "gloo", 2, 200.0),
-        _point("local", "none", 2, 150.0),  # two workers on one host compute 1.5x slower
+        _point("local", "none", 2, 150.0),
     ]
     runs = [
         {
@@ -76,7 +78,7 @@ def test_predictions_by_hand():
     rows = {(r.engine, r.world_size): r for r in result.rows}
     # N = 1: compute 100 + dpscale's 10 ms; a gloo call at world size 1 costs 10 us
     assert rows["dpscale", 1].predicted_step_ms == pytest.approx(110.0 + 0.010)
-    # N = 2: compute x 1.5 (the local engine); shm reduces inline, 1 MiB takes 100 us + 1 MiB / 1 GB/s
+    # N = 2: compute x 1.5 (the profile's contention); shm reduces inline, 1 MiB: 100 us + 1 MiB / 1 GB/s
     assert rows["dpscale", 2].compute_factor == pytest.approx(1.5)
     assert rows["dpscale", 2].predicted_step_ms == pytest.approx(165.0 + (100 + MIB / 1e3) / 1e3)
     # gloo overlaps, but the only bucket is ready when backward ends: all of it is exposed
@@ -85,8 +87,10 @@ def test_predictions_by_hand():
     err = 100 * (rows["torch", 2].predicted_step_ms - 200) / 200
     assert rows["torch", 2].error_pct == pytest.approx(err)
     assert rows["torch", 2].within_target is True
-    assert rows["local", 2].role == "input" and rows["local", 2].within_target is None
-    assert len(result.checks) == 3
+    # the local engine is predicted too (the profile's compute x its contention): a check, not an input
+    assert rows["local", 2].predicted_step_ms == pytest.approx(150.0)
+    assert rows["local", 2].role == "check" and rows["local", 2].within_target is True
+    assert len(result.checks) == 5
 
 
 def test_percentiles_use_the_raw_runs():
@@ -114,18 +118,19 @@ def test_paired_statistic_cancels_a_burst_that_hits_both_engines_in_a_round():
     assert steps["torch", 2] == pytest.approx(110.0)  # median of round deltas (10, 20, 10) on top of local
 
 
-def test_compute_from_the_profiles_lockstep_contention():
-    prof = replace(_profile(), contention={2: 1.4})
-    assert validate(_scaling(), prof).compute_from == "local"  # the default: measured in the same run
-    result = validate(_scaling(), prof, allreduce=_allreduce(), compute_from="profile")
-    rows = {(r.engine, r.world_size): r for r in result.rows}
-    # level from the local engine at N=1 (100 ms = profile compute), slowdown 1.4 from the profile
-    assert rows["local", 2].predicted_step_ms == pytest.approx(140.0)
-    assert rows["local", 2].role == "check" and rows["local", 1].role == "input"
-    assert rows["torch", 2].predicted_step_ms == pytest.approx(120 * 1.4 + (200 + MIB / 500) / 1e3)
-    assert validate(_scaling(), prof, compute_from="local").rows[4].predicted_step_ms == pytest.approx(150.0)
-    with pytest.raises(ValueError, match="--compute-from"):
-        validate(_scaling(), prof, compute_from="guess")
+def test_nothing_of_the_checked_report_goes_into_its_prediction():
+    # the report's local engine ran 3x slower (a loaded machine): the predictions do not move with it,
+    # they miss; before, the level came from this very row (--compute-from local)
+    slow = _scaling()
+    for point in slow["points"]:
+        if point["engine"] == "local":
+            point["step_ms"] *= 3
+    before = validate(_scaling(), _profile(), allreduce=_allreduce())
+    after = validate(slow, _profile(), allreduce=_allreduce())
+    for a, b in zip(before.rows, after.rows, strict=True):
+        assert a.predicted_step_ms == b.predicted_step_ms
+    local = {r.world_size: r for r in after.rows if r.engine == "local"}
+    assert local[2].within_target is False and local[2].error_pct == pytest.approx(-66.7, abs=0.1)
 
 
 def test_without_calibration_the_presets_are_used():
@@ -133,21 +138,20 @@ def test_without_calibration_the_presets_are_used():
     assert all(r.predicted_step_ms > 0 for r in result.rows)
 
 
-def test_cli_validate_reads_report_directories(tmp_path):
+def test_benchmark_validate_reads_report_directories(tmp_path):
     for name, results in (("scaling", _scaling()), ("allreduce", _allreduce())):
         (tmp_path / name).mkdir()
         (tmp_path / name / "report.json").write_text(json.dumps({"results": results}))
     profile = _profile().save(tmp_path / "profile.json")
-    parser = argparse.ArgumentParser()
-    cli.add_predict_arguments(parser)
-    argv = ["--validate", str(tmp_path / "scaling"), "--calibrate", str(tmp_path / "allreduce")]
-    argv += ["--profile", str(profile), "--json", "--report-dir", str(tmp_path / "reports")]
+    argv = ["--report-dir", str(tmp_path / "reports"), "validate", str(tmp_path / "scaling")]
+    argv += ["--calibrate", str(tmp_path / "allreduce"), "--profile", str(profile)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert cli.run_predict_from_args(parser.parse_args(argv)) == 0
+        assert predict_validation.main(argv) == 0
     text = out.getvalue()
-    assert "checks: 3/3 within 15%" in text
-    rows = json.loads(text.strip().splitlines()[-1])
+    assert "checks: 5/5 within 15%" in text
+    (report,) = (tmp_path / "reports").iterdir()
+    rows = json.loads((report / "report.json").read_text())["results"]["rows"]
     assert {(r["engine"], r["world_size"]) for r in rows} == {
         ("dpscale", 1),
         ("local", 1),
@@ -155,12 +159,18 @@ def test_cli_validate_reads_report_directories(tmp_path):
         ("torch", 2),
         ("local", 2),
     }
-    (report,) = (tmp_path / "reports").iterdir()
     assert {p.name for p in report.iterdir()} == {
         "report.json",
         "report.md",
         "validation.csv",
         "validation.png",
     }
-    with pytest.raises(ValueError, match="--validate"):
-        cli.run_predict_from_args(parser.parse_args(["--validate", str(tmp_path / "nothing")]))
+    with pytest.raises(ValueError, match="scaling_report"):
+        predict_validation.main(["validate", str(tmp_path / "nothing"), "--profile", str(profile)])
+
+
+def test_predict_has_no_validate_flag_any_more():
+    parser = argparse.ArgumentParser()
+    cli.add_predict_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--validate", "somewhere"])

@@ -5,7 +5,10 @@
 - `profile`: what one worker spends on forward, backward and the optimizer, and when buckets are ready.
 - `timeline`: backward overlapped with bucket reductions; what stays exposed.
 - `model`: the prediction per world size, with its bottleneck in words.
-- `validate`, `emulate`, `emulate_validate`, `published`: the prediction checked against measurement.
+- `degrade`: what degrades large jobs (stragglers, achieved bandwidth, congestion, interference).
+
+The checks against measurement (local runs, emulated clusters, published results) live in
+benchmarks/predict_lab/, outside the installed package.
 
 docs/performance-model.md gives the formulas and their sources.
 """

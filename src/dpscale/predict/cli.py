@@ -4,7 +4,6 @@
     dpscale predict --model mlp --preset dgx-a100 [--world-sizes 1,8,64,512] [--json]
     dpscale predict --profile FILE --calibrate REPORT_DIR          (this machine, measured transport)
     dpscale predict --params 25.6e6 --step-compute-ms 120 --preset pcie3-x16+eth-25g --nodes 32
-    dpscale predict --validate SCALING_REPORT_DIR --calibrate ALLREDUCE_REPORT_DIR --model mlp
 
 Bad input raises ValueError naming the flag (the dpscale CLI turns it into exit code 2).
 """
@@ -13,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 
 from ..bench.args import parse_int_list
 from ..bench.report import ReportDir
 from . import profile as profiles
-from . import render, validate
+from . import render
 from .cluster import (
     CLUSTER_PRESETS,
     INTER,
@@ -31,6 +31,7 @@ from .cluster import (
     preset_cluster,
 )
 from .costs import ALGORITHM_CHOICES
+from .degrade import ScaleTerms, cv_from_tail
 from .model import ENGINE_CHOICES, PredictConfig, predict
 
 DEFAULT_BATCH = 64
@@ -83,7 +84,27 @@ def run_profile_from_args(args: argparse.Namespace) -> int:
 # ---- dpscale predict ------------------------------------------------------------------------------
 
 
+EXAMPLES = """worked examples:
+  # a model you describe, on 32 DGX H100 (256 GPUs); every at-scale term on
+  dpscale predict --params 1.3e9 --bytes-per-param 2 --step-compute-ms 450 --per-worker-batch 8 \\
+      --preset dgx-h100 --world-sizes 8,64,256,1024 --compute-cv 0.02
+  # VGG-16 on 4-GPU PCIe servers over 25 GbE RoCE, 128 and 512 GPUs (as Horovod's benchmark)
+  dpscale predict --params 138.4e6 --step-compute-ms 416 --per-worker-batch 64 \\
+      --preset pcie3-x16+roce-25g --workers-per-node 4 --world-sizes 128,512 --algorithm ring
+  # the share of one term: the same with it switched off
+  dpscale predict ... --no-stragglers | --no-achieved-bandwidth | --no-congestion | --no-interference
+  # a 2:1 oversubscribed fabric beyond 16 nodes per leaf switch
+  dpscale predict ... --preset dgx-a100 --oversubscription 2 --nodes-per-switch 16
+  # your model, profiled here (CPU), on this machine's transports
+  dpscale profile --model mlp --co-located 2 --out mlp.json
+  dpscale bench allreduce --transport gloo,shm --world-sizes 1,2
+  dpscale predict --profile mlp.json --calibrate reports/<UTC>-allreduce --world-sizes 1,2
+the formulas, their sources and the validation: docs/performance-model.md"""
+
+
 def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add = parser.add_argument
     g = parser.add_argument_group("model (one of: --profile, --model, or the explicit numbers)")
     g.add_argument("--profile", default=None, help="a `dpscale profile` JSON file")
@@ -132,28 +153,68 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="compute slowdown when workers share a node (default: the profile's --co-located, else 1)",
     )
-    add("--validate", default=None, help="a `dpscale bench scaling` report: predicted vs measured")
-    add(
-        "--compute-from",
+    t = parser.add_argument_group("at-scale terms (docs/performance-model.md; each can be switched off)")
+    t.add_argument("--no-stragglers", action="store_true", help="no waiting for the slowest worker")
+    t.add_argument(
+        "--compute-cv",
+        type=float,
         default=None,
-        help="--validate: local (the report's local engine at each N) or profile (local at N=1 x the "
-        "profile's --co-located contention); default local",
+        help="std/mean of a worker's step compute (default: the profile's, else the preset's)",
     )
-    add(
-        "--statistic",
+    t.add_argument("--compute-tail", type=float, default=None, help="or: p99/median of it (Gaussian)")
+    t.add_argument("--no-achieved-bandwidth", action="store_true", help="links at their nominal rate")
+    t.add_argument("--no-congestion", action="store_true", help="no oversubscription or flow collisions")
+    t.add_argument("--oversubscription", type=float, default=1.0, help="fabric uplink ratio (2 = 2:1)")
+    t.add_argument("--nodes-per-switch", type=int, default=None, help="nodes non-blocking below one switch")
+    t.add_argument(
+        "--congestion-per-doubling",
+        type=float,
         default=None,
-        help="--validate: measured step = median (default), paired (with the local engine, per round) or pNN",
+        help="inter-node bandwidth lost per doubling of the nodes (default: the preset's)",
+    )
+    t.add_argument("--no-interference", action="store_true", help="backward not slowed by reductions")
+    t.add_argument(
+        "--interference",
+        type=float,
+        default=None,
+        help="backward slowdown per ms of communication it hides (default: the preset's)",
     )
     add("--json", action="store_true", help="print the predictions as a JSON list on the last line")
     add("--report-dir", default="reports", help="base directory of the report (default reports)")
 
 
-def _profile(
-    args: argparse.Namespace,
-    default_model: str | None = None,
-    default_batch: int | None = None,
-    co_located: int = 1,
-):
+def scale_terms(args: argparse.Namespace) -> ScaleTerms:
+    """The at-scale terms from the flags (degrade.py)."""
+    cv = args.compute_cv
+    if args.compute_tail is not None:
+        if cv is not None:
+            raise ValueError("--compute-tail: give --compute-cv or --compute-tail, not both")
+        cv = cv_from_tail(args.compute_tail)
+    return ScaleTerms(
+        stragglers=not args.no_stragglers,
+        compute_cv=cv,
+        achieved_bandwidth=not args.no_achieved_bandwidth,
+        congestion=not args.no_congestion,
+        oversubscription=args.oversubscription,
+        nodes_per_switch=args.nodes_per_switch,
+        congestion_per_doubling=args.congestion_per_doubling,
+        overlap_interference=not args.no_interference,
+        interference=args.interference,
+    )
+
+
+def cpu_profile_on_gpus(profile: profiles.ModelProfile, cluster: Cluster) -> str | None:
+    """A warning when a profile measured on a CPU is put on GPU links (None when it is not)."""
+    if profile.device != "cpu" or not cluster.gpu:
+        return None
+    return (
+        f"warning: the profile of {profile.model} was measured on a CPU, the cluster ({cluster.name}) has "
+        "GPU links: its compute times are a CPU's, so communication will look far cheaper than on GPUs; "
+        "give the GPU's step time with --params/--step-compute-ms, or a profile taken on the GPU"
+    )
+
+
+def _profile(args: argparse.Namespace):
     explicit = args.params is not None or args.step_compute_ms is not None
     given = [
         f for f, on in (("--profile", args.profile), ("--model", args.model), ("--params", explicit)) if on
@@ -162,7 +223,7 @@ def _profile(
         raise ValueError(
             f"{given[1]}: give one of --profile, --model or the explicit numbers, not {' and '.join(given)}"
         )
-    batch = args.per_worker_batch or default_batch or DEFAULT_BATCH
+    batch = args.per_worker_batch or DEFAULT_BATCH
     if args.profile:
         return profiles.ModelProfile.load(args.profile)
     if explicit:
@@ -175,11 +236,11 @@ def _profile(
             backward_fraction=args.backward_fraction,
             per_worker_batch=batch,
         )
-    model = args.model or default_model
+    model = args.model
     if model is None:
         raise ValueError("--profile: give --profile FILE, --model NAME, or --params and --step-compute-ms")
     print(f"profiling {model} at batch {batch} on one worker ...", flush=True)
-    return profiles.measure(model, batch, co_located=co_located)
+    return profiles.measure(model, batch)
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
@@ -246,11 +307,6 @@ def world_sizes_for(args: argparse.Namespace, cluster: Cluster) -> list[int]:
 
 
 def run_predict_from_args(args: argparse.Namespace) -> int:
-    if args.validate:
-        return _run_validate(args)
-    for flag, value in (("--statistic", args.statistic), ("--compute-from", args.compute_from)):
-        if value is not None:
-            raise ValueError(f"{flag}: only with --validate")
     cluster = _cluster(args)
     config = PredictConfig(
         world_sizes=world_sizes_for(args, cluster),
@@ -261,12 +317,15 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
         algorithm=args.algorithm,
         engine=args.engine,
         contention=args.contention,
+        terms=scale_terms(args),
         # the in-step sync terms of the transport the cluster was calibrated for (predict/sync.py)
         sync_transport=next(iter(cluster.measured.values())).transport if cluster.measured else None,
     )
     for n in config.world_sizes:
         cluster.layout(n)  # bad world sizes fail before a profile is measured
     prof = _profile(args)
+    if warning := cpu_profile_on_gpus(prof, cluster):
+        print(warning, file=sys.stderr)
     predictions = predict(prof, cluster, config)
     print(render.profile_summary(prof))
     print(f"cluster {cluster.describe()}")
@@ -276,31 +335,4 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
     print(f"report: {report.path}")
     if args.json:
         print(json.dumps([p.to_dict() for p in predictions], allow_nan=False))
-    return 0
-
-
-def _run_validate(args: argparse.Namespace) -> int:
-    scaling = validate.load_scaling_report(args.validate)
-    allreduce = load_allreduce_report(args.calibrate) if args.calibrate else None
-    cfg = scaling["config"]
-    batch = cfg.get("per_worker_batch") or scaling["points"][0]["per_worker_batch"]
-    # profiled now: also the sync terms at the report's largest world size on this machine
-    co_located = max(p["world_size"] for p in scaling["points"])
-    prof = _profile(args, default_model=cfg.get("model"), default_batch=batch, co_located=co_located)
-    result = validate.validate(
-        scaling,
-        prof,
-        allreduce=allreduce,
-        scaling_report=str(args.validate),
-        calibration=args.calibrate,
-        statistic=args.statistic or "median",
-        compute_from=args.compute_from or "local",
-    )
-    print(render.profile_summary(prof))
-    print(validate.format_table(result))
-    report = ReportDir.create(args.report_dir, "predict-validate")
-    validate.write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps([r.__dict__ for r in result.rows], allow_nan=False))
     return 0

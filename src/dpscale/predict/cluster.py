@@ -26,12 +26,22 @@ class Link:
     name: str  # INTRA or INTER: what the bottleneck is called in words
     bandwidth_GBps: float  # per direction, 1e9 bytes/s (network links are quoted in Gbit/s: divide by 8)
     latency_us: float  # per sequential step of an algorithm (one message hop)
+    # achieved / nominal bandwidth of a collective on this link at large messages (presets: from
+    # published nccl-tests results; 1 for measured links, whose figures are already achieved)
+    efficiency: float = 1.0
+    # >= 1: how much slower the fabric moves bytes for the job at hand (congestion, oversubscription);
+    # set per world size by the model (degrade.py), 1 on a link at rest
+    congestion: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.bandwidth_GBps > 0:
             raise ValueError(f"{self.name} bandwidth must be > 0 GB/s, got {self.bandwidth_GBps}")
         if not self.latency_us >= 0:
             raise ValueError(f"{self.name} latency must be >= 0 us, got {self.latency_us}")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"{self.name} efficiency must be in (0, 1], got {self.efficiency}")
+        if not self.congestion >= 1:
+            raise ValueError(f"{self.name} congestion must be >= 1, got {self.congestion}")
 
     @property
     def bandwidth_Bps(self) -> float:
@@ -49,6 +59,8 @@ class LinkPreset:
     kind: str  # "intra" (inside a node), "inter" (between nodes) or "any"
     overhead_us: float  # fixed software cost per collective call of the library usually run on it
     source: str
+    efficiency: float = 1.0  # achieved / nominal at large messages (see `source` and _EFFICIENCY)
+    gpu: bool = True  # a GPU interconnect (a CPU profile on it draws a warning)
 
 
 # NCCL's tuning model (src/graph/tuning.cc, Simple protocol, ring) charges 3.4 us per NVLink step,
@@ -56,21 +68,63 @@ class LinkPreset:
 _NCCL = "per-step latency and per-call overhead from NCCL's tuning model (src/graph/tuning.cc)"
 _TCP = "latency: typical one-way kernel TCP small-message latency, assumed (no spec sheet gives it)"
 _HERE = "measured on the dpscale development VM (2-core Xeon) with `dpscale bench allreduce`, 2 ranks"
+# _EFFICIENCY: achieved fractions of nominal for an NCCL all-reduce at large messages (busbw / rate):
+# NVLink: 200-208 GB/s busbw on 8 x A100 (NVLink3, 300 GB/s), nccl-tests issues #149 and #178;
+# InfiniBand: 91 GB/s busbw over 4 x HDR (100 GB/s), nccl-tests issue #100 (84.8-96 GB/s in #119);
+# PCIe: about 12 of 15.75 GB/s for gen3 x16 peer copies (assumed, no nccl-tests figure at hand);
+# Ethernet (TCP or RoCE, as data-parallel frameworks drove it): fitted on the training half of the
+# published cases (docs/performance-model.md, "Published results"), no first-hand source.
+_NVLINK_EFF, _IB_EFF, _PCIE_EFF, ETH_EFFICIENCY = 0.69, 0.91, 0.76, 0.95
+_EFF_SRC = "achieved fraction: see _EFFICIENCY in cluster.py"
+# Step-to-step variation of a GPU's compute in the published systems: not published anywhere, fitted
+# with ETH_EFFICIENCY on the training half of the published cases (the interference and congestion
+# fitted there came out 0, so GPU presets carry none). Override with --compute-cv or a profile.
+GPU_COMPUTE_CV = 0.03
+
+
+def _nv(bw: float, doc: str) -> LinkPreset:
+    return LinkPreset(bw, 3.4, "intra", 8.4, f"{doc}; {_NCCL}; {_EFF_SRC}", _NVLINK_EFF)
+
+
+def _eth(bw: float, std: str, rdma: bool = False) -> LinkPreset:
+    # RoCE: RDMA, the network latency of NCCL's model; kernel TCP: an assumed 20 us
+    lat, how = (9.6, f"RoCE: {_NCCL}") if rdma else (20.0, _TCP)
+    return LinkPreset(bw, lat, "inter", 8.4, f"{std}; {how}; {_EFF_SRC}", ETH_EFFICIENCY)
+
+
+def _ib(bw: float, doc: str) -> LinkPreset:
+    return LinkPreset(bw, 9.6, "inter", 8.4, f"{doc}; {_NCCL}; {_EFF_SRC}", _IB_EFF)
+
+
+def _pcie(bw: float, spec: str) -> LinkPreset:
+    return LinkPreset(bw, 5.7, "intra", 8.4, f"PCI Express Base Specification {spec}; {_NCCL}", _PCIE_EFF)
+
+
 LINK_PRESETS: dict[str, LinkPreset] = {
-    "pcie3-x16": LinkPreset(15.75, 5.7, "intra", 8.4, f"PCI Express Base Specification 3.0; {_NCCL}"),
-    "pcie4-x16": LinkPreset(31.5, 5.7, "intra", 8.4, f"PCI Express Base Specification 4.0; {_NCCL}"),
-    "pcie5-x16": LinkPreset(63.0, 5.7, "intra", 8.4, f"PCI Express Base Specification 5.0; {_NCCL}"),
-    "nvlink3": LinkPreset(300.0, 3.4, "intra", 8.4, f"NVIDIA A100 Tensor Core GPU datasheet; {_NCCL}"),
-    "nvlink4": LinkPreset(450.0, 3.4, "intra", 8.4, f"NVIDIA H100 Tensor Core GPU datasheet; {_NCCL}"),
-    "eth-10g": LinkPreset(1.25, 20.0, "inter", 8.4, f"IEEE 802.3ae (10 Gb/s); {_TCP}"),
-    "eth-25g": LinkPreset(3.125, 20.0, "inter", 8.4, f"IEEE 802.3by (25 Gb/s); {_TCP}"),
-    "eth-50g": LinkPreset(6.25, 20.0, "inter", 8.4, f"IEEE 802.3cd (50 Gb/s); {_TCP}"),
-    "eth-100g": LinkPreset(12.5, 20.0, "inter", 8.4, f"IEEE 802.3ba (100 Gb/s); {_TCP}"),
-    "eth-400g": LinkPreset(50.0, 20.0, "inter", 8.4, f"IEEE 802.3bs (400 Gb/s); {_TCP}"),
-    "ib-hdr200": LinkPreset(25.0, 9.6, "inter", 8.4, f"NVIDIA ConnectX-6 VPI product brief (HDR); {_NCCL}"),
-    "ib-ndr400": LinkPreset(50.0, 9.6, "inter", 8.4, f"NVIDIA ConnectX-7 product brief (NDR); {_NCCL}"),
-    "cpu-shm": LinkPreset(3.5, 250.0, "intra", 10.0, f"dpscale shm transport, {_HERE}"),
-    "cpu-loopback-gloo": LinkPreset(1.4, 58.0, "any", 13.0, f"gloo over loopback TCP, {_HERE}"),
+    "pcie3-x16": _pcie(15.75, "3.0"),
+    "pcie4-x16": _pcie(31.5, "4.0"),
+    "pcie5-x16": _pcie(63.0, "5.0"),
+    # NVLink per direction = the datasheet's total (both directions) / 2
+    "nvlink1": _nv(80.0, "NVIDIA Tesla P100 white paper (4 NVLink 1 links x 20 GB/s per direction)"),
+    "nvlink2": _nv(150.0, "NVIDIA Tesla V100 white paper (6 NVLink 2 links x 25 GB/s per direction)"),
+    "nvlink3": _nv(300.0, "NVIDIA A100 Tensor Core GPU datasheet (NVLink 600 GB/s)"),
+    "nvlink4": _nv(450.0, "NVIDIA H100 / H200 Tensor Core GPU datasheets (NVLink 900 GB/s)"),
+    "nvlink5": _nv(900.0, "NVIDIA Blackwell (B200) datasheet (NVLink 1.8 TB/s)"),
+    "eth-10g": _eth(1.25, "IEEE 802.3ae (10 Gb/s)"),
+    "eth-25g": _eth(3.125, "IEEE 802.3by (25 Gb/s)"),
+    "eth-50g": _eth(6.25, "IEEE 802.3cd (50 Gb/s)"),
+    "eth-100g": _eth(12.5, "IEEE 802.3ba (100 Gb/s)"),
+    "eth-200g": _eth(25.0, "IEEE 802.3bs (200 Gb/s)"),
+    "eth-400g": _eth(50.0, "IEEE 802.3bs (400 Gb/s)"),
+    "roce-25g": _eth(3.125, "IEEE 802.3by (25 Gb/s)", rdma=True),
+    "roce-100g": _eth(12.5, "IEEE 802.3ba (100 Gb/s)", rdma=True),
+    "roce-200g": _eth(25.0, "IEEE 802.3bs (200 Gb/s)", rdma=True),
+    "roce-400g": _eth(50.0, "IEEE 802.3bs (400 Gb/s)", rdma=True),
+    "ib-edr100": _ib(12.5, "NVIDIA (Mellanox) ConnectX-5 product brief (EDR 100 Gb/s)"),
+    "ib-hdr200": _ib(25.0, "NVIDIA ConnectX-6 VPI product brief (HDR 200 Gb/s)"),
+    "ib-ndr400": _ib(50.0, "NVIDIA ConnectX-7 product brief (NDR 400 Gb/s)"),
+    "cpu-shm": LinkPreset(3.5, 250.0, "intra", 10.0, f"dpscale shm transport, {_HERE}", gpu=False),
+    "cpu-loopback-gloo": LinkPreset(1.4, 58.0, "any", 13.0, f"gloo over loopback TCP, {_HERE}", gpu=False),
 }
 
 
@@ -83,13 +137,21 @@ class ClusterPreset:
 
 
 CLUSTER_PRESETS: dict[str, ClusterPreset] = {
+    "dgx-1v": ClusterPreset("nvlink2", "4xib-edr100", 8, "NVIDIA DGX-1 with Tesla V100 System Architecture"),
+    "dgx-2h": ClusterPreset("nvlink2", "8xib-edr100", 16, "NVIDIA DGX-2H datasheet (NVSwitch, 8 x EDR)"),
     "dgx-a100": ClusterPreset("nvlink3", "8xib-hdr200", 8, "NVIDIA DGX A100 System Architecture white paper"),
     "dgx-h100": ClusterPreset("nvlink4", "8xib-ndr400", 8, "NVIDIA DGX H100 datasheet"),
+    "dgx-h200": ClusterPreset(
+        "nvlink4", "8xib-ndr400", 8, "NVIDIA DGX H200 datasheet (8 x ConnectX-7 400 Gb/s)"
+    ),
+    "hgx-h100-roce400": ClusterPreset(
+        "nvlink4", "8xroce-400g", 8, "NVIDIA HGX H100 with 8 x 400GbE RoCE NICs"
+    ),
     "cpu-shm": ClusterPreset("cpu-shm", "cpu-loopback-gloo", 2, "this machine: shm within, gloo between"),
     "cpu-loopback-gloo": ClusterPreset("cpu-loopback-gloo", "cpu-loopback-gloo", 2, "this machine: gloo"),
 }
 # Defaults for a composed preset "INTRA+INTER": a typical server of that intra-node kind.
-_DEFAULT_WORKERS_PER_NODE = {"nvlink3": 8, "nvlink4": 8, "cpu-shm": 2, "cpu-loopback-gloo": 2}
+_DEFAULT_WORKERS_PER_NODE = {f"nvlink{k}": 8 for k in range(1, 6)} | {"cpu-shm": 2, "cpu-loopback-gloo": 2}
 _MULTI_RE = re.compile(r"^(\d+)x([a-z0-9-]+)$")
 
 
@@ -144,6 +206,15 @@ class Cluster:
     source: str = ""  # where the figures come from, in words
     # world size -> measured all-reduce times (then the measurement is used, not the link model)
     measured: Mapping[int, MeasuredAllReduce] = field(default_factory=dict)
+    gpu: bool = False  # its links are GPU interconnects (a CPU profile on it draws a warning)
+    # links move bytes at their achieved fraction of nominal (Link.efficiency); False: nominal
+    achieved_bandwidth: bool = True
+    # the at-scale terms the fabric and devices carry (degrade.py); the CLI flags override them
+    congestion_per_doubling: float = 0.0  # inter-node bandwidth lost per doubling of the nodes
+    interference: float = 0.0  # backward slowdown per ms of communication it hides
+    # step-to-step variation (std / mean) of its devices' compute, used when neither the profile nor
+    # --compute-cv gives one (GPU presets: GPU_COMPUTE_CV)
+    compute_cv: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers_per_node < 1:
@@ -165,10 +236,18 @@ class Cluster:
         return Layout(world_size, world_size // g, g)
 
     def describe(self) -> str:
+        def achieved(link: Link) -> str:
+            return (
+                f" (achieved {link.efficiency:.0%})"
+                if link.efficiency < 1 and self.achieved_bandwidth
+                else ""
+            )
+
         text = (
             f"{self.name}: {self.workers_per_node} workers/node; "
-            f"intra-node {self.intra.bandwidth_GBps:g} GB/s, "
-            f"{self.intra.latency_us:g} us/step; inter-node {self.inter.bandwidth_GBps * 8:g} Gbit/s, "
+            f"intra-node {self.intra.bandwidth_GBps:g} GB/s{achieved(self.intra)}, "
+            f"{self.intra.latency_us:g} us/step; inter-node {self.inter.bandwidth_GBps * 8:g} Gbit/s"
+            f"{achieved(self.inter)}, "
             f"{self.inter.latency_us:g} us/step; {self.per_message_overhead_us:g} us per call"
         )
         if self.measured:
@@ -186,7 +265,10 @@ def _link(spec: str, name: str, flag: str) -> tuple[Link, LinkPreset]:
             "(optionally K links in parallel: 'Kx', e.g. 8xib-hdr200)"
         )
     p = LINK_PRESETS[key]
-    return Link(name=name, bandwidth_GBps=count * p.bandwidth_GBps, latency_us=p.latency_us), p
+    link = Link(
+        name=name, bandwidth_GBps=count * p.bandwidth_GBps, latency_us=p.latency_us, efficiency=p.efficiency
+    )
+    return link, p
 
 
 def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
@@ -216,6 +298,8 @@ def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
         per_message_overhead_us=intra_p.overhead_us,
         name=spec,
         source="; ".join(dict.fromkeys(sources)),
+        gpu=intra_p.gpu or inter_p.gpu,
+        compute_cv=GPU_COMPUTE_CV if intra_p.gpu else 0.0,
     )
 
 

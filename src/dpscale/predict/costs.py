@@ -57,8 +57,24 @@ def _overhead(c: Cluster) -> Term:
     return Term("overhead", "software", c.per_message_overhead_us * 1e-6, "per-message overhead")
 
 
-def _bandwidth(link: Link, nbytes: float) -> Term:
-    return Term("bandwidth", link.name, nbytes / link.bandwidth_Bps, f"{link.name} bandwidth")
+# NCCL's tuning model gives the tree all-reduce 0.92 of the ring's bus bandwidth (src/graph/tuning.cc)
+TREE_BANDWIDTH_FACTOR = 0.92
+
+
+def _bandwidth(link: Link, nbytes: float, c: Cluster, algorithm_factor: float = 1.0) -> list[Term]:
+    """Bytes over a link at its nominal rate, plus what falling short of it and congestion add.
+
+    Kept as separate terms so that the bottleneck can say which: the nominal rate, the achieved
+    fraction (Link.efficiency x the algorithm's factor, when the cluster models it) or congestion.
+    """
+    nominal = nbytes / link.bandwidth_Bps
+    efficiency = link.efficiency * algorithm_factor if c.achieved_bandwidth else 1.0
+    achieved = nominal / efficiency
+    return [
+        Term("bandwidth", link.name, nominal, f"{link.name} bandwidth"),
+        Term("bandwidth", link.name, achieved - nominal, f"{link.name} achieved-bandwidth shortfall"),
+        Term("bandwidth", link.name, achieved * (link.congestion - 1), f"{link.name} congestion"),
+    ]
 
 
 def _latency(link: Link, steps: int, label: str) -> Term:
@@ -71,7 +87,12 @@ def _slowest(lay: Layout, c: Cluster) -> Link:
         return c.intra
     if lay.per_node == 1:
         return c.inter
-    return min(c.intra, c.inter, key=lambda link: link.bandwidth_Bps)
+    return min(c.intra, c.inter, key=lambda link: _rate(link, c))
+
+
+def _rate(link: Link, c: Cluster) -> float:
+    """Bytes/s the link moves for this job: nominal x achieved fraction / congestion."""
+    return link.bandwidth_Bps * (link.efficiency if c.achieved_bandwidth else 1.0) / link.congestion
 
 
 def _cost(name: str, nbytes: float, c: Cluster, terms: list[Term]) -> AllReduceCost:
@@ -90,7 +111,7 @@ def ring(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
         [
             _latency(c.intra, 2 * (p - 1) - inter_steps, label),
             _latency(c.inter, inter_steps, label),
-            _bandwidth(_slowest(lay, c), 2 * (p - 1) / p * nbytes),
+            *_bandwidth(_slowest(lay, c), 2 * (p - 1) / p * nbytes, c),
         ],
     )
 
@@ -108,7 +129,7 @@ def tree(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
         [
             _latency(c.intra, 2 * (g - 1), label),
             _latency(c.inter, 2 * math.ceil(math.log2(nodes)), label),
-            _bandwidth(_slowest(lay, c), per_port),
+            *_bandwidth(_slowest(lay, c), per_port, c, TREE_BANDWIDTH_FACTOR),
         ],
     )
 
@@ -133,14 +154,14 @@ def halving_doubling(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
     terms = [
         _latency(c.intra, steps[INTRA], label),
         _latency(c.inter, steps[INTER], label),
-        _bandwidth(c.intra, volume[INTRA]),
-        _bandwidth(c.inter, volume[INTER]),
+        *_bandwidth(c.intra, volume[INTRA], c),
+        *_bandwidth(c.inter, volume[INTER], c),
     ]
     if p != p2:
         # The p - p2 extra workers first hand their whole vector to a partner and get the result
         # back at the end: two more steps of n (the simple variant; Thakur et al. section 4.4).
         slow = _slowest(lay, c)
-        terms += [_latency(slow, 2, label), _bandwidth(slow, 2 * nbytes)]
+        terms += [_latency(slow, 2, label), *_bandwidth(slow, 2 * nbytes, c)]
     return _cost("halving-doubling", nbytes, c, terms)
 
 
@@ -154,9 +175,9 @@ def hierarchical(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
         c,
         [
             _latency(c.intra, 2 * (g - 1), "latency of 2(g-1) intra-node steps"),
-            _bandwidth(c.intra, 2 * (g - 1) / g * nbytes),
+            *_bandwidth(c.intra, 2 * (g - 1) / g * nbytes, c),
             _latency(c.inter, 2 * (nodes - 1), "latency of 2(nodes-1) inter-node ring steps"),
-            _bandwidth(c.inter, 2 * (nodes - 1) / nodes * nbytes),
+            *_bandwidth(c.inter, 2 * (nodes - 1) / nodes * nbytes, c),
         ],
     )
 

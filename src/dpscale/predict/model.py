@@ -2,8 +2,10 @@
 
 For N workers, from a one-worker profile and a cluster:
 
-    compute_ms  = (forward + backward + engine overhead + optimizer) x contention
+    compute_ms  = (forward + backward + engine overhead + optimizer) x contention x stragglers(N)
+                  + interference x the communication backward hides
     comm_ms     = sum over buckets of [all_reduce_cost(bucket bytes / compression, N) x level + call overhead]
+                  (links at their achieved rate, the inter-node one slowed by congestion at N nodes)
     exposed     = what the bucket timeline (timeline.py) leaves after the end of backward
     step_ms     = compute_ms + exposed
     samples/s   = N x per-worker batch / step
@@ -21,6 +23,11 @@ cluster's all-reduce times are scaled to the calibration's own tight-loop level 
 (the bench gives the shape over sizes; the level drifts with the load of a shared machine). The
 engine overhead then loses the one-worker gloo calls it was measured with. Without a calibration,
 neither applies.
+
+The at-scale terms (stragglers, achieved bandwidth, congestion, overlap interference) are degrade.py's;
+each can be switched off in `PredictConfig.terms`. `Prediction.losses_ms` says what each costs the
+step beyond ideal compute (the exposed communication split over its terms in proportion), and the
+bottleneck is the largest of them.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .cluster import Cluster
 from .costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
+from .degrade import INTERFERENCE, STRAGGLERS, ScaleTerms
 from .profile import DPSCALE_ON_SHM, PROFILE_ENGINES, ModelProfile
 from .sync import SyncCost
 from .timeline import BucketSpan, ReadyBucket, simulate
@@ -68,6 +76,7 @@ class PredictConfig:
     contention: float | None = None
     # --transport (with --calibrate): whose in-step sync terms from the profile apply; None: none
     sync_transport: str | None = None
+    terms: ScaleTerms = field(default_factory=ScaleTerms)  # stragglers, bandwidth, congestion, interference
 
     def __post_init__(self) -> None:
         if not self.world_sizes or any(n < 1 for n in self.world_sizes):
@@ -101,6 +110,8 @@ class Prediction:
     bottleneck: str
     algorithms: str  # the algorithm(s) the buckets used, e.g. "ring" or "tree, ring"
     terms_ms: dict[str, float] = field(default_factory=dict)  # comm time by term label, all buckets
+    # what each term adds to the step beyond ideal compute (exposed comm split by term, stragglers, ...)
+    losses_ms: dict[str, float] = field(default_factory=dict)
     spans: tuple[BucketSpan, ...] = ()
 
     def to_dict(self) -> dict:
@@ -111,10 +122,19 @@ class Prediction:
         return asdict(self)
 
 
-def _bottleneck(world_size: int, step_ms: float, exposed_ms: float, terms_ms: dict[str, float]) -> str:
-    if world_size == 1 or not terms_ms or exposed_ms <= COMPUTE_BOUND_SHARE * step_ms:
+def _losses(exposed_ms: float, terms_ms: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
+    """What each term adds to the step: the exposed communication shared out in proportion to the
+    terms' communication time, plus the compute-side terms (stragglers, interference)."""
+    comm = sum(terms_ms.values())
+    out = {k: exposed_ms * v / comm for k, v in terms_ms.items()} if comm > 0 and exposed_ms > 0 else {}
+    out.update({k: v for k, v in extra.items() if v > 0})
+    return out
+
+
+def _bottleneck(world_size: int, step_ms: float, losses_ms: dict[str, float]) -> str:
+    if world_size == 1 or sum(losses_ms.values()) <= COMPUTE_BOUND_SHARE * step_ms:
         return "compute"
-    return max(terms_ms, key=terms_ms.__getitem__)
+    return max(losses_ms, key=losses_ms.__getitem__)
 
 
 def _level(sync: SyncCost, cluster: Cluster, config: PredictConfig) -> float:
@@ -123,6 +143,12 @@ def _level(sync: SyncCost, cluster: Cluster, config: PredictConfig) -> float:
     n = sync.world_size
     model_ms = sum(all_reduce_cost(b, n, cluster, config.algorithm).seconds * 1e3 for b in sync.bucket_bytes)
     return sync.tight_comm_ms / model_ms if model_ms > 0 and sync.tight_comm_ms > 0 else 1.0
+
+
+def _ready(buckets: list[ReadyBucket], prof: ModelProfile, backward_ms: float) -> list[ReadyBucket]:
+    """The profile's bucket ready times stretched to a backward of `backward_ms`."""
+    stretch = backward_ms / prof.backward_ms if prof.backward_ms > 0 else 1.0
+    return [ReadyBucket(b.index, b.nbytes, min(b.ready_ms * stretch, backward_ms)) for b in buckets]
 
 
 def predict(
@@ -147,8 +173,22 @@ def predict(
     baseline_ms = prof.compute_ms + overhead_ms  # one worker, nothing to communicate, no contention
     buckets = prof.buckets(config.bucket_mb, config.first_bucket_mb)
     out = []
+    terms = config.terms
+    # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
+    cv = terms.compute_cv
+    cv = (prof.compute_cv if prof.compute_cv is not None else cluster.compute_cv) if cv is None else cv
+    interference = terms.interference if terms.interference is not None else cluster.interference
+    if not terms.overlap_interference or not config.overlap:
+        interference = 0.0
+    per_doubling = terms.congestion_per_doubling
+    per_doubling = cluster.congestion_per_doubling if per_doubling is None else per_doubling
     for n in config.world_sizes:
         lay = cluster.layout(n)
+        at_n = replace(
+            cluster,
+            inter=replace(cluster.inter, congestion=terms.congestion_factor(lay.nodes, per_doubling)),
+            achieved_bandwidth=cluster.achieved_bandwidth and terms.achieved_bandwidth,
+        )
         factor = 1.0
         if lay.per_node > 1:
             factor = config.contention or prof.contention.get(lay.per_node, 1.0)
@@ -158,19 +198,19 @@ def predict(
         sync = prof.sync_cost(config.sync_transport, n) if config.sync_transport else None
         if sync is not None:
             call_s = sync.call_overhead_ms / 1e3
-            level = _level(sync, cluster, config)
+            level = _level(sync, at_n, config)
             one = prof.sync_cost(profiled_on, 1)
             if one is not None:
                 # the engine overhead was measured with one worker on gloo (or shm), so it holds
                 # that transport's one-worker calls: swap those for this transport's at this size
                 engine_ms = max(0.0, overhead_ms - one.step_comm_ms)
-        backward_ms = (prof.backward_ms + engine_ms) * factor
-        stretch = backward_ms / prof.backward_ms if prof.backward_ms > 0 else 1.0
-        ready = [ReadyBucket(b.index, b.nbytes, min(b.ready_ms * stretch, backward_ms)) for b in buckets]
+        # the step waits for the slowest of n workers: every phase of it is that much longer
+        slowest = terms.straggler_factor(cv, n)
+        backward_ms = (prof.backward_ms + engine_ms) * factor * slowest
         costs: list[AllReduceCost] = []
 
-        def reduce_ms(nbytes: int, n=n, costs=costs, call_s=call_s, level=level) -> float:
-            cost = all_reduce_cost(nbytes / config.compression, n, cluster, config.algorithm)
+        def reduce_ms(nbytes: int, n=n, at_n=at_n, costs=costs, call_s=call_s, level=level) -> float:
+            cost = all_reduce_cost(nbytes / config.compression, n, at_n, config.algorithm)
             if level != 1.0:
                 cost = replace(cost, terms=tuple(replace(t, seconds=t.seconds * level) for t in cost.terms))
             if call_s > 0:
@@ -179,13 +219,28 @@ def predict(
             costs.append(cost)
             return cost.seconds * 1e3
 
-        timeline = simulate(ready, backward_ms, reduce_ms, overlap=config.overlap)
-        compute_ms = (prof.forward_ms + prof.optimizer_ms) * factor + backward_ms
+        timeline = simulate(
+            _ready(buckets, prof, backward_ms), backward_ms, reduce_ms, overlap=config.overlap
+        )
+        interfered_ms = 0.0
+        if interference > 0 and timeline.hidden_comm_ms > 0:
+            # backward runs slower while reductions run beside it; once more with the longer backward
+            interfered_ms = interference * timeline.hidden_comm_ms
+            backward_ms += interfered_ms
+            costs.clear()
+            timeline = simulate(_ready(buckets, prof, backward_ms), backward_ms, reduce_ms, overlap=True)
+        compute_ms = (prof.forward_ms + prof.optimizer_ms) * factor * slowest + backward_ms
         step_ms = compute_ms + timeline.exposed_comm_ms
         terms_ms: dict[str, float] = {}
         for cost in costs:
             for t in cost.terms:
                 terms_ms[t.label] = terms_ms.get(t.label, 0.0) + t.seconds * 1e3
+        straggler_ms = (
+            (prof.forward_ms + prof.optimizer_ms + prof.backward_ms + engine_ms) * factor * (slowest - 1)
+        )
+        losses = _losses(
+            timeline.exposed_comm_ms, terms_ms, {STRAGGLERS: straggler_ms, INTERFERENCE: interfered_ms}
+        )
         out.append(
             Prediction(
                 world_size=n,
@@ -196,9 +251,10 @@ def predict(
                 exposed_comm_ms=timeline.exposed_comm_ms,
                 samples_per_s=n * batch / (step_ms / 1e3),
                 efficiency=baseline_ms / step_ms,
-                bottleneck=_bottleneck(n, step_ms, timeline.exposed_comm_ms, terms_ms),
+                bottleneck=_bottleneck(n, step_ms, losses),
                 algorithms=", ".join(dict.fromkeys(c.algorithm for c in costs)) or "-",
                 terms_ms=terms_ms,
+                losses_ms=losses,
                 spans=timeline.spans,
             )
         )

@@ -30,6 +30,7 @@ JSON (`ModelProfile.to_dict()`):
      "sync": [{"transport": str, "world_size": int, "call_overhead_ms": float, "free_compute_ms": float,
                "in_step_ms": float, "tight_comm_ms": float, "bucket_bytes": [int, ...]}, ...]
              (in-step sync overheads at world sizes 1 and K with --co-located K, sync.py; may be empty),
+     "compute_cv": float | null (step-to-step variation of compute, MAD-based), "device": "cpu" | null,
      "threads": int | null,
      "steps": int | null, "warmup": int | null, "system": {...} | null}
 """
@@ -78,6 +79,10 @@ class ModelProfile:
     engine_overhead_ms: dict[str, float] = field(default_factory=dict)
     contention: dict[int, float] = field(default_factory=dict)  # workers on the node -> compute slowdown
     sync: tuple[SyncCost, ...] = ()  # in-step sync terms per (transport, world size), sync.py
+    # std / mean of one worker's step compute from step to step (robust: 1.4826 x MAD / median);
+    # the stragglers term (degrade.py) takes the expected slowest of N workers from it
+    compute_cv: float | None = None
+    device: str | None = None  # where it was measured ("cpu"); None for explicit numbers
     threads: int | None = None
     steps: int | None = None
     warmup: int | None = None
@@ -173,6 +178,15 @@ class ModelProfile:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError, TypeError, KeyError) as e:
             raise ValueError(f"{flag}: cannot read a profile from {path}: {e}") from None
+
+
+def robust_cv(values: list[float]) -> float:
+    """Coefficient of variation from the median absolute deviation (x 1.4826: sigma for a Gaussian),
+    so that a burst of other load on a shared machine does not pass for step-to-step variation."""
+    med = statistics.median(values)
+    if med <= 0 or len(values) < 3:
+        return 0.0
+    return 1.4826 * statistics.median(abs(v - med) for v in values) / med
 
 
 def _even_buckets(total_bytes: int, backward_ms: float, cap: int, first_cap: int) -> list[ReadyBucket]:
@@ -379,6 +393,7 @@ def measure(
         contention[co_located] = med(per_rank[0])
     fwd, bwd, opt, ready = zip(*raw["phases"], strict=True)
     local = raw["totals"]["local"]
+    steps_ms = [f + b + o for f, b, o in zip(fwd, bwd, opt, strict=True)]
     params = tuple(
         ParamTiming(name, numel, nbytes, max(0.0, med(r[i] for r in ready)))
         for i, (name, numel, nbytes) in enumerate(zip(raw["names"], raw["numel"], raw["nbytes"], strict=True))
@@ -400,6 +415,8 @@ def measure(
             if e != "local"
         },
         contention=contention,
+        compute_cv=robust_cv(steps_ms),
+        device="cpu",
         threads=threads,
         steps=len(fwd),
         warmup=warmup,

@@ -4,21 +4,14 @@ For every (engine, world size) point of the report, the step time is predicted f
 the cluster (calibrated per transport from an all-reduce report when one is given) and the engine,
 and set against the measured step time.
 
-Compute is not taken on trust: on a small shared machine a worker computes more slowly when others
-run beside it (memory bandwidth, caches, cores) and when other users load the machine. The profile
-fixes the shape of a step (phases, bucket ready times, engine overheads); its level comes from the
-report's own `local` engine (`compute_from`):
-
-- "local": factor(N) = local engine's step at N / profile compute, measured in the same run. But the
-  local engine's workers drift apart, so their memory-hungry phases overlap only part of the time,
-  while synchronized training aligns them: its contention can differ from what training sees.
-- "profile": factor(N) = local engine's step at 1 / profile compute x the profile's contention for N
-  workers, measured in lockstep (`dpscale profile --co-located N`). The local rows at N > 1 are then
-  predictions too, but the contention was measured at another time than the report, under other
-  load; on the shared development machine neither way was consistently closer (see
-  docs/performance-model.md), so "local", measured in the same run, is the default.
-
-Local rows used as the level are inputs, not checks.
+The compute level never comes from the report being checked. It comes from the profile, measured in
+another run (`dpscale profile`, with `--co-located N` for the slowdown of N workers on the node):
+compute at N = profile compute x the profile's contention for N workers (1 where it has none). The
+report's own `local` engine is then a check like any other row (the model predicts it as the
+profile's compute at that contention), not an input. On a shared machine this makes the check
+sensitive to load that changed between the two runs; that is the point: a prediction is made before
+the run it predicts. An earlier version took the level from the report's local engine
+(`--compute-from local`), which let the report calibrate its own prediction.
 
 Measured step time (`statistic`): the report's median (`step_ms`); "pNN", that percentile of the
 per-step times in the report's raw runs; or "paired", the local engine's median plus the median
@@ -45,11 +38,11 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from ..bench.report import Image, ReportDir, Section, Table, new_figure, read_report
-from ..bench.scaling import split_rounds
-from .cluster import Cluster, calibrated, preset_cluster
-from .model import PredictConfig, predict
-from .profile import ModelProfile
+from dpscale.bench.report import Image, ReportDir, Section, Table, new_figure, read_report
+from dpscale.bench.scaling import split_rounds
+from dpscale.predict.cluster import Cluster, calibrated, preset_cluster
+from dpscale.predict.model import PredictConfig, predict
+from dpscale.predict.profile import ModelProfile
 
 TARGET = 0.15  # the issue's target for world sizes 1 and 2
 TARGET_WORLD_SIZES = (1, 2)
@@ -67,13 +60,13 @@ class ValidationRow:
     measured_step_ms: float
     predicted_step_ms: float
     error_pct: float  # 100 * (predicted - measured) / measured
-    role: str  # "check", or "input" for the local engine (it sets the compute factor)
-    compute_factor: float
+    role: str  # "check" (every row: nothing of the report goes into its prediction)
+    compute_factor: float  # the profile's contention for this many workers on the node
     predicted_comm_ms: float
     predicted_exposed_ms: float
     measured_comm_ms: float | None  # dpscale's own per-step stats, when the report has them
     measured_exposed_ms: float | None
-    within_target: bool | None  # None where no target applies (inputs, world sizes > 2)
+    within_target: bool | None  # None where no target applies (world sizes > 2)
 
 
 @dataclass(frozen=True)
@@ -81,7 +74,6 @@ class ValidationResult:
     scaling_report: str
     calibration: str | None
     statistic: str  # "median", "p25" etc. or "paired": what "measured" means (module docstring)
-    compute_from: str  # "local" or "profile": where the compute level comes from
     profile: dict
     rows: list[ValidationRow]
 
@@ -90,7 +82,6 @@ class ValidationResult:
             "scaling_report": self.scaling_report,
             "calibration": self.calibration,
             "statistic": self.statistic,
-            "compute_from": self.compute_from,
             "profile": self.profile,
             "rows": [asdict(r) for r in self.rows],
         }
@@ -169,18 +160,15 @@ def validate(
     scaling_report: str = "",
     calibration: str | None = None,
     statistic: str = "median",
-    compute_from: str = "local",
 ) -> ValidationResult:
     """Predicted vs measured step time for every point of a scaling report's results."""
-    if compute_from not in ("local", "profile"):
-        raise ValueError(f"--compute-from: local or profile, got {compute_from!r}")
     steps = measured_steps(scaling, statistic)
     rows = []
     for p in scaling["points"]:
         n, batch, engine, transport = p["world_size"], p["per_worker_batch"], p["engine"], p["transport"]
         prof = profile.at_batch(batch)
         measured_ms = steps[(engine, n)]
-        factor, anchor = _compute_factor(n, prof, steps, compute_from)
+        factor = prof.contention.get(n, 1.0) if n > 1 else 1.0
         if engine == "local":
             pred_ms, comm, exposed = prof.compute_ms * factor, 0.0, 0.0
         else:
@@ -195,8 +183,8 @@ def validate(
             (pred,) = predict(profile, cluster, config, contention_by_world_size={n: factor})
             pred_ms, comm, exposed = pred.step_ms, pred.comm_ms, pred.exposed_comm_ms
         error = 100 * (pred_ms - measured_ms) / measured_ms
-        role = "input" if engine == "local" and anchor == n else "check"
-        within = abs(error) <= 100 * TARGET if role == "check" and n in TARGET_WORLD_SIZES else None
+        role = "check"
+        within = abs(error) <= 100 * TARGET if n in TARGET_WORLD_SIZES else None
         rows.append(
             ValidationRow(
                 engine=engine,
@@ -215,22 +203,13 @@ def validate(
             )
         )
     summary = {k: v for k, v in profile.to_dict().items() if k not in ("params", "system")}
-    return ValidationResult(scaling_report, calibration, statistic, compute_from, summary, rows)
+    return ValidationResult(scaling_report, calibration, statistic, summary, rows)
 
 
 def _profiled_engine(engine: str, profile: ModelProfile) -> str:
     """Whose one-worker overhead the profile has for `engine`: dpscale-gloo is dpscale's engine."""
     base = "dpscale" if engine.startswith("dpscale") else engine
     return base if base in profile.engine_overhead_ms else "none"
-
-
-def _compute_factor(n: int, prof: ModelProfile, steps: dict, compute_from: str) -> tuple[float, int | None]:
-    """(compute factor at world size n, the world size of the local step it is anchored on)."""
-    if compute_from == "profile" and ("local", 1) in steps and (n == 1 or n in prof.contention):
-        return steps["local", 1] / prof.compute_ms * (prof.contention[n] if n > 1 else 1.0), 1
-    if ("local", n) in steps:
-        return steps["local", n] / prof.compute_ms, n
-    return 1.0, None
 
 
 _COLUMNS = {
@@ -275,7 +254,7 @@ def format_table(result: ValidationResult) -> str:
     hits = sum(1 for r in checks if r.within_target)
     targeted = sum(1 for r in checks if r.within_target is not None)
     foot = (
-        f"measured = {result.statistic} step time, compute from {result.compute_from}; "
+        f"measured = {result.statistic} step time, compute from the profile (another run); "
         f"checks: {hits}/{targeted} within {TARGET:.0%} at "
         f"world sizes 1-2; largest error {worst:.1f}%"
     )
@@ -290,12 +269,11 @@ def plot(result: ValidationResult) -> Figure:
     ax.plot([0, top], [0, top], color="gray", lw=1)
     ax.fill_between([0, top], [0, top * (1 - TARGET)], [0, top * (1 + TARGET)], color="gray", alpha=0.15)
     for r in result.rows:
-        marker = "s" if r.role == "input" else "o"
-        ax.scatter(r.measured_step_ms, r.predicted_step_ms, marker=marker, s=45)
+        ax.scatter(r.measured_step_ms, r.predicted_step_ms, marker="o", s=45)
         ax.annotate(f"{r.engine}/{r.transport} N={r.world_size}", (r.measured_step_ms, r.predicted_step_ms),
                     textcoords="offset points", xytext=(5, -3), fontsize="x-small")  # fmt: skip
     ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured step (ms)", ylabel="predicted step (ms)")
-    ax.set_title(f"Predicted vs measured step time (band: +-{TARGET:.0%}; squares: inputs)")
+    ax.set_title(f"Predicted vs measured step time (band: +-{TARGET:.0%})")
     ax.grid(True, alpha=0.35)
     return fig
 
@@ -311,10 +289,8 @@ def write_report(result: ValidationResult, report: ReportDir) -> None:
         f"Scaling report: {result.scaling_report}. "
         f"Calibration: {result.calibration or 'presets (no --calibrate)'}. "
         f"Measured = {result.statistic} of the per-step times (slowest rank; see --statistic). "
-        f"Compute level from: {result.compute_from} (see --compute-from). "
-        "Compute of each point = profile compute x factor (local: the report's local engine at the same "
-        "N / profile compute; profile: local engine at N=1 / profile compute x the profile's lockstep "
-        "contention). "
+        "Compute of each point = the profile's compute (measured in another run) x its lockstep "
+        "contention for N workers; nothing of the report goes into the prediction. "
         "shm reduces inline (no overlap); gloo overlaps."
     )
     fmt = {c: f for c, (_, f) in _COLUMNS.items() if f}

@@ -1,6 +1,6 @@
 """One worker of an emulated cluster (emulate.py starts it under torchrun): measure, then print on rank 0.
 
-`python -m dpscale.predict.emulate_worker CONFIG_JSON`, in the environment torchrun sets. Three
+`python benchmarks/predict_lab/emulate_worker.py CONFIG_JSON`, in the environment torchrun sets. Three
 measurements, each step or call counted at its slowest rank (what the next collective waits for):
 
 1. all-reduce of float32 tensors of each size over gloo: median time of `iters` calls;
@@ -65,8 +65,8 @@ def _step_times(model, batch, loss_sum, steps: int, warmup: int) -> tuple[list[f
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..engine import DistributedDataParallel
-    from ..workloads import get_workload
+    from dpscale.engine import DistributedDataParallel
+    from dpscale.workloads import get_workload
 
     cfg = json.loads((argv or sys.argv[1:])[0])
     torch.set_num_threads(1)

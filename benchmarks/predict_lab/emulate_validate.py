@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .cluster import INTER, Cluster, Link, preset_cluster
-from .costs import all_reduce_cost
-from .emulate import EmulationResult
-from .model import PredictConfig, predict
-from .profile import ModelProfile
+from dpscale.predict.cluster import INTER, Cluster, Link, preset_cluster
+from dpscale.predict.costs import all_reduce_cost
+from dpscale.predict.model import PredictConfig, predict
+from dpscale.predict.profile import ModelProfile
+from predict_lab.emulate import EmulationResult
 
 EMULATION_TARGET = 0.20
 

@@ -237,8 +237,8 @@ def _torchrun(cluster: EmulatedCluster, host: int, config: EmulationConfig, run_
         f"--rdzv-conf=is_host={int(host == 0)}",
         f"--local-addr={cluster.address(host)}",
         "--max-restarts=0",
-        "-m",
-        "dpscale.predict.emulate_worker",
+        # a script path, not a module: the validation code lives beside the benchmarks, outside the package
+        str(Path(__file__).with_name("emulate_worker.py")),
         worker_config,
     ]
 

@@ -1,0 +1,11 @@
+"""Checks of `dpscale predict` against measurement (benchmarks/predict_validation.py, tests/predict).
+
+Not part of the installed package (nothing at run time needs it):
+
+- `validate`: a `dpscale bench scaling` report of this machine, predicted from a profile of another run.
+- `emulate`, `emulate_worker`, `emulate_validate`: an emulated multi-host cluster (network namespaces).
+- `published`: published data-parallel results at 8 to 1024 GPUs, with free parameters fitted on half of
+  them and the error reported on the other half.
+
+Tests import it with benchmarks/ on sys.path (tests/predict/conftest.py).
+"""

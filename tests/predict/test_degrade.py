@@ -1,0 +1,133 @@
+"""The at-scale terms (degrade.py) by hand: expected maximum, stragglers, congestion, interference, losses."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from dpscale.predict.cluster import INTER, INTRA, Cluster, Link
+from dpscale.predict.degrade import (
+    INTERFERENCE,
+    STRAGGLERS,
+    ScaleTerms,
+    cv_from_tail,
+    expected_max_normal,
+)
+from dpscale.predict.model import PredictConfig, predict
+from dpscale.predict.profile import explicit, robust_cv
+
+MB = 1 << 20
+
+
+# E[max of n standard normals], tabulated (Harter 1961, Expected values of normal order statistics)
+HARTER = {2: 0.56419, 3: 0.84628, 5: 1.16296, 10: 1.53875, 100: 2.50759}
+
+
+@pytest.mark.parametrize("n", sorted(HARTER))
+def test_expected_maximum_matches_the_tables(n):
+    assert expected_max_normal(n) == pytest.approx(HARTER[n], abs=2e-4)
+
+
+def test_expected_maximum_matches_a_simulation_at_1024():
+    import random
+
+    rng = random.Random(0)
+    draws = [max(rng.gauss(0, 1) for _ in range(1024)) for _ in range(1000)]
+    assert expected_max_normal(1024) == pytest.approx(sum(draws) / len(draws), abs=0.03)
+    # the asymptotic sqrt(2 ln N) is far off at these sizes: the reason for integrating
+    assert math.sqrt(2 * math.log(1024)) / expected_max_normal(1024) > 1.1
+
+
+def test_expected_max_grows_like_sqrt_2_ln_n_and_is_0_for_one_worker():
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=0.02)  # exact: 0.5642
+    for n in (128, 1024):
+        assert 0.75 < expected_max_normal(n) / math.sqrt(2 * math.log(n)) < 1.0
+    with pytest.raises(ValueError):
+        expected_max_normal(0)
+
+
+def test_tail_to_cv_and_robust_cv():
+    assert cv_from_tail(1.0) == 0.0
+    assert cv_from_tail(1 + 2.326) == pytest.approx(1.0, rel=1e-3)
+    # a burst of 3 slow steps out of 20 does not pass for variation
+    steps = [100.0, 101.0, 99.0, 100.5, 99.5] * 4
+    steps[3:6] = [300.0, 300.0, 300.0]
+    assert robust_cv(steps) < 0.02
+
+
+def test_congestion_factor():
+    t = ScaleTerms(oversubscription=2.0, nodes_per_switch=16)
+    assert t.congestion_factor(1, 0.0) == 1.0
+    assert t.congestion_factor(16, 0.0) == 1.0  # within one switch: non-blocking
+    assert t.congestion_factor(32, 0.0) == 2.0
+    # 10% lost per doubling: at 8 nodes 0.9^3 of the bandwidth is left
+    assert ScaleTerms().congestion_factor(8, 0.1) == pytest.approx(1 / 0.9**3)
+    assert ScaleTerms(congestion=False, oversubscription=3).congestion_factor(64, 0.1) == 1.0
+
+
+def _cluster(**kw) -> Cluster:
+    return Cluster(
+        workers_per_node=8,
+        intra=Link(name=INTRA, bandwidth_GBps=100.0, latency_us=0.0),
+        inter=Link(name=INTER, bandwidth_GBps=1.0, latency_us=0.0),
+        **kw,
+    )
+
+
+def _profile(step_ms=100.0):
+    return explicit(
+        params=25 * MB // 4,
+        bytes_per_param=4,
+        step_compute_ms=step_ms,
+        backward_fraction=0.5,
+        per_worker_batch=8,
+    )
+
+
+def test_stragglers_stretch_compute_by_cv_times_the_expected_maximum():
+    config = PredictConfig(world_sizes=[1, 64], terms=ScaleTerms(compute_cv=0.05), algorithm="ring")
+    one, many = predict(_profile(), _cluster(), config)
+    assert one.compute_ms == pytest.approx(100.0)
+    assert many.compute_ms == pytest.approx(100.0 * (1 + 0.05 * expected_max_normal(64)))
+    assert many.losses_ms[STRAGGLERS] == pytest.approx(many.compute_ms - 100.0)
+    off = PredictConfig(
+        world_sizes=[64], terms=ScaleTerms(compute_cv=0.05, stragglers=False), algorithm="ring"
+    )
+    (plain,) = predict(_profile(), _cluster(), off)
+    assert plain.compute_ms == pytest.approx(100.0) and STRAGGLERS not in plain.losses_ms
+
+
+def test_the_profiles_cv_is_used_unless_given_and_the_clusters_last():
+    prof = _profile()
+    config = PredictConfig(world_sizes=[8], algorithm="ring")
+    (p,) = predict(prof, _cluster(compute_cv=0.02), config)
+    assert p.compute_ms == pytest.approx(100 * (1 + 0.02 * expected_max_normal(8)))
+    (p,) = predict(replace(prof, compute_cv=0.01), _cluster(compute_cv=0.02), config)
+    assert p.compute_ms == pytest.approx(100 * (1 + 0.01 * expected_max_normal(8)))
+
+
+def test_interference_stretches_backward_by_the_hidden_communication():
+    # one node, 25 buckets of 1 MiB spread evenly over 50 ms of backward; each takes 2 x 7/8 x 1 MiB
+    # over 100 GB/s = 18 us, all hidden but the last
+    config = PredictConfig(world_sizes=[8], algorithm="ring", bucket_mb=1)
+    (plain,) = predict(_profile(), _cluster(), config)
+    (slowed,) = predict(_profile(), _cluster(interference=0.5), config)
+    hidden = plain.comm_ms - plain.exposed_comm_ms
+    assert slowed.losses_ms[INTERFERENCE] == pytest.approx(0.5 * hidden)
+    assert slowed.compute_ms == pytest.approx(plain.compute_ms + 0.5 * hidden)
+    off = PredictConfig(
+        world_sizes=[8], algorithm="ring", bucket_mb=1, terms=ScaleTerms(overlap_interference=False)
+    )
+    assert predict(_profile(), _cluster(interference=0.5), off)[0].compute_ms == pytest.approx(
+        plain.compute_ms
+    )
+
+
+def test_losses_add_up_and_the_bottleneck_is_the_largest():
+    terms = ScaleTerms(compute_cv=0.01, oversubscription=2.0)
+    config = PredictConfig(world_sizes=[64], algorithm="ring", overlap=False, terms=terms)
+    (p,) = predict(_profile(), _cluster(), config)
+    assert sum(p.losses_ms.values()) == pytest.approx(p.step_ms - 100.0)
+    assert p.losses_ms["inter-node congestion"] == pytest.approx(p.losses_ms["inter-node bandwidth"])
+    assert p.bottleneck == max(p.losses_ms, key=p.losses_ms.__getitem__)
