@@ -24,8 +24,15 @@ class UsageError(ValueError):
 def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train a built-in workload with N data-parallel workers",
-        description="Train a built-in workload with data parallelism on this host.",
+        help="train your task (--task module:callable) or a built-in workload with N data-parallel workers",
+        description="Train your own dpscale.Task (--task module:callable) or a built-in workload "
+        "(--workload, default digits) with data parallelism on this host.",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="set any of the fields below from a TOML file (keys as the flags, without --); flags override",
     )
     p.add_argument(
         "--nproc",
@@ -48,14 +55,23 @@ def _add_train(sub) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from .train.config import config_file_fields
     from .train.launch import LaunchError, launch, parse_nproc
+    from .train.preflight import preflight
 
-    cfg = TrainConfig(**dataclass_kwargs(args, TrainConfig))
+    fields = config_file_fields(args.config) if args.config else {}
+    flags = dataclass_kwargs(args, TrainConfig)
+    if "task" in flags or "workload" in flags:  # a flag naming what to train replaces the file's choice
+        fields.pop("task", None)
+        fields.pop("workload", None)
+    fields.update(flags)
+    if fields.get("task") is None and fields.get("workload") is None:
+        fields["workload"] = "digits"
+    cfg = TrainConfig(**fields)
     min_nproc, nproc = parse_nproc(args.nproc)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    for n in sorted({nproc, min_nproc}, reverse=True):
-        cfg.resolve_batch(n)
+    preflight(cfg, [nproc, min_nproc])
     _check_checkpoint_dir(cfg)
     try:
         result = launch(cfg, nproc, min_nproc=min_nproc, max_restarts=args.max_restarts, threads=args.threads)

@@ -12,7 +12,7 @@ from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer, param_sha256
 from dpscale.workloads import WORKLOADS, Workload
 from dpscale.workloads.datasets import TensorData
-from dpscale.workloads.registry import _ce_sum
+from dpscale.workloads.registry import _ce
 
 
 def _tiny_data(seed):
@@ -25,7 +25,7 @@ def _tiny_model():
 
 
 def register_tiny():
-    WORKLOADS["tiny"] = Workload("tiny", _tiny_model, _tiny_data, _ce_sum, global_batch=8, lr=1.0, epochs=1)
+    WORKLOADS["tiny"] = Workload("tiny", _tiny_model, _tiny_data, _ce, global_batch=8, lr=1.0, epochs=1)
 
 
 def fit_tiny(rank, world, cfg):

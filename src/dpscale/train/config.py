@@ -14,16 +14,22 @@ from ..comm.select import TRANSPORT_NAMES
 from ..data.sampler import TAIL_POLICIES
 from ..engine.powersgd import COMPRESSIONS
 from ..workloads import WORKLOADS
+from .device import DEVICES, PRECISIONS
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 WORLD_CHANGES = ("keep-global-batch", "scale-lr")
 ENGINES = ("dpscale", "torch")
+# defaults for a task that is not a built-in workload (a built-in brings its own)
+TASK_DEFAULTS = dict(global_batch=64, lr=0.01, epochs=1, optimizer="sgd")
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    workload: str = "digits"
-    """Built-in workload: digits, synthetic, mlp or transformer."""
+    workload: str | None = None
+    """Built-in workload: digits, synthetic, mlp or transformer (its defaults fill the fields left unset)."""
+    task: str | None = None
+    """Your own task instead of a workload: module:callable returning a dpscale.Task (module.py in the
+    current directory); unset fields take global_batch 64, sgd, lr 0.01, 1 epoch."""
     global_batch: int | None = None
     """Samples per optimizer step across all workers (default: the workload's)."""
     micro_batch: int | None = None
@@ -86,16 +92,24 @@ class TrainConfig:
     """Every this many steps, all ranks compare parameter fingerprints and stop if they differ (0: never)."""
     check_collectives_steps: int = 1
     """The first this many steps compare each collective's op, size and dtype across ranks (0: never)."""
+    device: str = "auto"
+    """auto (this worker's GPU if CUDA is available, else CPU), cpu, or cuda (GPU LOCAL_RANK, NCCL)."""
+    precision: str = "fp32"
+    """fp32, bf16 or fp16: autocast for forward and loss; fp16 adds loss scaling kept in step across ranks."""
+    data_workers: int = 0
+    """DataLoader worker processes per training worker (0: load in the training process)."""
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
+        if self.workload is not None and self.task is not None:
+            raise ValueError("workload and task: give one (task is your own, workload a built-in)")
+        if self.workload is not None and self.workload not in WORKLOADS:
             raise ValueError(f"workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
-        w = WORKLOADS[self.workload]
-        self.global_batch = w.global_batch if self.global_batch is None else self.global_batch
-        self.lr = w.lr if self.lr is None else self.lr
-        self.optimizer = w.optimizer if self.optimizer is None else self.optimizer
+        defaults = TASK_DEFAULTS if self.workload is None else vars(WORKLOADS[self.workload])
+        for name in ("global_batch", "lr", "optimizer"):
+            if getattr(self, name) is None:
+                setattr(self, name, defaults[name])
         if self.epochs is None and self.max_steps is None:
-            self.epochs = w.epochs
+            self.epochs = defaults["epochs"]
         _positive("global_batch", self.global_batch)
         for name in ("micro_batch", "accumulation_steps", "epochs", "max_steps", "lr_reference_batch"):
             if getattr(self, name) is not None:
@@ -149,6 +163,12 @@ class TrainConfig:
             )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device: unknown {self.device!r}; choose one of {', '.join(DEVICES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: unknown {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.data_workers < 0:
+            raise ValueError(f"data_workers must be >= 0, got {self.data_workers}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs checkpoint_dir: say where the checkpoints are")
 
@@ -193,3 +213,26 @@ class TrainConfig:
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def config_file_fields(path: str) -> dict:
+    """The TrainConfig fields a TOML file sets (keys may use - or _); ValueError naming a bad key."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"--config: cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--config: {path} is not valid TOML: {e}") from None
+    known = {f.name for f in fields(TrainConfig)}
+    out = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ValueError(
+                f"--config: {path} sets {key!r}, which is not a TrainConfig field; see dpscale train --help"
+            )
+        out[name] = value
+    return out

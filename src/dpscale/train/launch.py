@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ..cores import usable_cores
 from .config import TrainConfig
+from .device import backend_for, resolve_device
 from .trainer import Trainer, TrainResult
 
 # Imported once by the forkserver the agent starts workers from, so a worker (and every restart)
@@ -81,17 +82,20 @@ def run_worker(config: dict, threads: int) -> dict:
     cfg = TrainConfig.from_dict(config)
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir:
         cfg.resume = True  # a restarted attempt continues from the last good checkpoint
-    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s))
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
+    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), backend_for(device))
     try:
         return Trainer(cfg).fit().to_dict()
     finally:
         dist.destroy_process_group()
 
 
-def _init_process_group(timeout: datetime.timedelta) -> None:
-    """gloo over the store the agent (or torchrun) describes; `timeout` bounds every collective."""
+def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> None:
+    """`backend` over the store the agent (or torchrun) describes; `timeout` bounds every collective."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout)
         return
     # The agent's store outlives a restart and still holds the previous attempt's gloo addresses
     # under the same keys: a restarted worker that reads one before its peer overwrote it connects
@@ -103,7 +107,7 @@ def _init_process_group(timeout: datetime.timedelta) -> None:
     )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"dpscale/attempt_{attempt}", store)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def launch(
@@ -219,7 +223,10 @@ def _describe_failure(e: Exception, nproc: int, max_restarts: int) -> str:
 def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    device = resolve_device(cfg.device, local_rank=0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
     try:
         return Trainer(cfg).fit()
     finally:

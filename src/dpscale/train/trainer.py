@@ -29,10 +29,15 @@ from ..engine import DistributedDataParallel
 from ..engine.collective_log import CollectiveLog, explain_failures
 from ..engine.powersgd import compression_hook
 from ..faults import InjectedFault, active, hang_forever, injected, kill_self
-from ..workloads import get_workload
+from ..workloads import WORKLOADS
+from ..workloads.load import load_task
+from ..workloads.task import Task, call_model, per_sample, to_device
 from . import trainer_checkpoint
+from .batches import MicroBatches
 from .config import TrainConfig
+from .device import Precision, resolve_device
 from .drift import check_replicas
+from .evaluate import evaluate
 from .metrics import MetricsWriter, Progress, StepMetrics, summary_table
 from .optim import BatchScale, build_optimizer, build_scheduler
 
@@ -60,6 +65,7 @@ class TrainResult:
     resumed_from_step: int | None
     engine: str
     transport: str
+    eval: dict[str, float] | None = None  # "loss" and each metric, means over the task's eval_data
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,8 +79,31 @@ def param_sha256(module: nn.Module) -> str:
     return h.hexdigest()
 
 
+def resolve_task(config: TrainConfig) -> Task:
+    """The config's task: its `task` spec, else its built-in `workload`."""
+    if config.task is not None:
+        return load_task(config.task, seed=config.seed)
+    if config.workload is not None:
+        return WORKLOADS[config.workload].task(config.seed)
+    raise ValueError("no task: pass Trainer(config, task), or set config.task or config.workload")
+
+
 class Trainer:
-    def __init__(self, config: TrainConfig, *, process_group: dist.ProcessGroup | None = None):
+    """Trains `task` (default: the one the config names) with data parallelism over `process_group`.
+
+    Every rank constructs a Trainer and calls `fit()`; under torchrun the process group comes from
+    `dist.init_process_group` (NCCL with one GPU per worker for `device="cuda"`, else gloo).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        task: Task | None = None,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+    ):
+        if task is not None and not isinstance(task, Task):
+            raise ValueError(f"task must be a dpscale.Task, got {type(task).__name__}")
         self.cfg = config
         self.group = process_group
         self.rank = dist.get_rank(process_group)
@@ -93,20 +122,34 @@ class Trainer:
             self._split_error = e
             self.micro_batch, self.accumulation_steps = max(1, self.global_batch // self.world_size), 1
             self.global_batch = self.micro_batch * self.world_size
-        self.workload = get_workload(config.workload)
-        self.train_data, self.test_data = self.workload.build_data(config.seed)
+        self.task = task if task is not None else resolve_task(config)
+        self.train_data = self.task.train_data
+        if len(self.train_data) < self.global_batch and config.tail == "drop":
+            raise ValueError(
+                f"train_data has {len(self.train_data)} samples, fewer than one global batch of "
+                f"{self.global_batch}; use a global batch of at most {len(self.train_data)}"
+            )
+        self.device = resolve_device(config.device)
+        self.precision = Precision(config.precision, self.device)
         # what this rank asked of the others: for hang reports and the first steps' agreement check
         self.log = CollectiveLog(process_group)
         torch.manual_seed(config.seed)  # identical initial weights everywhere (rank 0's win anyway)
-        module = self.workload.build_model()
+        module = self.task.model()
+        if not isinstance(module, nn.Module):
+            raise ValueError(
+                f"Task.model() returned {type(module).__name__}; it must return a torch.nn.Module"
+            )
+        module.to(self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
         with self._explained():
             if config.engine == "torch":
                 self.model = nn.parallel.DistributedDataParallel(
-                    module, process_group=process_group, bucket_cap_mb=config.bucket_cap_mb
+                    module, device_ids, process_group=process_group, bucket_cap_mb=config.bucket_cap_mb
                 )
             else:
                 self.model = DistributedDataParallel(
                     module,
+                    device_ids,
                     process_group=process_group,
                     bucket_cap_mb=config.bucket_cap_mb,
                     transport=config.transport,
@@ -118,10 +161,24 @@ class Trainer:
         if (hook := compression_hook(config.compression, process_group)) is not None:
             self.model.register_comm_hook(*hook)
             self.comm_state = hook[0] if hasattr(hook[0], "state_dict") else None
-        self.optimizer = build_optimizer(config, self.model.parameters())
+        if self.task.optimizer is not None:
+            self.optimizer = self.task.optimizer(self.model.parameters())
+            if not isinstance(self.optimizer, torch.optim.Optimizer):
+                raise ValueError(
+                    f"Task.optimizer(params) returned {type(self.optimizer).__name__}; "
+                    "it must return a torch.optim.Optimizer"
+                )
+        else:
+            self.optimizer = build_optimizer(config, self.model.parameters())
         self.batch_scale = BatchScale()
         self.scheduler = build_scheduler(config, self.optimizer, self.batch_scale)
         self.sampler = self._build_sampler()
+        self.batches = MicroBatches(
+            self.train_data,
+            self.task.collate,
+            workers=config.data_workers,
+            pin_memory=self.device.type == "cuda",
+        )
         self.step = 0
         self.samples_seen = 0
         self.total_steps = self.plan_total_steps()
@@ -222,9 +279,12 @@ class Trainer:
         finally:
             progress.close()
             metrics.close()
+            self.batches.close()
             if isinstance(self.model, DistributedDataParallel):
                 self.model.close()  # one fit per Trainer: give the hooks and shared memory back now
         elapsed = time.perf_counter() - t_start
+        with self._explained():
+            scores = self.evaluate()
         result = TrainResult(
             world_size=self.world_size,
             global_batch=self.global_batch,
@@ -233,7 +293,7 @@ class Trainer:
             steps=self.step,
             samples_seen=self.samples_seen,
             final_loss=self.last_loss,
-            test_accuracy=self.evaluate(),
+            test_accuracy=scores.get("accuracy") if scores else None,
             samples_per_s=(self.samples_seen - samples_start) / elapsed if elapsed > 0 else 0.0,
             param_sha256=param_sha256(self._module),
             checkpoint=self.last_checkpoint,
@@ -241,6 +301,7 @@ class Trainer:
             resumed_from_step=self.resumed_from,
             engine=cfg.engine,
             transport=self.model.transport.name if cfg.engine == "dpscale" else dist.get_backend(self.group),
+            eval=scores,
         )
         if lead and cfg.progress != "none":
             _print_summary(result)
@@ -252,6 +313,7 @@ class Trainer:
                 if self.sampler.step_in_epoch >= self.sampler.steps_this_epoch:
                     self.sampler.set_epoch(self.sampler.epoch + 1)
                 self._steps_iter = self.sampler.iter_steps()
+                self.batches.start_segment(self.sampler)
             batch = next(self._steps_iter, None)
             if batch is not None:
                 return batch
@@ -260,35 +322,41 @@ class Trainer:
     def _train_step(self, batch: StepBatch) -> StepMetrics:
         t0 = time.perf_counter()
         model, last = self.model, len(batch.micro_batches) - 1
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for j, indices in enumerate(batch.micro_batches):
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        loaded = self.batches.take(len(batch.micro_batches))
+        for j, (indices, (x, y)) in enumerate(zip(batch.micro_batches, loaded, strict=True)):
             if not indices and j < last:
                 continue  # nothing to add locally; only the synced backward must always run
-            x, y = self.train_data.batch(indices)
+            x, y = to_device((x, y), self.device, non_blocking=True)
             with nullcontext() if j == last else model.no_sync():
-                loss = self.workload.loss_sum(model(x), y)
+                with self.precision.autocast():
+                    out = call_model(model, x)
+                    losses = per_sample("Task.loss", self.task.loss(out, y), max(1, len(indices)))
+                # an empty micro-batch was loaded as one sample (see batches.py): weight it zero
+                loss = losses.float().sum() * (1.0 if indices else 0.0)
                 # the engine averages over ranks, so scale the sum by W: mean over ranks of
                 # W * local_sum / global_count is the global-batch mean
-                (loss * (self.world_size / batch.global_count)).backward()
+                self.precision.scale(loss * (self.world_size / batch.global_count)).backward()
             loss_sum += loss.detach().double()
+        self.precision.unscale(self.optimizer)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if injected("nan_grad", step=self.step + 1, rank=self.rank):
             grads[0].view(-1)[0] = float("nan")  # after the reduction: only this rank sees it
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
         # One small collective gives every rank the global loss and the same skip decision: after
         # averaging a non-finite gradient anywhere is non-finite everywhere, but deciding by a
         # collective keeps ranks in lockstep even if a custom hook were to hide it on some rank.
-        flags = torch.stack([loss_sum, torch.tensor(float(not torch.isfinite(norm)), dtype=torch.float64)])
+        flags = torch.stack([loss_sum, (~torch.isfinite(norm)).to(torch.float64)])
         self.log.record("all_reduce", "step flags (loss, non-finite)", flags)
         dist.all_reduce(flags, group=self.group)
         skipped = bool(flags[1] > 0)
         lr = self.optimizer.param_groups[0]["lr"]
         if skipped:
             self.skipped_steps += 1
-        else:
-            if self.cfg.grad_clip_norm is not None:
-                torch.nn.utils.clip_grads_with_norm_(model.parameters(), self.cfg.grad_clip_norm, norm)
-            self.optimizer.step()
+        elif self.cfg.grad_clip_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), self.cfg.grad_clip_norm, norm)
+        self.precision.step(self.optimizer, skipped)
+        if not skipped:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -311,19 +379,17 @@ class Trainer:
             skipped=skipped,
         )
 
-    @torch.no_grad()
-    def evaluate(self) -> float | None:
-        """Accuracy on the workload's test split (classification workloads), the same on all ranks."""
-        if self.test_data is None:
-            return None
-        module = self._module
-        module.eval()
-        correct = 0
-        for lo in range(0, len(self.test_data), 1024):
-            x, y = self.test_data.batch(list(range(lo, min(lo + 1024, len(self.test_data)))))
-            correct += int((module(x).argmax(dim=-1) == y).sum())
-        module.train()
-        return correct / len(self.test_data)
+    def evaluate(self) -> dict[str, float] | None:
+        """The loss and the task's metrics averaged over its eval_data, the same on all ranks (collective)."""
+        return evaluate(
+            self.task,
+            self._module,
+            batch_size=max(self.micro_batch, 256),
+            device=self.device,
+            autocast=self.precision.autocast,
+            group=self.group,
+            log=self.log,
+        )
 
     @property
     def _module(self) -> nn.Module:
@@ -372,6 +438,7 @@ def _print_summary(r: TrainResult) -> None:
         ("samples seen", f"{r.samples_seen:,}"),
         ("final loss", "n/a" if r.final_loss is None or math.isnan(r.final_loss) else f"{r.final_loss:.4f}"),
         ("test accuracy", "n/a" if r.test_accuracy is None else f"{r.test_accuracy:.2%}"),
+        ("eval", ", ".join(f"{k} {v:.4g}" for k, v in r.eval.items()) if r.eval else "n/a"),
         ("throughput", f"{r.samples_per_s:,.0f} samples/s"),
         ("engine / transport", f"{r.engine} / {r.transport}"),
         ("last checkpoint", r.checkpoint or "none"),

@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
     args = parser.parse_args(argv)
     try:
-        cfg = TrainConfig(**dataclass_kwargs(args, TrainConfig))
+        fields = dataclass_kwargs(args, TrainConfig)
+        if fields.get("task") is None and fields.get("workload") is None:
+            fields["workload"] = "digits"
+        cfg = TrainConfig(**fields)
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     warning = rendezvous_warning(os.environ.get("MASTER_ADDR"))

@@ -10,17 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.data import Dataset
 
 
 @dataclass(frozen=True)
-class TensorData:
-    """Inputs and targets, indexable by a list of sample indices."""
+class TensorData(Dataset):
+    """Inputs and targets: a map-style dataset of (input, target) items, also indexable by a list."""
 
     x: torch.Tensor
     y: torch.Tensor
 
     def __len__(self) -> int:
         return self.x.shape[0]
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
 
     def batch(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long)

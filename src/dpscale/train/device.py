@@ -1,0 +1,87 @@
+"""Where a worker computes and in which precision: its device, the process group backend, autocast
+and the fp16 loss scaler.
+
+On CUDA each worker takes the GPU of its LOCAL_RANK (what torchrun and the elastic agent set) and
+the process group is NCCL; on CPU it is gloo. Mixed precision is autocast around forward and loss;
+fp16 also needs loss scaling, whose skip-and-back-off decision must be the same on every rank, so
+it follows the trainer's collective skip decision rather than each rank's own overflow check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """`auto`: this worker's GPU when CUDA is available, else the CPU; ValueError for cuda without one."""
+    if name not in DEVICES:
+        raise ValueError(f"device: unknown {name!r}; choose one of {', '.join(DEVICES)}")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("device cuda: no CUDA device is visible to this process; use --device cpu or auto")
+    index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise ValueError(
+            f"device cuda: worker {index} on this host needs GPU {index} but only {count} are visible; "
+            f"use --nproc {count} or fewer"
+        )
+    return torch.device("cuda", index)
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+class Precision:
+    """autocast for forward and loss, plus a GradScaler for fp16 kept in lockstep across ranks."""
+
+    def __init__(self, name: str, device: torch.device):
+        if name not in PRECISIONS:
+            raise ValueError(f"precision: unknown {name!r}; choose one of {', '.join(PRECISIONS)}")
+        self.name = name
+        self.device = device
+        self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+    def autocast(self):
+        if self.name == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=_DTYPES[self.name])
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scaler.scale(loss) if self.scaler else loss
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the (reduced) gradients by the loss scale before they are measured or clipped."""
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, skipped: bool) -> None:
+        """Apply the step unless the ranks decided together to skip it; move the scale the same way
+        everywhere. After the reduction every rank holds the same gradients, so a rank's own
+        overflow check agrees with the collective decision; the backed-off scale is set explicitly
+        on a skip anyway, so the scale can never differ between ranks."""
+        if self.scaler is None:
+            if not skipped:
+                optimizer.step()
+            return
+        if skipped:
+            self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+
+    def state_dict(self) -> dict:
+        return self.scaler.state_dict() if self.scaler else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler and state:
+            self.scaler.load_state_dict(state)

@@ -1,0 +1,68 @@
+"""A task by name: a built-in workload, or the user's `module:callable` returning a `dpscale.Task`.
+
+Specs are strings so they travel to spawned workers, where each resolves its own copy. The
+current directory goes on `sys.path` first, as for `python -m`, so `mytask:make` finds the
+user's mytask.py. Torch's RNG is seeded before the user's callable runs, so data it generates
+with torch's random functions is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+
+import torch
+
+from .registry import WORKLOADS
+from .task import Task
+
+TASK_SPEC_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+TASK_CONVENTION = (
+    "a built-in workload (" + ", ".join(WORKLOADS) + ") or module:callable, a function with no "
+    "arguments in module.py (found from the current directory) that returns a dpscale.Task"
+)
+
+
+def is_task_spec(spec: str) -> bool:
+    return spec in WORKLOADS or bool(TASK_SPEC_RE.match(spec))
+
+
+def load_task(spec: str, *, seed: int = 0, flag: str = "--task") -> Task:
+    """The Task `spec` names; a one-line ValueError starting with `flag` when it cannot."""
+    if spec in WORKLOADS:
+        return WORKLOADS[spec].task(seed)
+    if not TASK_SPEC_RE.match(spec):
+        raise ValueError(f"{flag}: {spec!r} is not {TASK_CONVENTION}")
+    module_name, _, attr = spec.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(
+            f"{flag}: cannot load {spec!r} ({_first_line(e)}); expected {TASK_CONVENTION}"
+        ) from None
+    if not callable(factory):
+        raise ValueError(f"{flag}: {spec} is not callable; expected {TASK_CONVENTION}")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            task = factory()
+        except ValueError as e:  # Task's own validation, or the user's
+            raise ValueError(f"{flag}: {spec}() raised ValueError: {_first_line(e)}") from None
+        except Exception as e:
+            raise ValueError(f"{flag}: {spec}() raised {type(e).__name__}: {_first_line(e)}") from None
+    if not isinstance(task, Task):
+        raise ValueError(
+            f"{flag}: {spec}() returned {type(task).__name__}; it must return a dpscale.Task(model, "
+            "train_data, eval_data, loss=..., metrics=...)"
+        )
+    return task
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

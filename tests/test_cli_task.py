@@ -1,0 +1,98 @@
+"""`dpscale train --task module:callable` end to end: the summary's eval, --config files, the
+Python API under torchrun, and the one-line refusals of broken tasks before any worker starts."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TASKS = Path(__file__).resolve().parent / "train"  # user_tasks.py lives there
+DPSCALE = [sys.executable, "-m", "dpscale.cli"]
+
+
+def run(args, cwd=TASKS, timeout=300):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def test_train_task_with_two_workers_reports_eval_and_keeps_every_key():
+    p = run(
+        DPSCALE
+        + [
+            "train",
+            "--task",
+            "user_tasks:tensor_task",
+            "--nproc",
+            "2",
+            "--global-batch",
+            "32",
+            "--epochs",
+            "3",
+            "--progress",
+            "none",
+            "--json",
+        ]
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert {"world_size", "final_loss", "test_accuracy", "param_sha256", "samples_per_s"} <= set(out)
+    assert set(out["eval"]) == {"loss", "accuracy"} and out["eval"]["accuracy"] > 0.8
+    assert out["world_size"] == 2 and out["test_accuracy"] == out["eval"]["accuracy"]
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("scalar_loss", 'pass reduction="none"'),
+        ("bad_metric", "Task.metrics['accuracy'] returned a scalar"),
+        ("model_raises", "Task.model() raised RuntimeError: no such layer size"),
+        ("not_a_task", "user_tasks:not_a_task() returned TwoInputs; it must return a dpscale.Task"),
+        ("factory_raises", "user_tasks:factory_raises() raised FileNotFoundError: data.csv"),
+        ("tiny_data", "train_data has 10 samples, fewer than one global batch of 64; use --global-batch 10"),
+        ("no_such_name", "cannot load 'user_tasks:no_such_name'"),
+    ],
+)
+def test_a_broken_task_exits_2_with_one_line_before_workers_start(name, message):
+    p = run(DPSCALE + ["train", "--task", f"user_tasks:{name}", "--nproc", "2"], timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert "transport" not in p.stderr  # no worker got as far as building the engine
+
+
+def test_config_file_sets_fields_and_flags_override(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('task = "user_tasks:tensor_task"\nglobal-batch = 32\nmax_steps = 5\nprogress = "none"\n')
+    p = run(DPSCALE + ["train", "--config", str(cfg), "--max-steps", "3", "--json"])
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (out["global_batch"], out["steps"]) == (32, 3)
+    cfg.write_text("global_bach = 32\n")
+    p = run(DPSCALE + ["train", "--config", str(cfg)], timeout=60)
+    assert p.returncode == 2 and "sets 'global_bach', which is not a TrainConfig field" in p.stderr
+
+
+def test_trainer_api_under_torchrun(tmp_path):
+    script = tmp_path / "train_mine.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import json, sys
+        import torch.distributed as dist
+        sys.path.insert(0, {str(TASKS)!r})
+        import dpscale, user_tasks
+
+        dist.init_process_group("gloo")
+        cfg = dpscale.TrainConfig(global_batch=32, epochs=2, progress="none")
+        result = dpscale.Trainer(cfg, user_tasks.tensor_task()).fit()
+        if dist.get_rank() == 0:
+            print(json.dumps(result.to_dict()))
+        dist.destroy_process_group()
+    """)
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    p = run(torchrun + [str(script)], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["world_size"] == 2 and out["steps"] == 12 and out["eval"]["accuracy"] > 0.5
