@@ -164,6 +164,35 @@ def _add_predict(sub) -> None:
     )
 
 
+def _add_run(sub) -> None:
+    from .bench import script_scaling
+
+    p = sub.add_parser(
+        "run",
+        help="run your torchrun script unchanged, with dpscale's engine standing in for torch's DDP",
+        description="Run SCRIPT on N local workers as `torchrun --standalone` would, with dpscale's "
+        "engine standing in for torch.nn.parallel.DistributedDataParallel (the script is not changed).",
+    )
+    p.add_argument("--nproc", type=int, default=1, help="workers on this host (default 1)")
+    p.add_argument("--engine", default="dpscale", help="dpscale (default), or torch to keep torch's DDP")
+    p.add_argument("script", metavar="SCRIPT", help="your training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
+    p.set_defaults(func=_cmd_run)
+    _command(
+        sub,
+        "scale",
+        "measure how your own torchrun script scales: step time, samples/s, efficiency, exposed comm",
+        script_scaling.add_arguments,
+        script_scaling.run_from_args,
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .run.launch import run_script
+
+    return run_script(args.script, args.args, nproc=args.nproc, engine=args.engine)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpscale", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
@@ -173,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_study_and_report(sub)
     _add_check(sub)
     _add_predict(sub)
+    _add_run(sub)
     return parser
 
 

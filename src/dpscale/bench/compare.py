@@ -44,6 +44,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "allreduce": ("dpscale.bench.allreduce", "AllReduceResult"),
     "scaling": ("dpscale.bench.scaling", "ScalingResult"),
     "convergence": ("dpscale.bench.convergence", "ConvergenceResult"),
+    "scale": ("dpscale.bench.script_scaling", "ScaleResult"),
 }
 # Which way is better, for the note under the table; every other metric: higher is better.
 LOWER_IS_BETTER = ("time_us", "final_loss")
@@ -126,6 +127,7 @@ FIGURES: dict[str, _Figures] = {
         _points,
     ),
     "convergence": _Figures(("world_size",), (), ("final_loss", "test_accuracy"), lambda r: r["runs"]),
+    "scale": _Figures(("engine", "world_size"), (), ("samples_per_s", "efficiency"), _points),
 }
 
 

@@ -1,0 +1,251 @@
+"""`dpscale scale`: how the user's own torchrun script scales, measured from inside the engine.
+
+For each world size and engine the script runs under `dpscale run` with step telemetry
+(engine/telemetry.py): every rank records each synchronized step's time (from the step's first
+training forward to the next step's), its samples (dim 0 of the DDP module's first tensor input,
+over its micro-steps) and the exposed communication. The run stops itself after warm-up + steps
+synchronized steps, at the same step on every rank (run/child.py). A step counts at its slowest
+rank; samples are summed over ranks. Every worker gets the same intra-op threads at every world
+size (cores / largest N), so efficiency compares like with like.
+
+JSON (`ScaleResult.to_dict()`, report.json's "results"):
+    {"config": {"script": str, "args": [str], "world_sizes": [int], "engines": [str], "steps": int,
+                "warmup": int, "threads_per_worker": int},
+     "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
+                 "step_ms_p90": float, "samples_per_step": float, "samples_per_s": float,
+                 "efficiency": float | null, "exposed_comm_ms": float | null}, ...],
+     "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..cores import usable_cores
+from ..run.launch import RUN_ENGINES, check_script, run_script
+from .args import parse_int_list, parse_name_list
+from .report import ReportDir
+
+JSON_ROW = ("world_size", "engine", "steps", "step_ms", "samples_per_s", "efficiency", "exposed_comm_ms")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleConfig:
+    script: str
+    args: list[str] = field(default_factory=list)
+    world_sizes: list[int] = field(default_factory=lambda: [1, 2])
+    engines: list[str] = field(default_factory=lambda: ["dpscale"])
+    steps: int = 15
+    warmup: int = 3
+    threads_per_worker: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"--steps must be at least 1, got {self.steps}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if not self.world_sizes or min(self.world_sizes) < 1:
+            raise ValueError(f"--nproc: world sizes must be >= 1, got {self.world_sizes}")
+        for e in self.engines:
+            if e not in RUN_ENGINES:
+                raise ValueError(f"--engine: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
+
+
+@dataclass(frozen=True)
+class ScalePoint:
+    world_size: int
+    engine: str
+    transport: str
+    steps: int
+    step_ms: float  # median over the timed steps of the slowest rank's step
+    step_ms_p90: float
+    samples_per_step: float  # over all ranks
+    samples_per_s: float
+    efficiency: float | None  # samples/s at N over N x samples/s at 1 (same engine)
+    exposed_comm_ms: float | None  # median over steps, rank 0
+
+
+@dataclass
+class ScaleResult:
+    config: ScaleConfig
+    points: list[ScalePoint]
+    profile: dict | None = None
+
+    def to_dict(self) -> dict:
+        points = [asdict(p) for p in self.points]
+        return {"config": asdict(self.config), "points": points, "profile": self.profile}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> ScaleResult:
+        return cls(ScaleConfig(**doc["config"]), [ScalePoint(**p) for p in doc["points"]], doc.get("profile"))
+
+    def rows(self) -> list[dict]:
+        """The `--json` rows."""
+        return [{k: getattr(p, k) for k in JSON_ROW} for p in self.points]
+
+
+class ScriptFailed(RuntimeError):
+    """The script failed or ended early; the message says which run and shows its output's tail."""
+
+
+def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path) -> list[dict]:
+    limit = config.warmup + config.steps
+    with tempfile.TemporaryDirectory(prefix="dpscale-scale-") as out:
+        log = logs / f"{engine}-{n}.log"
+        code = run_script(
+            config.script,
+            config.args,
+            nproc=n,
+            engine=engine,
+            telemetry_dir=out,
+            steps=limit,
+            threads=config.threads_per_worker,
+            log_path=log,
+        )
+        ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+    if code != 0:
+        raise ScriptFailed(f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}")
+    if len(ranks) != n:
+        raise ScriptFailed(
+            f"{config.script} with {n} workers ({engine}): {len(ranks)} of {n} ranks wrapped a model in "
+            f"torch.nn.parallel.DistributedDataParallel; scale measures through it\n{tail}"
+        )
+    done = min(len(r["records"]) for r in ranks)
+    if done < limit:
+        raise ValueError(
+            f"{config.script} ran {done} synchronized steps with {n} workers, fewer than --warmup "
+            f"{config.warmup} + --steps {config.steps}; lower them or let the script run longer"
+        )
+    return ranks
+
+
+def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> ScalePoint:
+    timed = slice(config.warmup, config.warmup + config.steps)
+    per_rank = [r["records"][timed] for r in ranks]
+    step_ms = [max(rs[k]["step_ms"] for rs in per_rank) for k in range(config.steps)]
+    samples = [sum(rs[k]["samples"] for rs in per_rank) for k in range(config.steps)]
+    exposed = [r["exposed_comm_ms"] for r in per_rank[0] if r["exposed_comm_ms"] is not None]
+    return ScalePoint(
+        world_size=n,
+        engine=engine,
+        transport=ranks[0]["transport"],
+        steps=config.steps,
+        step_ms=statistics.median(step_ms),
+        step_ms_p90=statistics.quantiles(step_ms, n=10)[-1] if len(step_ms) > 1 else step_ms[0],
+        samples_per_step=statistics.mean(samples),
+        samples_per_s=sum(samples) / (sum(step_ms) / 1e3),
+        efficiency=None,
+        exposed_comm_ms=statistics.median(exposed) if exposed else None,
+    )
+
+
+def profile_from(rank0: dict, config: ScaleConfig, point: ScalePoint) -> dict:
+    """A `dpscale predict --profile` document from dpscale's one-worker run: forward and backward
+    as the engine timed them, the rest of the step (optimizer, data, the script's own work) as the
+    optimizer phase; gradients assumed ready evenly through backward (no per-parameter times)."""
+    timed = rank0["records"][config.warmup :]
+    forward = statistics.median(rank0["forward_ms"][config.warmup :] or [0.0])
+    backward = statistics.median([r["backward_ms"] for r in timed if r["backward_ms"] is not None] or [0.0])
+    return {
+        "model": Path(config.script).name,
+        "source": "measured",
+        "per_worker_batch": round(point.samples_per_step),
+        "forward_ms": forward,
+        "backward_ms": backward,
+        "optimizer_ms": max(0.0, point.step_ms - forward - backward),
+        "param_count": rank0["param_count"],
+        "param_bytes": rank0["param_bytes"],
+        "bytes_per_param": rank0["param_bytes"] / max(1, rank0["param_count"]),
+        "params": [],
+        "engine_overhead_ms": {},
+        "contention": {},
+        "sync": [],
+        "threads": config.threads_per_worker,
+        "steps": config.steps,
+        "warmup": config.warmup,
+        "system": None,
+    }
+
+
+def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
+    """Run the script at every world size with every engine (engines alternate within a size)."""
+    points, profile = [], None
+    for n in config.world_sizes:
+        for engine in config.engines:
+            ranks = _measure_one(config, n, engine, logs)
+            points.append(_point(n, engine, ranks, config))
+            if n == 1 and engine == "dpscale":
+                profile = profile_from(next(r for r in ranks if r["rank"] == 0), config, points[-1])
+    base = {p.engine: p.samples_per_s for p in points if p.world_size == 1}
+    points = [
+        ScalePoint(**{**asdict(p), "efficiency": p.samples_per_s / (p.world_size * base[p.engine])})
+        if p.engine in base
+        else p
+        for p in points
+    ]
+    return ScaleResult(config, points, profile)
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--nproc", default="1,2", help="comma-separated world sizes (default 1,2)")
+    add("--steps", type=int, default=15, help="timed synchronized steps per run (default 15)")
+    add("--warmup", type=int, default=3, help="synchronized steps before timing (default 3)")
+    add("--engine", default="dpscale", help="comma-separated from dpscale, torch (default dpscale)")
+    add("--threads-per-worker", type=int, default=None, help="intra-op threads (default: cores / largest N)")
+    add("--json", action="store_true", help="print one list of rows on the last line of stdout")
+    add("--report-dir", default="reports", help="base directory of the report (default reports)")
+    add(
+        "script_command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]", help="your training script"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ScaleConfig:
+    command = args.script_command
+    command = command[1:] if command[:1] == ["--"] else command
+    if not command:
+        raise ValueError("give the script after --, e.g. dpscale scale --nproc 1,2 -- train.py --lr 0.1")
+    check_script(command[0])
+    sizes = parse_int_list(args.nproc, flag="--nproc", minimum=1)
+    threads = args.threads_per_worker or max(1, usable_cores() // max(sizes))
+    return ScaleConfig(
+        script=command[0],
+        args=command[1:],
+        world_sizes=sizes,
+        engines=parse_name_list(args.engine, flag="--engine", choices=list(RUN_ENGINES)),
+        steps=args.steps,
+        warmup=args.warmup,
+        threads_per_worker=threads,
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from .script_scaling_report import format_table, write_report
+
+    config = config_from_args(args)
+    with tempfile.TemporaryDirectory(prefix="dpscale-scale-logs-") as logs:
+        try:
+            result = measure(config, Path(logs))
+        except ScriptFailed as e:  # the script's own failure: not bad input, so exit 1 with its output
+            print(f"dpscale scale: error: {e}", file=sys.stderr, flush=True)
+            return 1
+        report = ReportDir.create(args.report_dir, "scale")  # only now: nothing half-written
+        for log in Path(logs).glob("*.log"):
+            shutil.copy(log, report.path / log.name)
+    print(format_table(result))
+    write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps(result.rows(), allow_nan=False))
+    return 0

@@ -1,0 +1,173 @@
+"""Step telemetry from inside a DDP module, for training scripts dpscale did not write.
+
+A synchronized step is every training forward up to and including one run with gradient sync on
+(`require_backward_grad_sync`, what `no_sync()` turns off for accumulation micro-steps); the step
+ends when the next training forward starts, so its time holds the backward, the optimizer step
+and loading the next batch, the whole iteration as the script runs it. Its samples are the batch
+dimension (dim 0) of each forward's first tensor input. Because every rank runs the same
+synchronized steps (their backward is a collective), counting them gives every rank the same
+place to stop: `StepTelemetry` calls `on_limit` at the forward that would begin step
+`limit + 1`, the same step everywhere.
+
+Two DDP classes carry it: dpscale's engine, whose per-step stats give exposed communication, and
+a subclass of torch's, which times its all-reduces through a comm hook (exposed: from the last
+bucket's launch, about when backward's last gradient is ready, to the last one's completion).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from .ddp import DistributedDataParallel
+
+
+@dataclass
+class StepRecord:
+    step_ms: float
+    samples: int  # this rank's, over the step's forwards
+    micro_steps: int
+    exposed_comm_ms: float | None
+    backward_ms: float | None  # dpscale's engine: end of forward to end of autograd, less held-up time
+
+
+@dataclass
+class StepTelemetry:
+    """Per-step records of one rank; `on_limit()` runs once `limit` steps are complete."""
+
+    limit: int | None = None
+    on_limit: Callable[[StepTelemetry], None] | None = None
+    records: list[StepRecord] = field(default_factory=list)
+    forward_ms: list[float] = field(default_factory=list)  # of synchronized forwards
+    _start: float | None = None
+    _samples: int = 0
+    _micro: int = 0
+    _synced: bool = False
+
+    def on_forward(self, inputs: tuple, kwargs: Mapping, synced: bool, comm: Callable[[], tuple]):
+        """Called at each training forward; `comm()` gives the last synced backward's
+        (exposed_comm_ms, backward_ms), either None when not measured."""
+        now = time.perf_counter()
+        if self._synced:  # the previous forward ended a step: this one begins the next
+            step_ms = (now - self._start) * 1e3
+            self.records.append(StepRecord(step_ms, self._samples, self._micro, *comm()))
+            self._start, self._samples, self._micro = None, 0, 0
+            if len(self.records) == self.limit and self.on_limit is not None:
+                self.on_limit(self)
+        if self._start is None:
+            self._start = now
+        self._samples += batch_size(inputs, kwargs)
+        self._micro += 1
+        self._synced = synced
+
+    def to_dict(self) -> dict:
+        return {"records": [asdict(r) for r in self.records], "forward_ms": self.forward_ms}
+
+
+def batch_size(inputs: tuple, kwargs: Mapping) -> int:
+    """dim 0 of the first tensor among the positional, then the keyword inputs (0: none)."""
+    for value in (*inputs, *kwargs.values()):
+        t = _first_tensor(value)
+        if t is not None:
+            return int(t.shape[0]) if t.dim() else 1
+    return 0
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    for v in value if isinstance(value, (list, tuple)) else ():
+        if (t := _first_tensor(v)) is not None:
+            return t
+    return None
+
+
+class _Timed:
+    """Shared by both classes: count training forwards, time synchronized ones."""
+
+    telemetry: StepTelemetry
+
+    def _timed_forward(self, forward, inputs, kwargs):
+        if not (self.training and torch.is_grad_enabled()):
+            return forward(*inputs, **kwargs)  # evaluation passes are not training steps
+        synced = bool(self.require_backward_grad_sync)
+        self.telemetry.on_forward(inputs, kwargs, synced, self._comm_stats)
+        t0 = time.perf_counter()
+        out = forward(*inputs, **kwargs)
+        if synced:
+            self.telemetry.forward_ms.append((time.perf_counter() - t0) * 1e3)
+        return out
+
+
+class TelemetryDDP(_Timed, DistributedDataParallel):
+    """dpscale's engine with step telemetry in `.telemetry` (set a limit there to stop the run)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.telemetry = StepTelemetry()
+
+    def forward(self, *inputs, **kwargs):
+        return self._timed_forward(super().forward, inputs, kwargs)
+
+    def _comm_stats(self) -> tuple[float | None, float | None]:
+        stats = self.last_step_stats
+        return (stats.exposed_comm_ms, stats.backward_ms) if stats is not None else (None, None)
+
+
+@dataclass
+class _CommTimes:
+    process_group: dist.ProcessGroup | None
+    last_launch: float = 0.0
+    last_done: float = 0.0
+
+
+def _timed(hook):
+    """Wrap a comm hook: stamp each bucket's launch and completion in the state's `_CommTimes`."""
+
+    def timed_hook(state: tuple[_CommTimes, Any], bucket):
+        times, inner_state = state
+        times.last_launch = time.perf_counter()
+        inner = inner_state if hook is not allreduce_hook else times.process_group
+
+        def done(fut):
+            times.last_done = time.perf_counter()
+            return fut.value()
+
+        return hook(inner, bucket).then(done)
+
+    return timed_hook
+
+
+class TorchTelemetryDDP(_Timed, nn.parallel.DistributedDataParallel):
+    """torch's DDP with the same telemetry. Its reductions go through a timing comm hook wrapped
+    around the default all-reduce, or around the script's own hook if it registers one."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.telemetry = StepTelemetry()
+        self._comm = _CommTimes(self.process_group)
+        self._hooked = False
+
+    def register_comm_hook(self, state: object, hook) -> None:
+        super().register_comm_hook((self._comm, state), _timed(hook))
+        self._hooked = True
+
+    def forward(self, *inputs, **kwargs):
+        if not self._hooked:  # before the first backward, as torch requires
+            self.register_comm_hook(None, allreduce_hook)
+        return self._timed_forward(super().forward, inputs, kwargs)
+
+    def _comm_stats(self) -> tuple[float | None, None]:
+        c = self._comm
+        if not c.last_launch:
+            return None, None
+        return max(0.0, (c.last_done - c.last_launch) * 1e3), None
