@@ -67,5 +67,7 @@ def test_measure_a_small_workload():
     assert min(p.engine_overhead_ms.values()) >= 0
     assert p.system["hardware"]["logical_cores"] >= 1
     assert set(p.contention) == {2} and p.contention[2] > 0
+    assert p.compute_cv is not None and p.compute_cv >= 0 and p.device == "cpu"
+    assert p.interference is not None and 0 <= p.interference <= 1
     with pytest.raises(ValueError, match="--model"):
         measure("resnet", 16)

@@ -177,7 +177,10 @@ def predict(
     # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
     cv = terms.compute_cv
     cv = (prof.compute_cv if prof.compute_cv is not None else cluster.compute_cv) if cv is None else cv
-    interference = terms.interference if terms.interference is not None else cluster.interference
+    # interference: given, else the profile's measurement (--co-located), else the cluster's devices'
+    interference = terms.interference
+    if interference is None:
+        interference = prof.interference if prof.interference is not None else cluster.interference
     if not terms.overlap_interference or not config.overlap:
         interference = 0.0
     per_doubling = terms.congestion_per_doubling

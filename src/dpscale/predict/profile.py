@@ -30,7 +30,8 @@ JSON (`ModelProfile.to_dict()`):
      "sync": [{"transport": str, "world_size": int, "call_overhead_ms": float, "free_compute_ms": float,
                "in_step_ms": float, "tight_comm_ms": float, "bucket_bytes": [int, ...]}, ...]
              (in-step sync overheads at world sizes 1 and K with --co-located K, sync.py; may be empty),
-     "compute_cv": float | null (step-to-step variation of compute, MAD-based), "device": "cpu" | null,
+     "compute_cv": float | null (step-to-step variation of compute, MAD-based),
+     "interference": float | null (interfere.py, with --co-located K), "device": "cpu" | null,
      "threads": int | null,
      "steps": int | null, "warmup": int | null, "system": {...} | null}
 """
@@ -46,6 +47,7 @@ from pathlib import Path
 import torch
 
 from ..engine.buckets import MB, assign_buckets
+from . import interfere
 from . import sync as syncs
 from .bare import bare_model
 from .sync import SyncCost
@@ -82,6 +84,8 @@ class ModelProfile:
     # std / mean of one worker's step compute from step to step (robust: 1.4826 x MAD / median);
     # the stragglers term (degrade.py) takes the expected slowest of N workers from it
     compute_cv: float | None = None
+    # backward slowdown per ms of communication it hides, measured with --co-located K (interfere.py)
+    interference: float | None = None
     device: str | None = None  # where it was measured ("cpu"); None for explicit numbers
     threads: int | None = None
     steps: int | None = None
@@ -432,5 +436,8 @@ def measure(
                 model, per_worker_batch, bucket_bytes, n, threads=threads, compute_ms=prof.compute_ms
             )
         ]
-        prof = replace(prof, sync=tuple(costs))
+        interference = interfere.measure(
+            model, per_worker_batch, bucket_bytes, co_located, threads=threads, compute_ms=prof.compute_ms
+        )
+        prof = replace(prof, sync=tuple(costs), interference=interference)
     return prof
