@@ -44,6 +44,11 @@ def test_json_is_the_last_line_with_the_documented_keys_and_a_report_is_written(
     doc = json.loads((report / "report.json").read_text())
     assert doc["command"] == "predict" and len(doc["results"]["predictions"]) == len(rows)
     assert "NVIDIA DGX A100" in (report / "report.md").read_text()
+    # what each term costs, per world size; the bottleneck is the largest (unless compute-bound)
+    last = doc["results"]["predictions"][-1]
+    assert last["losses_ms"] and "Where the step goes" in (report / "report.md").read_text()
+    if last["bottleneck"] != "compute":
+        assert last["bottleneck"] == max(last["losses_ms"], key=last["losses_ms"].get)
 
 
 def test_nodes_alone_is_one_world_size_and_flags_override_the_preset(tmp_path, monkeypatch):

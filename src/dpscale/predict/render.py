@@ -118,6 +118,7 @@ def result_doc(
                 **p.to_dict(),
                 "algorithms": p.algorithms,
                 "terms_ms": p.terms_ms,
+                "losses_ms": p.losses_ms,
                 "buckets": [asdict(s) for s in p.spans],
             }
             for p in predictions
@@ -161,9 +162,36 @@ def write_report(
         [
             Section("Inputs", ["\n".join(inputs)]),
             Section("Prediction", [method, Table(rows, list(_COLUMNS), fmt, heads)]),
+            Section("Where the step goes", [_LOSSES_TEXT, losses_table(predictions)]),
             Section("Plot", [Image("predict.png", "efficiency and throughput vs workers")]),
         ],
     )
 
 
-__all__ = ["JSON_KEYS", "format_table", "plot", "profile_summary", "result_doc", "write_report"]
+_LOSSES_TEXT = (
+    "What each term adds to the step beyond one worker's compute, ms (exposed communication shared "
+    "out over its terms; stragglers; overlap interference); the largest names the bottleneck. Switch "
+    "one off (--no-stragglers, --no-achieved-bandwidth, --no-congestion, --no-interference) to see "
+    "its effect on efficiency. See docs/performance-model.md, At-scale terms."
+)
+
+
+def losses_table(predictions: Sequence[Prediction], most: int = 4) -> str:
+    """One line per world size: its largest `most` losses in ms, largest first."""
+    lines = []
+    for p in predictions:
+        top = sorted(p.losses_ms.items(), key=lambda kv: -kv[1])[:most]
+        text = "; ".join(f"{label} {ms:.2f}" for label, ms in top) or "none"
+        lines.append(f"- N = {p.world_size}: {text}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "JSON_KEYS",
+    "format_table",
+    "losses_table",
+    "plot",
+    "profile_summary",
+    "result_doc",
+    "write_report",
+]
