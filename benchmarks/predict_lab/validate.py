@@ -91,7 +91,7 @@ class ValidationResult:
         return [r for r in self.rows if r.role == "check"]
 
 
-def load_scaling_report(report_dir: str | Path, *, flag: str = "--validate") -> dict:
+def load_scaling_report(report_dir: str | Path, *, flag: str = "scaling_report") -> dict:
     results = read_report(report_dir, flag=flag)["results"]
     if not isinstance(results, dict) or not results.get("points") or "config" not in results:
         raise ValueError(f"{flag}: {report_dir} is not a `dpscale bench scaling` report (no points)")

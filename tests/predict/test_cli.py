@@ -79,6 +79,8 @@ def test_nodes_alone_is_one_world_size_and_flags_override_the_preset(tmp_path, m
         (["--nodes-per-switch", "0"], "--nodes-per-switch"),
         (["--congestion-per-doubling", "1.5"], "--congestion-per-doubling"),
         (["--interference", "2"], "--interference"),
+        (["--inter-efficiency", "1.5"], "--inter-efficiency"),
+        (["--intra-efficiency", "0"], "--intra-efficiency"),
         (["--model", "mlp"], "--model"),  # together with the explicit numbers
     ],
 )
@@ -127,6 +129,9 @@ def test_each_term_switches_off_and_the_bottleneck_names_the_dominant(tmp_path, 
     assert bottleneck == "inter-node bandwidth"
     for flag in ("--no-stragglers", "--no-achieved-bandwidth"):
         assert efficiency(flag)[0] > full, flag
+    # the achieved fraction is calibratable: a measured 50% of nominal is slower than the preset's 95%
+    assert efficiency("--inter-efficiency", "0.5")[0] < full
+    assert efficiency("--inter-efficiency", "1")[0] == efficiency("--no-achieved-bandwidth")[0]
     congested, _ = efficiency("--oversubscription", "2")
     assert congested < full and efficiency("--oversubscription", "2", "--no-congestion")[0] == full
     # compute-bound: with a large step-to-step variation the stragglers are the dominant loss

@@ -21,11 +21,8 @@ from . import profile as profiles
 from . import render
 from .cluster import (
     CLUSTER_PRESETS,
-    INTER,
-    INTRA,
     LINK_PRESETS,
     Cluster,
-    Link,
     calibrated,
     load_allreduce_report,
     preset_cluster,
@@ -132,6 +129,12 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         "--intra-bw-GBps", type=float, default=None, help="intra-node bandwidth per direction, GB/s"
     )
     c.add_argument("--intra-lat-us", type=float, default=None, help="intra-node latency per step, us")
+    c.add_argument(
+        "--intra-efficiency", type=float, default=None, help="achieved / nominal intra-node rate (calibrate)"
+    )
+    c.add_argument(
+        "--inter-efficiency", type=float, default=None, help="achieved / nominal inter-node rate (calibrate)"
+    )
     c.add_argument("--inter-bw-Gbps", type=float, default=None, help="inter-node bandwidth per node, Gbit/s")
     c.add_argument("--inter-lat-us", type=float, default=None, help="inter-node latency per step, us")
     c.add_argument("--per-message-overhead-us", type=float, default=None, help="software cost per call, us")
@@ -255,18 +258,20 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     elif args.transport:
         raise ValueError("--transport: only meaningful with --calibrate")
     intra, inter = cluster.intra, cluster.inter
-    if args.intra_bw_GBps is not None or args.intra_lat_us is not None:
-        intra = Link(
-            name=INTRA,
+    if any(v is not None for v in (args.intra_bw_GBps, args.intra_lat_us, args.intra_efficiency)):
+        intra = replace(
+            intra,
             bandwidth_GBps=_positive("--intra-bw-GBps", args.intra_bw_GBps, intra.bandwidth_GBps),
             latency_us=_nonnegative("--intra-lat-us", args.intra_lat_us, intra.latency_us),
+            efficiency=_fraction("--intra-efficiency", args.intra_efficiency, intra.efficiency),
         )
-    if args.inter_bw_Gbps is not None or args.inter_lat_us is not None:
+    if any(v is not None for v in (args.inter_bw_Gbps, args.inter_lat_us, args.inter_efficiency)):
         bw = None if args.inter_bw_Gbps is None else args.inter_bw_Gbps / 8
-        inter = Link(
-            name=INTER,
+        inter = replace(
+            inter,
             bandwidth_GBps=_positive("--inter-bw-Gbps", bw, inter.bandwidth_GBps),
             latency_us=_nonnegative("--inter-lat-us", args.inter_lat_us, inter.latency_us),
+            efficiency=_fraction("--inter-efficiency", args.inter_efficiency, inter.efficiency),
         )
     overhead = args.per_message_overhead_us
     custom = intra is not cluster.intra or inter is not cluster.inter or overhead is not None
@@ -277,6 +282,12 @@ def _cluster(args: argparse.Namespace) -> Cluster:
         per_message_overhead_us=cluster.per_message_overhead_us if overhead is None else overhead,
         name=cluster.name + (" with flags" if custom else ""),
     )
+
+
+def _fraction(flag: str, value: float | None, default: float) -> float:
+    if value is not None and not 0 < value <= 1:
+        raise ValueError(f"{flag}: an achieved fraction of the nominal rate, in (0, 1], got {value}")
+    return default if value is None else value
 
 
 def _positive(flag: str, value: float | None, default: float) -> float:

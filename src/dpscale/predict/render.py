@@ -40,6 +40,10 @@ def profile_summary(profile: ModelProfile) -> str:
     contention = "".join(
         f"; {k} workers in lockstep compute {v:.2f}x slower" for k, v in profile.contention.items()
     )
+    if profile.compute_cv is not None:
+        contention += f"; step-to-step compute variation {profile.compute_cv:.3f}"
+    if profile.interference is not None:
+        contention += f"; overlap interference {profile.interference:.2f} ms per ms of hidden reduction"
     return (
         f"{profile.model} ({profile.source}{threads}), batch {profile.per_worker_batch}/worker: forward "
         f"{profile.forward_ms:.2f} ms, backward {profile.backward_ms:.2f} ms, "
