@@ -168,13 +168,12 @@ def test_figures_from_exact_step_times():
 
 def test_strong_mode_splits_the_global_batch_and_user_models_load(tmp_path, monkeypatch):
     (tmp_path / "user_scaling_model.py").write_text(
-        "import torch\n"
+        "import torch, dpscale\n"
+        "from torch.utils.data import TensorDataset\n"
         "def tiny():\n"
-        "    model = torch.nn.Sequential(torch.nn.Linear(8, 4))\n"
-        "    def make_batch(b, g):\n"
-        "        return torch.randn(b, 8, generator=g), torch.randint(0, 4, (b,), generator=g)\n"
-        "    loss = lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction='sum')\n"
-        "    return model, make_batch, loss\n"
+        "    data = TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))\n"
+        "    loss = lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction='none')\n"
+        "    return dpscale.Task(model=lambda: torch.nn.Linear(8, 4), train_data=data, loss=loss)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))  # the ranks get the parent's sys.path
     config = ScalingConfig(
@@ -194,13 +193,11 @@ def test_strong_mode_splits_the_global_batch_and_user_models_load(tmp_path, monk
         (2, 16, 32),
     ]
     assert {p.mode for p in result.points} == {"strong"}
-    # a bare module is fed (batch, in_features of its first Linear): DigitsNet takes 64 features
-    plain = scaling.run(
-        ScalingConfig(
-            model="dpscale.workloads.models:DigitsNet", world_sizes=[1], engines=["local"], steps=1, warmup=0
+    # a bare module is not a Task: the one meaning of module:callable everywhere
+    with pytest.raises(ValueError, match="returned DigitsNet; it must return a dpscale.Task"):
+        scaling.run(
+            ScalingConfig(model="dpscale.workloads.models:DigitsNet", world_sizes=[1], engines=["local"])
         )
-    )
-    assert plain.points[0].model == "dpscale.workloads.models:DigitsNet"
 
 
 @pytest.mark.parametrize(

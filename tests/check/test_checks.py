@@ -1,4 +1,5 @@
-"""`dpscale check equivalence` catches loss-normalization mistakes; `check unused` names parameters."""
+"""`dpscale check equivalence` checks that W workers and k accumulation steps reproduce the full
+batch for a task (catching batch-dependent layers); `check unused` names parameters."""
 
 import os
 import subprocess
@@ -12,18 +13,31 @@ from dpscale.check import equivalence, unused
 HERE = Path(__file__).resolve().parent
 
 
-def test_mean_loss_is_equivalent():
-    r = equivalence.run("check_models:mean_loss", world_size=2, accumulation_steps=2, global_batch=8, steps=2)
+def test_per_sample_loss_is_equivalent():
+    r = equivalence.run(
+        "check_models:per_sample_loss", world_size=2, accumulation_steps=2, global_batch=8, steps=2
+    )
     assert r.ok and all(c.rel_diff < 1e-5 for c in r.comparisons)
 
 
-def test_summed_loss_is_caught_with_the_factor():
-    r = equivalence.run("check_models:sum_loss", world_size=2, accumulation_steps=4, global_batch=8, steps=2)
-    assert not r.ok
-    workers, accum = r.comparisons
-    assert workers.grad_norm_ratio == pytest.approx(0.5, rel=1e-4)
-    assert accum.grad_norm_ratio == pytest.approx(0.25, rel=1e-4)
-    assert "summed over samples" in workers.hint and "summed over samples" in accum.hint
+def test_a_summed_scalar_loss_is_refused_before_anything_runs():
+    with pytest.raises(ValueError, match='pass reduction="none"'):
+        equivalence.run("check_models:sum_loss", world_size=2, accumulation_steps=4, global_batch=8, steps=2)
+
+
+def test_batch_norm_is_caught():
+    r = equivalence.run(
+        "check_models:batch_norm", world_size=2, accumulation_steps=2, global_batch=8, steps=2
+    )
+    assert not r.ok and "BatchNorm" in r.comparisons[0].hint
+
+
+def test_dict_inputs_are_split_and_fed_like_the_trainer_does():
+    r = equivalence.run(
+        "check_models:dict_inputs", world_size=2, accumulation_steps=2, global_batch=8, steps=2
+    )
+    assert r.ok and all(c.rel_diff < 1e-5 for c in r.comparisons)
+    assert unused.run("check_models:dict_inputs").never_used == []
 
 
 def test_builtin_workload_passes():
@@ -60,7 +74,7 @@ def test_cli_exit_codes():
             "check",
             "equivalence",
             "--model",
-            "check_models:sum_loss",
+            "check_models:batch_norm",
             "--global-batch",
             "8",
             "--steps",

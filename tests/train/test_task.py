@@ -114,3 +114,20 @@ def test_task_checks_its_fields():
         Task(model=user_tasks.TwoInputs, train_data=data)
     with pytest.raises(ValueError, match="other than 'loss'"):
         Task(model=user_tasks.TwoInputs, train_data=data, loss=user_tasks.ce, metrics={"loss": user_tasks.ce})
+
+
+def fit_fp16(rank, world):
+    trainer = Trainer(
+        TrainConfig(global_batch=32, max_steps=4, progress="none", precision="fp16"), user_tasks.tensor_task()
+    )
+    result = trainer.fit()
+    return result.skipped_steps, trainer.precision.scaler.get_scale(), result.param_sha256
+
+
+def test_fp16_skips_an_overflowed_step_on_every_rank_and_backs_off_the_scale_alike():
+    """A non-finite gradient on rank 1 only (after the reduction): both ranks skip step 2 and
+    halve the loss scale, so weights and scales stay identical."""
+    (skips0, scale0, sha0), (skips1, scale1, sha1) = run_ranks(
+        fit_fp16, 2, env={"DPSCALE_FAULTS": "nan_grad@step=2,rank=1"}
+    )
+    assert skips0 == skips1 == 1 and scale0 == scale1 == 65536.0 / 2 and sha0 == sha1

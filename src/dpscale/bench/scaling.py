@@ -46,7 +46,8 @@ from torch import nn
 from ..cores import usable_cores
 from ..testing.multirank import run_ranks
 from ..workloads import WORKLOADS
-from ..workloads.recipe import USER_MODEL_CONVENTION, USER_MODEL_RE, load_recipe
+from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
+from ..workloads.task import call_model
 from .args import parse_int_list, parse_name_list
 from .engines import ALL_ENGINES, ENGINES, wrap
 from .report import ReportDir
@@ -60,7 +61,7 @@ STEPS_PER_ROUND = 5
 
 @dataclass(frozen=True, kw_only=True)
 class ScalingConfig:
-    model: str = "mlp"  # --model: a built-in workload or a user model (see USER_MODEL_CONVENTION)
+    model: str = "mlp"  # --model: a built-in workload or module:callable returning a Task
     mode: str = "weak"  # --mode: weak keeps the per-worker batch fixed, strong the global batch
     per_worker_batch: int | None = None  # --per-worker-batch: weak mode only; None means 64
     global_batch: int | None = None  # --global-batch: strong mode only (required); split G/N per worker
@@ -71,7 +72,7 @@ class ScalingConfig:
     threads_per_worker: int = 1  # --threads-per-worker: intra-op threads; N workers use N x this cores
 
     def __post_init__(self) -> None:
-        if self.model not in WORKLOADS and not USER_MODEL_RE.match(self.model):
+        if not is_task_spec(self.model):
             raise ValueError(
                 f"--model: unknown {self.model!r}; choose from {', '.join(WORKLOADS)} or give module:callable"
             )
@@ -194,12 +195,14 @@ def _transport_name(model: nn.Module, engine: str) -> str:
 
 
 def timed_step(
-    model: nn.Module, opt: torch.optim.Optimizer, loss_sum, x: torch.Tensor, y: torch.Tensor
+    model: nn.Module, opt: torch.optim.Optimizer, loss_sum, x, y, batch: int | None = None
 ) -> float:
-    """One training step as the benches time it (zero_grad, forward, mean loss, backward, step), in ms."""
+    """One training step as the benches time it (zero_grad, forward, mean loss, backward, step), in ms.
+
+    `x` may be a tensor, tuple or dict (see Task); `batch` counts its samples (default: x.shape[0])."""
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    (loss_sum(model(x), y) / x.shape[0]).backward()
+    (loss_sum(call_model(model, x), y) / (batch or x.shape[0])).backward()
     opt.step()
     return (time.perf_counter() - t0) * 1e3
 
@@ -231,7 +234,7 @@ def _rank_measure(
 
     def step(e: str) -> float:
         model, opt = runs[e]
-        return timed_step(model, opt, workload.loss, x, y)
+        return timed_step(model, opt, workload.loss, x, y, batch)
 
     for e in engines:
         for _ in range(warmup):
@@ -251,8 +254,7 @@ def _rank_measure(
 
 def run(config: ScalingConfig) -> ScalingResult:
     """Measure every (engine, world size) of `config`; one set of ranks per world size."""
-    if config.model not in WORKLOADS:
-        load_recipe(config.model)  # a bad user model fails here, once, not in every rank
+    load_recipe(config.model, check=True)  # a broken task fails here, once, not in every rank
     cores = usable_cores()
     runs = []
     for n in config.world_sizes:
@@ -328,7 +330,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--model",
         default="mlp",
-        help=f"{', '.join(WORKLOADS)}, or {USER_MODEL_CONVENTION}".replace("%", "%%"),
+        help=TASK_CONVENTION.replace("%", "%%"),
     )
     add("--mode", default="weak", help="weak: per-worker batch fixed (default); strong: global batch fixed")
     add("--per-worker-batch", type=int, default=None, help=f"weak mode (default {DEFAULT_PER_WORKER_BATCH})")

@@ -193,7 +193,7 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
     for res in result.scaling:
         sub = _sub_report(
             report,
-            f"scaling-{res.config.model}",
+            f"scaling-{res.config.model.replace(':', '-')}",  # a task spec's colon cannot name a folder
             ["dpscale", "bench", "scaling", "--model", res.config.model, "(part of dpscale study)"],
         )
         scaling_report.write_report(res, sub)
@@ -236,19 +236,23 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, few steps (under 90 s)")
-    parser.add_argument("--models", default="mlp,transformer", help="built-in models for weak scaling")
+    parser.add_argument(
+        "--models",
+        default="mlp,transformer",
+        help="models for weak scaling: built-in workloads or module:callable returning a dpscale.Task",
+    )
     parser.add_argument("--report-dir", default="reports", help="base directory for the report")
     parser.add_argument("--json", action="store_true", help="print the summary rows as JSON on the last line")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from ..workloads import get_workload
+    from ..workloads.recipe import load_recipe
 
     models = tuple(m for m in args.models.split(",") if m)
     if not models:
         raise ValueError("--models: name at least one built-in model, e.g. mlp")
     for m in models:
-        get_workload(m)
+        load_recipe(m, "--models", check=True)  # a broken task fails before the study starts
     config = StudyConfig(quick=args.quick, models=models, report_dir=args.report_dir)
     result = run(config)
     report = ReportDir.create(config.report_dir, "study")

@@ -24,8 +24,7 @@ import torch
 
 from ..engine import DistributedDataParallel
 from ..testing.multirank import run_ranks
-from ..workloads import WORKLOADS
-from ..workloads.recipe import USER_MODEL_CONVENTION, is_model_spec, load_recipe
+from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 
 # fp32 sums in another order differ by a few ulps per step; anything past this is a real difference
 REL_TOLERANCE = 1e-4
@@ -58,13 +57,7 @@ class EquivalenceResult:
         return {**asdict(self), "ok": self.ok}
 
 
-def _loss(recipe, spec: str):
-    if spec in WORKLOADS:  # built-ins return a per-sample sum: use the mean, as the recipe expects
-        return lambda out, y: recipe.loss(out, y) / out.shape[0]
-    return recipe.loss
-
-
-def _batches(recipe, steps: int, global_batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _batches(recipe, steps: int, global_batch: int) -> list[tuple[object, object]]:
     g = torch.Generator().manual_seed(1234)
     return [recipe.make_batch(global_batch, g) for _ in range(steps)]
 
@@ -85,19 +78,20 @@ def _train(
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Run `steps` SGD steps; returns parameters after each step and the first step's gradient."""
     recipe = load_recipe(spec)
-    loss_fn = _loss(recipe, spec)
     torch.manual_seed(0)
     model = model if model is not None else recipe.build_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     history, first_grad = [], None
+    share = global_batch // parts
+    micro = share // accumulation
     for x, y in _batches(recipe, steps, global_batch):
-        if part is not None:  # this worker's share of the global batch
-            x, y = x.chunk(parts)[part], (y.chunk(parts)[part] if y.numel() else y)
+        start = 0 if part is None else part * share  # this worker's share of the global batch
         opt.zero_grad()
-        xs = x.chunk(accumulation)
-        ys = y.chunk(accumulation) if y.numel() else [y] * accumulation
-        for xm, ym in zip(xs, ys, strict=True):
-            (loss_fn(model(xm), ym) / accumulation).backward()
+        for m in range(accumulation):
+            xm, ym = recipe.take(x, y, slice(start + m * micro, start + (m + 1) * micro))
+            # the Trainer's normalization: summed per-sample losses / the global batch, times the
+            # number of workers because the engine averages their gradients
+            (recipe.loss(recipe.forward(model, xm), ym) * parts / global_batch).backward()
         if first_grad is None:
             first_grad = _flat(model, grads=True)
         opt.step()
@@ -141,11 +135,8 @@ def _compare(name: str, runs, ref, initial: torch.Tensor, factor_hint: tuple[int
 def run(
     spec: str, world_size: int = 2, accumulation_steps: int = 2, global_batch: int = 16, steps: int = 3
 ) -> EquivalenceResult:
-    if not is_model_spec(spec):
-        raise ValueError(
-            f"--model: {spec!r} is neither a built-in workload ({', '.join(WORKLOADS)}) nor "
-            f"{USER_MODEL_CONVENTION}"
-        )
+    if not is_task_spec(spec):
+        raise ValueError(f"--model: {spec!r} is not {TASK_CONVENTION}")
     for flag, v in (
         ("--world-size", world_size),
         ("--accumulation-steps", accumulation_steps),
@@ -157,7 +148,7 @@ def run(
     for flag, parts in (("--world-size", world_size), ("--accumulation-steps", accumulation_steps)):
         if global_batch % parts:
             raise ValueError(f"--global-batch {global_batch} must be divisible by {flag} {parts}")
-    load_recipe(spec)  # fails here, once, for a model that cannot load
+    load_recipe(spec, check=True)  # fails here, once, for a task that cannot load or breaks the contract
     torch.manual_seed(0)
     initial = _flat(load_recipe(spec).build_model())
     ref = _train(spec, steps, global_batch, 1, None, 1)
@@ -204,7 +195,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workload",
         dest="model",
         default="digits",
-        help=f"a built-in workload ({', '.join(WORKLOADS)}) or {USER_MODEL_CONVENTION}".replace("%", "%%"),
+        help=TASK_CONVENTION.replace("%", "%%"),
     )
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--accumulation-steps", type=int, default=2)

@@ -14,8 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..workloads import WORKLOADS
-from ..workloads.recipe import USER_MODEL_CONVENTION, is_model_spec, load_recipe
+from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 
 
 @dataclass
@@ -40,14 +39,11 @@ class UnusedResult:
 
 
 def run(spec: str, steps: int = 2, batch: int = 8) -> UnusedResult:
-    if not is_model_spec(spec):
-        raise ValueError(
-            f"--model: {spec!r} is neither a built-in workload ({', '.join(WORKLOADS)}) nor "
-            f"{USER_MODEL_CONVENTION}"
-        )
+    if not is_task_spec(spec):
+        raise ValueError(f"--model: {spec!r} is not {TASK_CONVENTION}")
     if steps < 1 or batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
-    recipe = load_recipe(spec)
+    recipe = load_recipe(spec, check=True)
     torch.manual_seed(0)
     model = recipe.build_model()
     g = torch.Generator().manual_seed(0)
@@ -55,7 +51,7 @@ def run(spec: str, steps: int = 2, batch: int = 8) -> UnusedResult:
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
         x, y = recipe.make_batch(batch, g)
-        recipe.loss(model(x), y).backward()
+        recipe.loss(recipe.forward(model, x), y).backward()
         unused.append([n for n, p in model.named_parameters() if p.requires_grad and p.grad is None])
     result = UnusedResult(spec, steps, unused, "")
     if result.sometimes_unused:
@@ -90,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default="digits",
-        help=f"a built-in workload ({', '.join(WORKLOADS)}) or {USER_MODEL_CONVENTION}".replace("%", "%%"),
+        help=TASK_CONVENTION.replace("%", "%%"),
     )
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--batch", type=int, default=8)

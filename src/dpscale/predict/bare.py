@@ -12,25 +12,25 @@ class BareModel:
     workload: object
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    x: torch.Tensor
-    y: torch.Tensor
+    x: object  # a tensor, tuple or dict (see dpscale.Task)
+    y: object
+    batch: int
 
     def step(self) -> None:
         """One training step: zero_grad, forward, mean loss, backward, optimizer step."""
         self.optimizer.zero_grad(set_to_none=True)
-        (self.workload.loss_sum(self.model(self.x), self.y) / self.x.shape[0]).backward()
+        (self.workload.loss(self.workload.forward(self.model, self.x), self.y) / self.batch).backward()
         self.optimizer.step()
 
 
 def bare_model(model_name: str, batch: int, rank: int) -> BareModel:
-    """Built-in workload `model_name` with seed-0 weights and a fixed batch drawn for `rank`."""
-    from ..workloads import get_workload
+    """Task `model_name` (built-in or module:callable) with seed-0 weights and a fixed batch for `rank`."""
+    from ..workloads.recipe import load_recipe
 
-    workload = get_workload(model_name)
-    train, _ = workload.build_data(0)
-    g = torch.Generator().manual_seed(100 + rank)
-    x, y = train.batch(torch.randint(0, len(train), (batch,), generator=g).tolist())
+    workload = load_recipe(model_name)
+    x, y = workload.make_batch(batch, torch.Generator().manual_seed(100 + rank))
     torch.manual_seed(0)
     model = workload.build_model()
     # a small lr keeps weights finite over the run; the update costs the same whatever the lr
-    return BareModel(workload, model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9), x, y)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    return BareModel(workload, model, opt, x, y, batch)

@@ -39,7 +39,11 @@ MAX_DEFAULT_WORLD = 1024
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--model", required=True, help="a built-in workload (mlp, transformer, digits, synthetic)")
+    add(
+        "--model",
+        required=True,
+        help="a built-in workload (mlp, transformer, digits, synthetic) or module:callable (a dpscale.Task)",
+    )
     add(
         "--per-worker-batch",
         type=int,
@@ -105,7 +109,11 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     g = parser.add_argument_group("model (one of: --profile, --model, or the explicit numbers)")
     g.add_argument("--profile", default=None, help="a `dpscale profile` JSON file")
-    g.add_argument("--model", default=None, help="a built-in workload, profiled now on one worker")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="a built-in workload or module:callable (a Task), profiled now on one worker",
+    )
     g.add_argument("--params", type=float, default=None, help="explicit: parameter count (e.g. 25.6e6)")
     g.add_argument(
         "--bytes-per-param", type=float, default=4.0, help="explicit: gradient bytes each (default 4)"

@@ -245,12 +245,10 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
     from ..bench.engines import wrap
     from ..comm.select import shm_is_safe
     from ..engine import DistributedDataParallel
-    from ..workloads import get_workload
+    from ..workloads.recipe import load_recipe
 
-    workload = get_workload(model_name)
-    train, _ = workload.build_data(0)
-    g = torch.Generator().manual_seed(100)
-    x, y = train.batch(torch.randint(0, len(train), (batch,), generator=g).tolist())
+    workload = load_recipe(model_name)
+    x, y = workload.make_batch(batch, torch.Generator().manual_seed(100))
 
     def build(engine: str):
         torch.manual_seed(0)  # the same initial weights for every variant
@@ -275,7 +273,7 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
     def step(model, opt) -> tuple[float, float, float, float]:
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = workload.loss_sum(model(x), y) / batch
+        loss = workload.loss(workload.forward(model, x), y) / batch
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -361,13 +359,13 @@ def measure(
     threads: int = 1,
     co_located: int = 1,
 ) -> ModelProfile:
-    """Profile built-in workload `model` on one worker in a fresh process (see the module docstring)."""
+    """Profile `model` (a built-in workload or module:callable returning a Task) on one worker in a
+    fresh process (see the module docstring)."""
     from ..bench.sysinfo import collect_system_info
     from ..testing.multirank import run_ranks
-    from ..workloads import WORKLOADS
+    from ..workloads.recipe import load_recipe
 
-    if model not in WORKLOADS:
-        raise ValueError(f"--model: unknown {model!r}; choose from {', '.join(WORKLOADS)}")
+    load_recipe(model, check=True)  # a broken task fails here with one line, not in the rank
     for flag, value, minimum in (
         ("--per-worker-batch", per_worker_batch, 1),
         ("--steps", steps, 1),

@@ -1,70 +1,75 @@
-"""A model to measure or check: a built-in workload's, or the user's own given as `module:callable`.
+"""A task as the lab steps it: a model, one random batch at a time, the loss summed over samples.
 
-The callable takes no arguments and returns either an nn.Module, fed float inputs of shape
-(batch, in_features of its first nn.Linear) and trained to output zeros (loss: sum of squared
-outputs), or a tuple (model, make_batch(batch_size, generator) -> (x, y), loss(output, y)).
-Specs are strings so they travel to spawned ranks, where `load_recipe` resolves them.
+The lab (scaling bench, profile, checks) times or compares single steps on batches it draws
+itself, so it needs less than the trainer: `make_batch(n, generator)` collates n random items of
+the task's train_data, `forward` calls the model with the input's kind (tensor, tuple or dict),
+and `loss` sums the task's per-sample losses, so dividing by n gives the mean whatever the split.
+Every command that takes a model reads the same `module:callable` returning a `dpscale.Task`
+(see load.py), so a spec means one thing everywhere. Specs are strings so they travel to
+spawned ranks, where each loads its own copy.
 """
 
 from __future__ import annotations
 
-import importlib
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from .registry import WORKLOADS, get_workload
+from .load import TASK_CONVENTION, is_task_spec, load_task
+from .task import Task, call_model, per_sample, probe
 
-USER_MODEL_CONVENTION = (
-    "`module:callable`: the callable takes no arguments and returns either an nn.Module fed float "
-    "inputs of shape (batch, in_features of its first nn.Linear), trained to output zeros (loss: sum "
-    "of squared outputs), or a tuple (model, make_batch(batch_size, generator) -> (x, y), "
-    "loss(output, y) -> scalar)"
-)
-USER_MODEL_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+__all__ = ["TASK_CONVENTION", "Recipe", "is_task_spec", "load_recipe"]
 
 
 @dataclass(frozen=True)
 class Recipe:
-    build_model: Callable[[], nn.Module]
-    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # built-ins: summed over samples
+    task: Task
+
+    def build_model(self) -> nn.Module:
+        return self.task.model()
+
+    def make_batch(self, batch: int, g: torch.Generator) -> tuple[Any, Any]:
+        """`batch` items of train_data drawn with replacement by `g`, collated as the trainer does."""
+        data = self.task.train_data
+        return self.task.collate(
+            [data[i] for i in torch.randint(0, len(data), (batch,), generator=g).tolist()]
+        )
+
+    def take(self, x: Any, y: Any, part: slice) -> tuple[Any, Any]:
+        """Samples `part` of a collated batch (a worker's share, a micro-batch)."""
+        return _slice(x, part), _slice(y, part)
+
+    @staticmethod
+    def forward(model: nn.Module, x: Any) -> Any:
+        return call_model(model, x)
+
+    def loss(self, output: Any, target: Any) -> torch.Tensor:
+        """The task's per-sample losses, summed."""
+        return per_sample("Task.loss", self.task.loss(output, target), _count(target, output)).sum()
 
 
-def is_model_spec(spec: str) -> bool:
-    return spec in WORKLOADS or bool(USER_MODEL_RE.match(spec))
+def _slice(value: Any, part: slice) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[part]
+    if isinstance(value, dict):
+        return {k: _slice(v, part) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_slice(v, part) for v in value)
+    return value
 
 
-def load_recipe(spec: str, flag: str = "--model") -> Recipe:
-    if spec in WORKLOADS:
-        w = get_workload(spec)
-        train, _ = w.build_data(0)
+def _count(target: Any, output: Any) -> int:
+    """Samples in a batch: dim 0 of the target (or the output when the target is not a tensor)."""
+    t = target if isinstance(target, torch.Tensor) else output
+    return int(t.shape[0]) if isinstance(t, torch.Tensor) and t.dim() else 1
 
-        def make_batch(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-            return train.batch(torch.randint(0, len(train), (batch,), generator=g).tolist())
 
-        return Recipe(w.build_model, make_batch, w.loss_sum)
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"{flag}: cannot load {spec!r} ({e}); expected {USER_MODEL_CONVENTION}") from None
-    if not callable(factory):
-        raise ValueError(f"{flag}: {spec} is not callable; expected {USER_MODEL_CONVENTION}")
-    made = factory()
-    if isinstance(made, tuple) and len(made) == 3 and isinstance(made[0], nn.Module):
-        return Recipe(lambda: factory()[0], made[1], made[2])
-    if not isinstance(made, nn.Module):
-        raise ValueError(f"{flag}: {spec} returned {type(made).__name__}; expected {USER_MODEL_CONVENTION}")
-    first = next((m for m in made.modules() if isinstance(m, nn.Linear)), None)
-    if first is None:
-        raise ValueError(f"{flag}: {spec} has no nn.Linear to size inputs by; return the tuple form")
-    in_features = first.in_features
-
-    def random_batch(batch: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(batch, in_features, generator=g), torch.empty(0)
-
-    return Recipe(factory, random_batch, lambda out, _y: out.float().square().sum())
+def load_recipe(spec: str, flag: str = "--model", *, check: bool = False) -> Recipe:
+    """The recipe of `spec`; with `check`, its task is probed first (a broken one: one ValueError,
+    before any rank starts)."""
+    recipe = Recipe(load_task(spec, flag=flag))
+    if check:
+        probe(recipe.task)
+    return recipe
