@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import traceback
 from pathlib import Path
 
-from .cli_fields import add_dataclass_arguments, dataclass_kwargs
+from .cli_fields import add_dataclass_arguments, dataclass_kwargs, finite_float
 from .train.config import TrainConfig
 
 
 class UsageError(ValueError):
     """Bad command-line input; reported as one line with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors (a missing value, `--lr nan`) as one line too, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _add_train(sub) -> None:
@@ -56,7 +62,7 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train.config import config_file_fields
-    from .train.launch import LaunchError, launch, parse_nproc
+    from .train.launch import LaunchError, RunStopped, launch, parse_nproc
     from .train.preflight import preflight
 
     fields = config_file_fields(args.config) if args.config else {}
@@ -71,28 +77,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     min_nproc, nproc = parse_nproc(args.nproc)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1 (intra-op threads per worker), got {args.threads}")
     preflight(cfg, [nproc, min_nproc])
-    _check_checkpoint_dir(cfg)
     try:
         result = launch(cfg, nproc, min_nproc=min_nproc, max_restarts=args.max_restarts, threads=args.threads)
     except LaunchError as e:  # the workers ran and failed: not bad input, so exit 1 with their traceback
         print(f"dpscale train: error: {e}", file=sys.stderr, flush=True)
         return 1
+    except RunStopped as e:  # diverged (3) or stopped by a signal (143, 130): one line, its own code
+        print(f"dpscale train: {e}", file=sys.stderr, flush=True)
+        if args.json and e.result is not None:
+            print(json.dumps(e.result.to_dict()), flush=True)
+        return e.exit_code
     if args.json:
         print(json.dumps(result.to_dict()), flush=True)
     return 0
-
-
-def _check_checkpoint_dir(cfg: TrainConfig) -> None:
-    if not cfg.checkpoint_dir:
-        return
-    d = Path(cfg.checkpoint_dir)
-    if cfg.resume and not d.is_dir():
-        raise UsageError(f"--resume: checkpoint directory {d} does not exist; check --checkpoint-dir")
-    if d.exists() and not d.is_dir():
-        raise UsageError(f"--checkpoint-dir {d} is a file, not a directory")
-    if d.is_dir() and not os.access(d, os.R_OK | os.W_OK | os.X_OK):
-        raise UsageError(f"--checkpoint-dir {d} is not readable and writable by this user")
 
 
 def _command(sub, name: str, text: str, add_arguments, run) -> None:
@@ -194,7 +194,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpscale", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="dpscale", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
@@ -203,7 +203,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(sub)
     _add_predict(sub)
     _add_run(sub)
+    _refuse_non_finite(parser)
     return parser
+
+
+def _refuse_non_finite(parser: argparse.ArgumentParser) -> None:
+    """Every float flag of every subcommand refuses nan and inf while parsing (exit 2): a
+    non-finite number passes most range checks (nan < 0 is false) and fails much later."""
+    for action in parser._actions:
+        if action.type is float:
+            action.type = finite_float
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _refuse_non_finite(subparser)
 
 
 def _version() -> str:
@@ -236,5 +248,21 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The `dpscale` command (console entry point): main(), then exit with its code.
+
+    `dpscale train` leaves through os._exit once its output is flushed: a process that trained
+    keeps torch's gloo threads alive past destroy_process_group (torch._dynamo, imported with the
+    optimizer, holds the group), and one of them needing the GIL during interpreter shutdown can
+    abort a run that succeeded (see dpscale/train/process_life.py). Other commands exit normally.
+    """
+    code = main()
+    if sys.argv[1:2] == ["train"]:
+        from .train.process_life import exit_now
+
+        exit_now(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -9,6 +9,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import math
 import textwrap
 import types
 import typing
@@ -35,6 +36,14 @@ def _base_type(annotation) -> type:
     return annotation
 
 
+def finite_float(text: str) -> float:
+    """argparse type for a float flag: nan and inf are refused while parsing (exit 2)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """Add `--field-name` for each field; unset flags stay None so the dataclass default applies."""
     docs = field_docs(cls)
@@ -50,7 +59,12 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
             parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=help_text)
         else:
             parser.add_argument(
-                flag, dest=f.name, type=kind, default=None, metavar=f.name.upper(), help=help_text
+                flag,
+                dest=f.name,
+                type=finite_float if kind is float else kind,
+                default=None,
+                metavar=f.name.upper(),
+                help=help_text,
             )
 
 

@@ -127,6 +127,23 @@ def test_segments_are_unlinked_once_mapped():
     assert run_ranks(segments_now, 2) == [[], []]
 
 
+def named_segments_mapped(rank, world):
+    t = SharedMemoryTransport(timeout_s=60)
+    buf = t.alloc(1000, torch.float32)
+    buf.fill_(rank + 1)
+    t.all_reduce(buf)
+    maps = open("/proc/self/maps").read().splitlines()
+    t.close()
+    return float(buf[0]), [line.split(None, 5)[-1] for line in maps if "/dev/shm/" in line]
+
+
+def test_segments_never_have_a_name_another_user_could_take_or_a_kill_could_leave():
+    """Before, each segment was a name in /dev/shm for a moment: another local user could pre-create
+    the next names (set-up failed with FileExistsError) and a kill -9 during set-up left them behind.
+    Now the segments are memfds: no process of the job maps anything under /dev/shm, even deleted."""
+    assert run_ranks(named_segments_mapped, 2) == [(3.0, []), (3.0, [])]
+
+
 def dies_mid_run(rank, world, report_path):
     # well inside the harness's grace period for survivors of a failed rank (3 s)
     t = SharedMemoryTransport(timeout_s=1.5)

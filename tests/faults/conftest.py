@@ -1,7 +1,8 @@
 """Fault scenarios: helpers to run `dpscale train` as a user would, and one uninterrupted reference run.
 
-Each CLI run gets its own session, so after it exits the helper can check that nothing it started
-(agent, forkserver, workers) is still running, and kill that session if it is.
+Each CLI run carries a tag in its environment, which every process it starts inherits (workers
+run in sessions of their own), so after it exits the helper can check that nothing it started is
+still running, and kill what is.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -33,49 +36,73 @@ TRAIN = [
     "--progress",
     "plain",
 ]
+# TRAIN for a run without a checkpoint directory (--checkpoint-every alone is refused)
+TRAIN_NO_CHECKPOINTS = [
+    a for i, a in enumerate(TRAIN) if "--checkpoint-every" not in TRAIN[max(i - 1, 0) : i + 1]
+]
 
 
-def _session_members(sid: int) -> list[int]:
+TAG = "DPSCALE_TEST_RUN"
+
+
+def tagged(tag: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds TAG=`tag`: a CLI run and all it started."""
+    needle = f"{TAG}={tag}".encode() + b"\0"
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                # field 6 of /proc/PID/stat is the session id; the name (field 2) may hold spaces
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if needle not in (entry / "environ").read_bytes():
+                    continue
+                # field 3 of /proc/PID/stat is the state; the name (field 2) may hold spaces
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    pids.append(int(entry.name))
             except (OSError, IndexError):
                 continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                pids.append(int(entry.name))
     return pids
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start_cli(args: list[str], *, faults: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
+    """Start `python -m dpscale.cli ARGS` (DPSCALE_FAULTS=`faults`); returns it and its process tag."""
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != "DPSCALE_FAULTS"}
+    env[TAG] = tag
+    if faults:
+        env["DPSCALE_FAULTS"] = faults
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli", *args], cwd=ROOT, env=env, **popen)
+    return proc, tag
+
+
+def wait_until_gone(tag: str, within_s: float) -> list[int]:
+    """Wait up to `within_s` for every tagged process to end; returns those still running."""
+    deadline = time.monotonic() + within_s
+    while (left := tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def run_cli(
     args: list[str], *, faults: str | None = None, timeout_s: float = 150
 ) -> subprocess.CompletedProcess:
     """`python -m dpscale.cli ARGS` with DPSCALE_FAULTS=`faults`; fails if it leaves a process behind."""
-    env = {k: v for k, v in os.environ.items() if k != "DPSCALE_FAULTS"}
-    if faults:
-        env["DPSCALE_FAULTS"] = faults
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dpscale.cli", *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc, tag = start_cli(args, faults=faults)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tagged(tag)
         out, err = proc.communicate()
         pytest.fail(f"dpscale {' '.join(args)} still ran after {timeout_s} s\n{err[-5000:]}")
-    deadline = time.monotonic() + 5
-    while (left := _session_members(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)  # the forkserver exits shortly after its parent
-    if left:
-        os.killpg(proc.pid, signal.SIGKILL)
+    if left := wait_until_gone(tag, 5):
+        kill_tagged(tag)
         pytest.fail(f"dpscale {' '.join(args)} left processes running: {left}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -94,3 +121,45 @@ def reference(tmp_path_factory) -> dict:
     assert out["steps"] == 30 and out["resumed_from_step"] is None
     assert sorted(d.name for d in ckpt.iterdir()) == ["step-00000010", "step-00000020", "step-00000030"]
     return {**out, "checkpoint_dir": ckpt}
+
+
+class StderrWatch:
+    """Reads a started CLI's stderr in a thread, so a test can wait for a line and still get all of it."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._cond:
+                self.lines.append(line)
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, timeout_s: float = 120) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: any(text in line for line in self.lines), timeout_s):
+                pytest.fail(f"no line with {text!r} within {timeout_s} s:\n{''.join(self.lines)[-5000:]}")
+
+    def text(self) -> str:
+        self._thread.join(timeout=30)
+        return "".join(self.lines)
+
+
+def shm_paths_in_use(pids: list[int]) -> set[str]:
+    """/dev/shm files that these processes map or hold open (a memfd is not one: it has no name there)."""
+    paths = set()
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    paths.add(line.split(None, 5)[-1].removesuffix(" (deleted)"))
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    paths.add(target.removesuffix(" (deleted)"))
+        except OSError:
+            continue
+    return paths

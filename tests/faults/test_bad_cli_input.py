@@ -4,6 +4,8 @@ Checked in-process through `dpscale.cli.main` (fast), and once as a real subproc
 code and the single line are what a shell sees.
 """
 
+import subprocess
+
 import pytest
 
 from conftest import run_cli
@@ -22,20 +24,90 @@ from dpscale.cli import main
         (["--nproc", "two"], "--nproc must be N or MIN:MAX"),
         (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
         (["--resume", "--checkpoint-dir", "MISSING"], "does not exist"),
-        (["--collective-timeout-s", "0"], "collective_timeout_s must be at least 1 second"),
+        (["--collective-timeout-s", "0"], "collective_timeout_s must be between 1 and 604800 seconds"),
+        # issue #14 item 7: each of these used to be caught inside the workers or after training
+        (["--collective-timeout-s", "1e15"], "collective_timeout_s must be between 1 and 604800 seconds"),
+        (["--threads", "-1"], "--threads must be >= 1"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--seed", str(2**62)], "seed must be at most 2**32 - 1"),
+        (["--seed", str(2**64)], "seed must be at most 2**32 - 1"),
+        (["--checkpoint-every", "5", "NO_CHECKPOINT_DIR"], "checkpoint_every needs checkpoint_dir"),
+        (["--metrics-dir", "FILE"], "--metrics-dir FILE is a file, not a directory"),
+        (["--checkpoint-dir", "FILE/ckpt"], "cannot be created: FILE is a file"),
+        (["--checkpoint-dir", "FILE"], "--checkpoint-dir FILE is a file"),
+        (["--workload", "synthetic", "--global-batch", "1000000", "--nproc", "2"], "larger than the 8192"),
+        (["--workload", "synthetic", "--global-batch", str(10**12), "--tail", "pad"], "larger than the 8192"),
+        (["--transport", "nccl"], "--transport nccl needs CUDA"),
+        (["--engine", "torch", "--transport", "shm"], "transport 'shm' is dpscale's own"),
         (["--drift-check-every", "-5"], "drift_check_every must be >= 0"),
         (["--check-collectives-steps", "-1"], "check_collectives_steps must be >= 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, words):
-    args = [a.replace("MISSING", str(tmp_path / "nope")) for a in args]
-    if "--checkpoint-dir" not in args:
+    (tmp_path / "file").write_text("not a directory")
+    file = str(tmp_path / "file")
+    args = [a.replace("MISSING", str(tmp_path / "nope")).replace("FILE", file) for a in args]
+    words = words.replace("FILE", str(tmp_path / "file"))
+    if "--checkpoint-dir" not in args and "NO_CHECKPOINT_DIR" not in args:
         args += ["--checkpoint-dir", str(tmp_path / "ckpt")]
-    code = main(["train", "--metrics-dir", str(tmp_path / "metrics"), *args])
+    if "--metrics-dir" not in args:
+        args += ["--metrics-dir", str(tmp_path / "metrics")]
+    code = main(["train", *[a for a in args if a != "NO_CHECKPOINT_DIR"]])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("dpscale train: error: ") and words in err[0], err
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
+@pytest.mark.parametrize(
+    "flag", ["--lr", "--weight-decay", "--bucket-cap-mb", "--momentum", "--grad-clip-norm"]
+)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_refused_while_parsing(capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        main(["train", f"{flag}={value}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert f"argument {flag}: '{value}' is not a finite number" in err[0]
+
+
+def test_non_finite_numbers_are_refused_by_the_config_too():
+    from dpscale.train.config import TrainConfig
+
+    floats = ("lr", "weight_decay", "bucket_cap_mb", "grad_clip_norm", "momentum", "collective_timeout_s")
+    for field in floats:
+        with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+            TrainConfig(**{field: float("nan")})
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only mount (tmpfs -o ro); needs the right to mount, which root in a container has."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(mnt)], capture_output=True)
+    if p.returncode:
+        pytest.skip(f"cannot mount a read-only file system here: {p.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint-dir", "--metrics-dir"])
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_read_only_mount_is_refused_before_training(tmp_path, capsys, read_only_dir, flag, below):
+    target = read_only_dir / below if below else read_only_dir
+    code = main(["train", "--workload", "synthetic", "--max-steps", "2", flag, str(target)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"{flag} {target}" in err[0] and "not writable (read-only mount or permissions)" in err[0]
+
+
+def test_resume_with_nothing_to_resume_from_says_so(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    args = ["train", "--workload", "synthetic", "--max-steps", "2", "--progress", "none"]
+    assert main([*args, "--checkpoint-dir", str(ckpt), "--resume"]) == 0
+    assert f"dpscale: --resume: no checkpoint in {ckpt} yet; starting from step 0" in capsys.readouterr().err
 
 
 def test_bad_input_from_a_shell(tmp_path):
@@ -43,3 +115,18 @@ def test_bad_input_from_a_shell(tmp_path):
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "larger than global_batch" in p.stderr
     assert p.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["predict", "--intra-bw-GBps=nan"],
+        ["bench", "convergence", "--tolerance=inf"],
+        ["predict", "--bucket-mb=-inf"],
+    ],
+)
+def test_every_float_flag_of_every_command_refuses_non_finite_numbers(capsys, args):
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "is not a finite number" in err[0], err

@@ -9,7 +9,7 @@ after every step (--drift-check-every 1) proves the replicas stayed bit-identica
 import json
 import math
 
-from conftest import TRAIN, last_json, run_cli
+from conftest import TRAIN, TRAIN_NO_CHECKPOINTS, last_json, run_cli
 
 
 def test_worker_that_always_raises_fails_the_job_after_every_attempt(tmp_path):
@@ -34,7 +34,14 @@ def test_worker_that_always_raises_fails_the_job_after_every_attempt(tmp_path):
 
 def test_non_finite_gradient_on_one_rank_is_skipped_by_every_rank(tmp_path):
     metrics = tmp_path / "metrics"
-    args = TRAIN + ["--max-steps", "8", "--drift-check-every", "1", "--metrics-dir", str(metrics)]
+    args = TRAIN_NO_CHECKPOINTS + [
+        "--max-steps",
+        "8",
+        "--drift-check-every",
+        "1",
+        "--metrics-dir",
+        str(metrics),
+    ]
     p = run_cli(args, faults="nan_grad@step=3,rank=1")
     assert p.returncode == 0, p.stderr
     out = last_json(p.stdout)

@@ -386,3 +386,72 @@ def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):
     assert np.array_equal(first[1], second[1])
     assert first[2] == second[2]
     assert os.listdir(tmp_path) == ["step-00000001"]
+
+
+# -- issue #14 item 9: every kind of bad entry is skipped with its reason, and saving goes on -------
+
+
+def _deep_manifest(directory: Path) -> Path:
+    # under the size limit, but deeper than json's parser can recurse (RecursionError before)
+    path = directory / "manifest.json"
+    path.write_text("[" * 400_000 + "]" * 400_000)
+    return path
+
+
+def test_a_deeply_nested_manifest_is_skipped_not_raised(tmp_path):
+    _save_simple(tmp_path, 10)
+    bad = _deep_manifest(_save_simple(tmp_path, 20))
+    with pytest.warns(CheckpointWarning, match="nested too deeply"):
+        loaded = load_latest(tmp_path)
+    assert loaded.step == 10 and str(bad) in loaded.skipped[0]
+
+
+@pytest.mark.parametrize("which", ["manifest.json", "model.pt"])
+def test_an_unreadable_file_is_skipped_with_its_reason(tmp_path, monkeypatch, which):
+    """Tests run as root, which reads any file whatever its mode: the refusal is simulated at open()."""
+    _save_simple(tmp_path, 10)
+    bad = _save_simple(tmp_path, 20) / which
+    real_open = open
+
+    def guarded_open(file, *args, **kwargs):
+        if Path(file) == bad:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", guarded_open)
+    monkeypatch.setattr("io.open", guarded_open)
+    with pytest.warns(CheckpointWarning, match="unreadable"):
+        loaded = load_latest(tmp_path)
+    assert loaded.step == 10 and str(bad) in loaded.skipped[0] and "Permission denied" in loaded.skipped[0]
+
+
+def test_a_plain_file_named_like_a_checkpoint_is_skipped_then_replaced_and_pruned(tmp_path):
+    _save_simple(tmp_path, 10)
+    (tmp_path / "step-00000005").write_text("an older plain file")
+    (tmp_path / "step-00000020").write_text("not a checkpoint")
+    with pytest.warns(CheckpointWarning, match="is not a directory"):
+        loaded = load_latest(tmp_path)
+    assert loaded.step == 10 and "step-00000020: is not a directory" in loaded.skipped[0]
+    # the final save of that step replaces the file (it crashed with NotADirectoryError before)
+    _save_simple(tmp_path, 20, keep_last=2)
+    assert _dirs(tmp_path) == ["step-00000010", "step-00000020"]  # the older file was pruned
+    assert load_latest(tmp_path).step == 20
+
+
+def test_only_a_tmp_dir_whose_writer_is_gone_is_removed(tmp_path):
+    """Issue #14 item 4: a second writer removed the first's temporary directory as "stale"."""
+    import fcntl
+
+    live = tmp_path / ".tmp-step-00000015-0123abcd"
+    dead = tmp_path / ".tmp-step-00000016-4567cdef"
+    live.mkdir()
+    dead.mkdir()
+    fd = os.open(live, os.O_RDONLY)  # what a writer in progress holds
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        _save_simple(tmp_path, 20)
+        assert live.exists() and not dead.exists()
+    finally:
+        os.close(fd)
+    _save_simple(tmp_path, 30)
+    assert _dirs(tmp_path) == ["step-00000020", "step-00000030"]

@@ -1,6 +1,6 @@
 """`shm`: collectives for CPU workers on one host, through shared memory.
 
-Each rank owns segments in /dev/shm that every peer maps. A buffer from `alloc` lives in one,
+Each rank owns shared-memory segments that every peer maps. A buffer from `alloc` lives in one,
 so the engine's gradient buckets are reduced where they are, with no send buffer. All-reduce is
 a reduce-scatter then an all-gather in one sweep: rank r sums part r of the buffer over all
 ranks and writes the sum into part r of *every* rank's buffer. Each part is touched by one rank
@@ -12,23 +12,24 @@ plain stores and loads suffice: x86-64 keeps stores in order (a peer that sees t
 sees the data written before it). Waiting spins briefly, then yields, then sleeps, so a slow
 peer does not starve the core; past `timeout_s` it raises and names the rank it waited for.
 
-Segments are unlinked as soon as every rank has mapped them: a crash cannot leave them behind.
+Segments are anonymous memory files (memfd), never names in /dev/shm: peers open the owner's
+descriptor through /proc/<pid>/fd, which only the same user (or root) may do. So no other user
+can pre-create a name to make set-up fail, nothing is visible while it runs, and no kill at any
+moment can leave a segment behind: the memory goes when the last process mapping it ends.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .base import chunk_bounds, completed, global_rank
+from .base import chunk_bounds, completed
 
-SHM_DIR = "/dev/shm"
 _LINE = 8  # int64 slots per counter: one 64-byte cache line each, no false sharing
 _SPIN = 2000  # busy checks before yielding: covers a peer that is microseconds behind
 _YIELD = 20000  # yields before sleeping
@@ -51,7 +52,7 @@ class _Segment:
 class SharedMemoryTransport:
     """Collectives among the ranks of `process_group`, which must all run on this host.
 
-    `process_group` (gloo) is used only to set up: agree on a name tag and map the segments.
+    `process_group` (gloo) is used only to set up: exchange where the segments are and map them.
     """
 
     name = "shm"
@@ -62,42 +63,28 @@ class SharedMemoryTransport:
         self.world_size = dist.get_world_size(process_group)
         self.timeout_s = timeout_s
         self._seq = 0
-        self._count = 0
         self._segments: list[_Segment] = []
         self._staging: torch.Tensor | None = None
-        # unique per job and per construction: torchrun restarts get new segments
-        tag = [f"dpscale-{os.environ.get('TORCHELASTIC_RUN_ID', os.getpid())}-{secrets.token_hex(4)}"]
-        dist.broadcast_object_list(tag, src=global_rank(process_group, 0), group=process_group)
-        self._tag = tag[0]
         # one cache line of counters per rank, written by its owner only
         self._ctl_maps = self._map_all(64)
         self._ctl = [np.frombuffer(m, dtype=np.int64, count=_LINE) for m in self._ctl_maps]
 
     # -- set-up ------------------------------------------------------------------------------
     def _map_all(self, nbytes: int) -> list[mmap.mmap]:
-        """Collective: every rank creates a segment of `nbytes`, maps everyone's, unlinks its own."""
-        self._count += 1
-        paths = [os.path.join(SHM_DIR, f"{self._tag}-{self._count}-r{j}") for j in range(self.world_size)]
+        """Collective: every rank creates a segment of `nbytes` and maps everyone's."""
         size = max(nbytes, 1)
-        fd = os.open(paths[self.rank], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        fd = os.memfd_create("dpscale-shm", os.MFD_CLOEXEC)
         try:
-            try:
-                os.ftruncate(fd, size)
-            finally:
-                os.close(fd)
-            dist.barrier(group=self.group)
+            os.ftruncate(fd, size)
+            owners: list = [None] * self.world_size
+            dist.all_gather_object(owners, (os.getpid(), fd), group=self.group)
             maps = []
-            for path in paths:
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    maps.append(mmap.mmap(fd, size))
-                finally:
-                    os.close(fd)
+            for j, (pid, owner_fd) in enumerate(owners):
+                maps.append(mmap.mmap(fd, size) if j == self.rank else _map_peer(pid, owner_fd, size, j))
+            # every peer has opened mine: my descriptor may go (the mappings keep the memory)
             dist.barrier(group=self.group)
         finally:
-            # everyone has it mapped (or set-up failed): either way the name goes now, so neither
-            # a crash later nor a failed barrier here leaves it behind in /dev/shm
-            os.unlink(paths[self.rank])
+            os.close(fd)
         return maps
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -231,6 +218,21 @@ class SharedMemoryTransport:
 
     def describe(self) -> str:
         return f"shm ({self.world_size} workers, shared memory on one host)"
+
+
+def _map_peer(pid: int, fd: int, size: int, rank: int) -> mmap.mmap:
+    try:
+        peer_fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+    except OSError as e:
+        raise RuntimeError(
+            f"shm transport: cannot open rank {rank}'s segment through /proc/{pid}/fd/{fd} ({e.strerror}); "
+            "every worker on a host must run as the same user in the same PID namespace, else use "
+            "transport 'gloo'"
+        ) from e
+    try:
+        return mmap.mmap(peer_fd, size)
+    finally:
+        os.close(peer_fd)
 
 
 def _sum_into(out: torch.Tensor, parts: list[torch.Tensor]) -> None:

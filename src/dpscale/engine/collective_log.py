@@ -168,6 +168,15 @@ def _explain(exc: Exception, log: CollectiveLog, wait_s: float) -> str:
     return "\n".join(lines)
 
 
+def silent_ranks(text: str) -> list[int]:
+    """The ranks a CollectiveError's text (from `_explain`) names as not reporting: the ones that hung."""
+    m = _SILENT.search(text)
+    return [int(r) for r in re.findall(r"\d+", m[1])] if m else []
+
+
+_SILENT = re.compile(r"^((?:rank \d+(?:, )?)+) did not report within", re.MULTILINE)
+
+
 def _ask_peers(log: CollectiveLog, mine: dict | None, wait_s: float) -> dict[int, dict | None] | None:
     """Publish this rank's last record in the store; collect those of the ranks that answer in time.
 

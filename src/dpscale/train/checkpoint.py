@@ -8,6 +8,8 @@ file is reported and skipped, never executed. There is a single writer (rank 0);
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -73,7 +75,8 @@ def save_checkpoint(
     """Write `payload` (stem -> weights_only-safe object) as checkpoint `step` under `root`; returns its path.
 
     Keeps `keep_last` checkpoints: this one and the `keep_last - 1` others with the highest steps.
-    Also removes `.tmp-*` directories left by a writer that was killed.
+    Also removes `.tmp-*` directories left by a writer that was killed: a writer holds a lock on
+    its temporary directory while it writes, so one still being written is never taken for a leftover.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 (got {keep_last}); it is how many checkpoints to keep")
@@ -91,13 +94,20 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise type(e)(e.errno, f"cannot create checkpoint root {root}: {e.strerror}") from e
-    # single writer: any other tmp directory is a leftover from a writer that was killed
     for stale in root.glob(".tmp-*"):
-        shutil.rmtree(stale)
+        _remove_if_abandoned(stale)
 
-    tmp = root / f".tmp-step-{step:08d}-{secrets.token_hex(8)}"
-    tmp.mkdir()
     final = root / step_dir_name(step)
+    with contextlib.ExitStack() as held:
+        tmp = _locked_tmp_dir(root, step, held)  # released when the write is done, or by the writer's death
+        _write(root, tmp, final, step, payload)
+    older = sorted((s, p) for s, p in _step_entries(root) if p != final)
+    for old_step, path in older[: max(0, len(older) - (keep_last - 1))]:
+        _discard(path, old_step)
+    return final
+
+
+def _write(root: Path, tmp: Path, final: Path, step: int, payload: dict[str, Any]) -> None:
     aside = None
     try:
         files = []
@@ -121,7 +131,8 @@ def save_checkpoint(
         # a directory cannot be renamed onto a non-empty one, so an existing checkpoint of this step
         # is moved aside first. A crash between the two renames leaves both as .tmp-* (removed by the
         # next save); older checkpoints are untouched, so only this step is lost.
-        aside = _move_aside(final, step) if final.exists() else None
+        # (whatever is there: a file or a link of that name is replaced like an old checkpoint)
+        aside = _move_aside(final, step) if final.exists() or final.is_symlink() else None
         os.replace(tmp, final)
         _fsync_dir(root)
     except BaseException:
@@ -130,12 +141,7 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if aside is not None:
-        shutil.rmtree(aside)
-
-    older = sorted((s, p) for s, p in _step_dirs(root) if p != final)
-    for old_step, path in older[: max(0, len(older) - (keep_last - 1))]:
-        shutil.rmtree(_move_aside(path, old_step))
-    return final
+        _remove(aside)
 
 
 def load_latest(
@@ -151,8 +157,10 @@ def load_latest(
     if not root.is_dir():
         return None
     skipped: list[str] = []
-    for step, path in sorted(_step_dirs(root), reverse=True):
+    for step, path in sorted(_step_entries(root), reverse=True):
         try:
+            if path.is_symlink() or not path.is_dir():
+                raise _Rejected(path, "is not a directory (a checkpoint is a directory dpscale writes)")
             manifest_step, stems = _verify(path, expected_stems)
             if manifest_step != step:
                 raise _Rejected(path / MANIFEST_NAME, f"manifest says step {manifest_step}, not {step}")
@@ -246,13 +254,15 @@ def _verify(directory: Path, expected_stems: Collection[str]) -> tuple[int, list
     if manifest_path.is_symlink() or manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
         raise _Rejected(manifest_path, "is a symbolic link or larger than a manifest can be")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = json.loads(_read_text(manifest_path))
         if manifest["format_version"] != FORMAT_VERSION:
             raise _Rejected(
                 manifest_path, f"format_version {manifest['format_version']} is not {FORMAT_VERSION}"
             )
         step = manifest["step"]
         entries = [(e["name"], e["size_bytes"], e["sha256"]) for e in manifest["files"]]
+    except RecursionError:  # nesting deeper than the parser's stack: no manifest looks like that
+        raise _Rejected(manifest_path, "unparseable (nested too deeply)") from None
     except (ValueError, KeyError, TypeError) as e:
         raise _Rejected(manifest_path, f"unparseable ({type(e).__name__}: {e})") from None
     if type(step) is not int or not entries:
@@ -273,7 +283,11 @@ def _verify(directory: Path, expected_stems: Collection[str]) -> tuple[int, list
             raise _Rejected(
                 path, f"size {actual_size} bytes, manifest says {size_bytes} (truncated or changed)"
             )
-        if _sha256(path) != sha256:
+        try:
+            digest = _sha256(path)
+        except OSError as e:
+            raise _Rejected(path, f"unreadable ({type(e).__name__}: {e.strerror})") from None
+        if digest != sha256:
             raise _Rejected(path, "sha256 mismatch (file changed or corrupt)")
         stems.append(name[:-3])
     missing = sorted(set(expected_stems) - set(stems))
@@ -311,8 +325,9 @@ def _check_weights_only_safe(obj: Any, where: str) -> None:
         )
 
 
-def _step_dirs(root: Path) -> list[tuple[int, Path]]:
-    return [(int(m[1]), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()]
+def _step_entries(root: Path) -> list[tuple[int, Path]]:
+    """Every `step-N` entry, directory or not: the loader says why it skips one that is not."""
+    return [(int(m[1]), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name))]
 
 
 def _move_aside(path: Path, step: int) -> Path:
@@ -323,14 +338,68 @@ def _move_aside(path: Path, step: int) -> Path:
     return aside
 
 
+def _discard(path: Path, step: int) -> None:
+    _remove(_move_aside(path, step))
+
+
+def _remove(path: Path) -> None:
+    """Delete a directory tree, or a file or link (what a user may have put under a step-N name)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _locked_tmp_dir(root: Path, step: int, held: contextlib.ExitStack) -> Path:
+    """A fresh `.tmp-*` directory under an exclusive lock that `held` releases."""
+    while True:
+        tmp = root / f".tmp-step-{step:08d}-{secrets.token_hex(8)}"
+        tmp.mkdir()
+        fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink > 0:
+            held.callback(os.close, fd)
+            return tmp
+        # a cleaner took it for a leftover between mkdir and flock, and removed it: take another
+        os.close(fd)
+
+
+def _remove_if_abandoned(path: Path) -> None:
+    """Remove a `.tmp-*` entry unless a live writer holds its lock (best effort: races are fine)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except NotADirectoryError:
+        path.unlink(missing_ok=True)
+        return
+    except OSError:
+        return  # gone already, or not ours to read
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return  # its writer is alive: this is a write in progress, not a leftover
+    try:
+        shutil.rmtree(path, ignore_errors=True)  # under the lock: no writer takes it meanwhile
+    finally:
+        os.close(fd)
+
+
 def _remove_tmp_dirs_before(root: Path, step: int) -> None:
-    # Only tmp directories older than the checkpoint just loaded: a reader (an evaluator, say) may
-    # run while the trainer writes a newer step, and must not delete that write. Newer leftovers are
-    # removed by the next save. Best effort, so a reader on a read-only mount can still load.
+    # Only tmp directories older than the checkpoint just loaded and abandoned by their writer: a
+    # reader (an evaluator, say) may run while the trainer writes a newer step, and must not delete
+    # that write. Newer leftovers are removed by the next save. Best effort, so a reader on a
+    # read-only mount can still load.
     for path in root.glob(".tmp-*"):
         m = _TMP_DIR.fullmatch(path.name)
         if m and int(m[1]) < step:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_if_abandoned(path)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise _Rejected(path, f"unreadable ({type(e).__name__}: {e.strerror})") from None
 
 
 def _sha256(path: Path) -> str:

@@ -8,6 +8,7 @@ micro-batch and accumulation steps there and says which numbers to change when t
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import asdict, dataclass, fields
 
 from ..comm.select import TRANSPORT_NAMES
@@ -17,6 +18,12 @@ from ..workloads import WORKLOADS
 from .device import DEVICES, PRECISIONS
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+# numpy's legacy seeding and torch's generators take 32 and 64 bits; each rank seeds with
+# seed * 1000 + rank, so 32 bits keep every derived seed in range
+MAX_SEED = 2**32 - 1
+# a timeout is a bound on a hang, not a wait; a week is "never" for a collective, and
+# datetime.timedelta (which the process group takes) overflows near 1e14 s
+MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
 WORLD_CHANGES = ("keep-global-batch", "scale-lr")
 ENGINES = ("dpscale", "torch")
 # defaults for a task that is not a built-in workload (a built-in brings its own)
@@ -61,7 +68,7 @@ class TrainConfig:
     grad_clip_norm: float | None = None
     """Clip gradients to this global L2 norm; None: no clipping."""
     seed: int = 0
-    """Seeds model init, data order and every rank's RNGs."""
+    """Seeds model init, data order and every rank's RNGs (0 to 2**32 - 1)."""
     tail: str = "drop"
     """What to do with the samples after the last full global batch: drop, pad or keep."""
     checkpoint_dir: str | None = None
@@ -70,6 +77,8 @@ class TrainConfig:
     """Checkpoint every this many steps (0: only at the end) when checkpoint_dir is set."""
     keep_checkpoints: int = 3
     """How many recent checkpoints to keep."""
+    max_skipped_steps: int = 10
+    """Stop the run (exit code 3) when this many steps in a row had a non-finite gradient (0: never)."""
     resume: bool = False
     """Resume from the newest valid checkpoint in checkpoint_dir."""
     metrics_dir: str | None = None
@@ -100,6 +109,7 @@ class TrainConfig:
     """DataLoader worker processes per training worker (0: load in the training process)."""
 
     def __post_init__(self) -> None:
+        _finite_floats(self)
         if self.workload is not None and self.task is not None:
             raise ValueError("workload and task: give one (task is your own, workload a built-in)")
         if self.workload is not None and self.workload not in WORKLOADS:
@@ -138,9 +148,12 @@ class TrainConfig:
             "seed",
             "drift_check_every",
             "check_collectives_steps",
+            "max_skipped_steps",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.seed > MAX_SEED:
+            raise ValueError(f"seed must be at most 2**32 - 1 = {MAX_SEED}, got {self.seed}")
         _positive("keep_checkpoints", self.keep_checkpoints)
         if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
             raise ValueError(f"grad_clip_norm must be > 0, got {self.grad_clip_norm}")
@@ -157,9 +170,10 @@ class TrainConfig:
                 f"compression: unknown {self.compression!r}; choose one of {', '.join(COMPRESSIONS)}"
             )
         # a healthy collective here takes milliseconds; below a second, a busy host would trip it
-        if not (self.collective_timeout_s >= 1 and math.isfinite(self.collective_timeout_s)):
+        if not 1 <= self.collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
             raise ValueError(
-                f"collective_timeout_s must be at least 1 second, got {self.collective_timeout_s}"
+                f"collective_timeout_s must be between 1 and {MAX_COLLECTIVE_TIMEOUT_S:.0f} seconds "
+                f"(a week), got {self.collective_timeout_s}"
             )
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
@@ -171,6 +185,13 @@ class TrainConfig:
             raise ValueError(f"data_workers must be >= 0, got {self.data_workers}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs checkpoint_dir: say where the checkpoints are")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")
+        if self.engine == "torch" and self.transport not in ("auto", "gloo", "nccl"):
+            raise ValueError(
+                f"transport {self.transport!r} is dpscale's own; engine 'torch' uses the process group "
+                "(gloo or nccl): drop transport or use engine 'dpscale'"
+            )
 
     def resolve_batch(self, world_size: int) -> tuple[int, int]:
         """(micro_batch, accumulation_steps) for `world_size` workers; ValueError when G does not split."""
@@ -208,6 +229,16 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _finite_floats(cfg: TrainConfig) -> None:
+    # nan passes every `<` check and inf most of them, so non-finite numbers are refused first
+    hints = typing.get_type_hints(type(cfg))
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if float in typing.get_args(hints[f.name]) + (hints[f.name],) and isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value}")
 
 
 def _positive(name: str, value: int) -> None:

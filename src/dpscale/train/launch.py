@@ -3,7 +3,11 @@
 The agent (torch.distributed.launcher, what torchrun runs) does the rendezvous on 127.0.0.1 with
 a port the OS picks, restarts every worker when one fails (up to `max_restarts`), and hands each
 worker its rank through the environment. A restarted worker resumes from the last good checkpoint.
-`run_worker` is the same entry point a plain `torchrun -m dpscale.train.worker` uses.
+Each worker is a `python -m dpscale.train.worker` subprocess of this process (as under torchrun),
+not a multiprocessing child: nothing between the launcher and its workers, and no named
+semaphores in /dev/shm that a killed job would leave behind. Workers end when the launcher dies
+(see process_life.py). SIGTERM/SIGINT to the launcher writes a stop file the workers look for at
+every step; they stop after the same step, checkpoint, and `launch` raises `RunStopped`.
 
 On one host the agent always restarts the same number of workers, so a world size range
 `min_nproc..nproc` means: start `nproc`; when every restart at that size has failed, launch again
@@ -13,12 +17,16 @@ with the next smaller size whose workers split the global batch, resuming from t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
-import multiprocessing as mp
+import json
 import os
+import signal
 import socket
 import sys
+import tempfile
+import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -27,17 +35,43 @@ import torch
 import torch.distributed as dist
 
 from ..cores import usable_cores
+from ..engine.collective_log import silent_ranks
+from . import dir_lock, rendezvous
 from .config import TrainConfig
 from .device import backend_for, resolve_device
+from .preflight import check_before_start, resume_note
+from .process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
 from .trainer import Trainer, TrainResult
 
-# Imported once by the forkserver the agent starts workers from, so a worker (and every restart)
-# forks with them loaded instead of spending seconds importing them again.
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dpscale.train.launch"]
+# how the launcher hands a worker its task: the environment variable names a JSON file with the
+# config and thread count; rank 0 writes its result next to it
+LAUNCH_SPEC_ENV = "DPSCALE_LAUNCH_SPEC"
+LAUNCHER_PID_ENV = "DPSCALE_LAUNCHER_PID"
+# after a second SIGTERM/SIGINT, how long the agent lets workers end before SIGKILL
+_SHUTDOWN_S = 5
 
 
 class LaunchError(RuntimeError):
     """Every attempt failed; the message names the failing rank and holds its traceback."""
+
+
+class RunStopped(Exception):
+    """The run ended early on purpose: diverged (exit code 3) or stopped by a signal (128 + signal).
+
+    The message is one line saying where it stopped; `result` is rank 0's, when it got that far.
+    """
+
+    def __init__(self, message: str, exit_code: int, result: TrainResult | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.result = result
+
+
+def stopped_exit_code(stopped_by: str) -> int:
+    """Exit code for a run that stopped early: 3 when it diverged, 128 + the signal's number otherwise."""
+    if stopped_by == "diverged":
+        return EXIT_DIVERGED
+    return signal_exit_code(stopped_by) if stopped_by in signal.Signals.__members__ else 128 + signal.SIGTERM
 
 
 def default_threads(nproc: int) -> int:
@@ -76,7 +110,7 @@ def parse_nproc(text: str) -> tuple[int, int]:
     return low, high
 
 
-def run_worker(config: dict, threads: int) -> dict:
+def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
     """One worker: join the group the agent (or torchrun) describes in the environment, train."""
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(config)
@@ -87,7 +121,7 @@ def run_worker(config: dict, threads: int) -> dict:
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
     _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), backend_for(device))
     try:
-        return Trainer(cfg).fit().to_dict()
+        return Trainer(cfg, stop_requested=stop_requested).fit().to_dict()
     finally:
         dist.destroy_process_group()
 
@@ -133,14 +167,24 @@ def launch(
         cfg.resolve_batch(nproc)
     if not _splits(cfg, min_nproc):
         cfg.resolve_batch(min_nproc)
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 (intra-op threads per worker), got {threads}")
+    check_before_start(cfg)
+    with dir_lock.hold(cfg.checkpoint_dir) if cfg.checkpoint_dir else contextlib.nullcontext():
+        if note := resume_note(cfg):
+            print(f"dpscale: {note}", file=sys.stderr, flush=True)
+        return _launch_sizes(cfg, nproc, min_nproc, max_restarts, threads)
+
+
+def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: int, threads: int | None):
     if nproc == 1 and max_restarts == 0:
-        return _run_in_process(cfg, threads or default_threads(1))
+        return _finished(_run_in_process(cfg, threads or default_threads(1)))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     n = nproc
     while True:
         try:
-            return _launch_elastic(cfg, n, max_restarts, threads or default_threads(n))
+            return _finished(_launch_elastic(cfg, n, max_restarts, threads or default_threads(n)))
         except ChildFailedError as e:
             failure = _describe_failure(e, n, max_restarts)
             # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
@@ -180,43 +224,106 @@ def _configured_split(cfg: TrainConfig, n: int) -> bool:
     return True
 
 
+def _finished(result: TrainResult) -> TrainResult:
+    if result.stopped_by:
+        raise RunStopped(
+            result.stop_message or result.stopped_by, stopped_exit_code(result.stopped_by), result
+        )
+    return result
+
+
 def _launch_elastic(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int) -> TrainResult:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    endpoint = "127.0.0.1:0"  # loopback only; port 0: the OS picks a free one
-    if warning := rendezvous_warning(endpoint.rsplit(":", 1)[0]):
-        print(warning, file=sys.stderr, flush=True)
     launch_cfg = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
         run_id=f"dpscale-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=endpoint,
+        rdzv_backend=rendezvous.register(),  # stores on 127.0.0.1 only
+        rdzv_endpoint=f"{rendezvous.LOOPBACK}:0",
         max_restarts=max_restarts,
         monitor_interval=0.1,
-        start_method="forkserver",
+        # SIGTERM and SIGINT are ours (StopRequest below); the agent still ends the job on these
+        signals_to_handle="SIGHUP,SIGQUIT",
+        shutdown_timeout=_SHUTDOWN_S,
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    mp.set_forkserver_preload(_PRELOAD)
-    results = elastic_launch(launch_cfg, run_worker)(cfg.to_dict(), threads)
-    return TrainResult(**results[0])
+    with tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
+        files = {name: str(Path(tmp) / name) for name in ("spec.json", "result.json", "stop")}
+        Path(files["spec.json"]).write_text(
+            json.dumps(
+                {
+                    "config": cfg.to_dict(),
+                    "threads": threads,
+                    "result": files["result.json"],
+                    "stop": files["stop"],
+                }
+            )
+        )
+        stop = StopRequest(on_request=Path(files["stop"]).write_text, on_second=_abort)
+        if threading.current_thread() is threading.main_thread():
+            stop.install()
+        os.environ[LAUNCH_SPEC_ENV] = files["spec.json"]
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+        try:
+            elastic_launch(launch_cfg, sys.executable)("-m", "dpscale.train.worker")
+        except SignalException as e:  # a second signal (or SIGHUP, SIGQUIT): the workers were ended
+            name = signal.Signals(e.sigval).name
+            raise RunStopped(
+                f"stopped by {name} at once, without a checkpoint", signal_exit_code(name)
+            ) from None
+        finally:
+            stop.restore()
+            for key in (LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV):
+                os.environ.pop(key, None)
+        result = _read_result(Path(files["result.json"]))
+    if result is None:
+        raise LaunchError(f"training with {nproc} workers ended without a result from rank 0")
+    return result
+
+
+def _abort(signum: int) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    # the agent's own way out: it stops the workers (the same signal, then SIGKILL) and re-raises
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+def _read_result(path: Path) -> TrainResult | None:
+    try:
+        return TrainResult(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _describe_failure(e: Exception, nproc: int, max_restarts: int) -> str:
-    """First line: what failed; then the first failing worker's traceback, as the agent recorded it."""
+    """First line: what failed, naming the rank to look at; then the first failing worker's traceback.
+
+    A rank that hung is what to look at, not the rank that timed out waiting for it (which fails
+    first); the timed-out rank's CollectiveError names it. A worker killed by a signal leaves no
+    error record (torch's file holds "<NONE>"), only its exit code.
+    """
     attempts = f"{max_restarts + 1} attempt{'s' if max_restarts else ''}"
+    head = f"training with {nproc} workers failed after {attempts} (--max-restarts {max_restarts}); "
     try:
         rank, failure = e.get_first_failure()
-        head = f"training with {nproc} workers failed after {attempts} (--max-restarts {max_restarts}); "
-        head += f"last failure: rank {rank}"
-        if failure.exitcode < 0:
-            head += f" was killed by signal {-failure.exitcode}"
-        else:
-            head += f" exited with code {failure.exitcode}"
-        trace = failure.error_file_data.get("message", {}).get("extraInfo", {}).get("py_callstack", "")
     except Exception:  # the agent's error record is best effort; never hide the failure behind it
         return f"training with {nproc} workers failed after {attempts}: {e}"
+    record = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    record = record if isinstance(record, dict) else {}
+    extra = record.get("extraInfo") if isinstance(record.get("extraInfo"), dict) else {}
+    trace = str(extra.get("py_callstack") or "")
+    hung = silent_ranks(f"{record.get('message', '')}\n{trace}")
+    if hung:
+        who = ", ".join(f"rank {r}" for r in hung)
+        head += f"{who} hung: rank {rank} timed out waiting for it in a collective"
+    elif failure.exitcode < 0:
+        signal_no, name = -failure.exitcode, failure.signal_name()
+        head += f"last failure: rank {rank} was killed by signal {signal_no} ({name})"
+    else:
+        head += f"last failure: rank {rank} exited with code {failure.exitcode}"
     return head + (":\n" + trace.rstrip() if trace else "")
 
 
@@ -227,8 +334,12 @@ def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+    # signal handlers can only be installed from the main thread (an API caller may be elsewhere)
+    stop = StopRequest().install() if threading.current_thread() is threading.main_thread() else None
     try:
-        return Trainer(cfg).fit()
+        return Trainer(cfg, stop_requested=stop).fit()
     finally:
+        if stop is not None:
+            stop.restore()
         dist.destroy_process_group()
         torch.set_num_threads(old)

@@ -1,12 +1,19 @@
 """Checks of a training run that can be made before any worker starts, so bad input costs one line
-and exit code 2 instead of a traceback from every worker.
+and exit code 2 instead of a traceback from every worker, or a failure after training.
 
-The task is loaded and probed (its model built, a couple of items of each dataset run through the
-model, loss and metrics), its training set compared with the global batch, and the device checked
-for the largest world size the run may use.
+`preflight` (the CLI's): the task is loaded and probed (its model built, a couple of items of each
+dataset run through the model, loss and metrics), its training set compared with the global batch,
+and the device checked for the largest world size the run may use. `check_before_start` (the
+launcher's, for API callers too): the file system and the transport. Both look, never create: a
+run refused here has written nothing.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
 
 from ..workloads.task import probe
 from .config import TrainConfig
@@ -20,10 +27,56 @@ def preflight(cfg: TrainConfig, world_sizes: list[int]) -> None:
         cfg.resolve_batch(n)
         if cfg.device != "cpu":
             resolve_device(cfg.device, local_rank=n - 1)
+    check_before_start(cfg)
     task = resolve_task(cfg)
     probe(task)
-    if cfg.tail == "drop" and len(task.train_data) < cfg.global_batch:
+    # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
+    if cfg.tail in ("drop", "pad") and len(task.train_data) < cfg.global_batch:
         raise ValueError(
             f"train_data has {len(task.train_data)} samples, fewer than one global batch of "
             f"{cfg.global_batch}; use --global-batch {len(task.train_data)} or less, or --tail keep"
         )
+
+
+def check_before_start(cfg: TrainConfig) -> None:
+    """What fails only inside the workers or after training: directories, the transport."""
+    if cfg.resume and cfg.checkpoint_dir and not Path(cfg.checkpoint_dir).is_dir():
+        raise ValueError(
+            f"--resume: checkpoint directory {cfg.checkpoint_dir} does not exist; check --checkpoint-dir"
+        )
+    if cfg.checkpoint_dir:
+        check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
+    if cfg.metrics_dir:
+        check_writable_dir("--metrics-dir", cfg.metrics_dir)
+    if cfg.transport == "nccl" and not torch.cuda.is_available():
+        raise ValueError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
+
+
+def check_writable_dir(flag: str, path: str) -> None:
+    """`path` is a directory this user can write, or can be created as one (nothing is created)."""
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {path} is a file, not a directory; name a directory")
+    existing = p
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path} cannot be created: {existing} is a file; name another directory")
+    # access() also says no for a read-only mount (EROFS), which a permission check alone would not
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is" if existing == p else f"would be created in {existing}, which is"
+        raise ValueError(
+            f"{flag} {path} {what} not writable (read-only mount or permissions); name a writable directory"
+        )
+
+
+def resume_note(cfg: TrainConfig) -> str | None:
+    """A line for a `--resume` that has nothing to resume from (the run starts at step 0), else None.
+
+    Not an error: a supervisor that always passes --resume must be able to start a job's first run.
+    """
+    if not cfg.resume or not cfg.checkpoint_dir:
+        return None
+    if any(p.name.startswith("step-") for p in Path(cfg.checkpoint_dir).iterdir()):
+        return None
+    return f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0"

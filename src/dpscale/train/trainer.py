@@ -16,6 +16,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
@@ -66,6 +67,10 @@ class TrainResult:
     engine: str
     transport: str
     eval: dict[str, float] | None = None  # "loss" and each metric, means over the task's eval_data
+    # why the run ended before its last step: "diverged", or the signal that asked it to stop
+    # ("SIGTERM", "SIGINT"); None when it ran to the end
+    stopped_by: str | None = None
+    stop_message: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,10 +106,14 @@ class Trainer:
         task: Task | None = None,
         *,
         process_group: dist.ProcessGroup | None = None,
+        stop_requested: Callable[[], str | None] | None = None,
     ):
+        """`stop_requested()` returns why to stop (e.g. "SIGTERM") or None; it is asked once per step
+        and any rank's request stops every rank at the end of that step, after a checkpoint."""
         if task is not None and not isinstance(task, Task):
             raise ValueError(f"task must be a dpscale.Task, got {type(task).__name__}")
         self.cfg = config
+        self._stop_requested = stop_requested or (lambda: None)
         self.group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
@@ -185,6 +194,10 @@ class Trainer:
         # each rank its own stream of randomness for anything stochastic in the user's model
         _seed_all(config.seed * 1000 + self.rank)
         self.skipped_steps = 0
+        self.skipped_in_a_row = 0  # not checkpointed: a resume gives a diverging run its full allowance
+        self.stop_agreed = False  # some rank was asked to stop: every rank stops after this step
+        self.stopped_by: str | None = None
+        self.stop_message: str | None = None
         self.last_loss: float | None = None
         self.last_checkpoint: str | None = None
         self.resumed_from: int | None = None
@@ -270,11 +283,18 @@ class Trainer:
                     # from the step count, so every rank checks and saves at the same steps
                     if cfg.drift_check_every and self.step % cfg.drift_check_every == 0:
                         check_replicas(self._module, self.group, step=self.step, log=self.log)
+                    if cfg.max_skipped_steps and self.skipped_in_a_row >= cfg.max_skipped_steps:
+                        self._stop("diverged", self._divergence_message(m))
+                        break  # no checkpoint: the last one holds the state before the divergence
                     if cfg.checkpoint_dir and (
                         (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
                         or self.step == self.total_steps
+                        or self.stop_agreed
                     ):
                         self.save_checkpoint()
+                    if self.stop_agreed:
+                        self._stop(self._stop_requested() or "signal", self._signal_message())
+                        break
                 self.log.verify = False
         finally:
             progress.close()
@@ -302,6 +322,8 @@ class Trainer:
             engine=cfg.engine,
             transport=self.model.transport.name if cfg.engine == "dpscale" else dist.get_backend(self.group),
             eval=scores,
+            stopped_by=self.stopped_by,
+            stop_message=self.stop_message,
         )
         if lead and cfg.progress != "none":
             _print_summary(result)
@@ -346,10 +368,15 @@ class Trainer:
         # One small collective gives every rank the global loss and the same skip decision: after
         # averaging a non-finite gradient anywhere is non-finite everywhere, but deciding by a
         # collective keeps ranks in lockstep even if a custom hook were to hide it on some rank.
-        flags = torch.stack([loss_sum, (~torch.isfinite(norm)).to(torch.float64)])
-        self.log.record("all_reduce", "step flags (loss, non-finite)", flags)
+        # The same collective carries a stop request (a signal that reached any rank), so every rank
+        # stops after the same step.
+        stop = loss_sum.new_tensor(float(self._stop_requested() is not None))
+        flags = torch.stack([loss_sum, (~torch.isfinite(norm)).to(torch.float64), stop])
+        self.log.record("all_reduce", "step flags (loss, non-finite, stop)", flags)
         dist.all_reduce(flags, group=self.group)
         skipped = bool(flags[1] > 0)
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+        self.stop_agreed = bool(flags[2] > 0)
         lr = self.optimizer.param_groups[0]["lr"]
         if skipped:
             self.skipped_steps += 1
@@ -378,6 +405,25 @@ class Trainer:
             exposed_comm_ms=stats.exposed_comm_ms if stats else None,
             skipped=skipped,
         )
+
+    def _stop(self, why: str, message: str) -> None:
+        # said once, by whoever started the run (the CLI, or the worker under torchrun)
+        self.stopped_by, self.stop_message = why, message
+
+    def _divergence_message(self, m: StepMetrics) -> str:
+        first = self.step - self.skipped_in_a_row + 1
+        return (
+            f"stopped at step {self.step}: steps {first}-{self.step} ({self.skipped_in_a_row} in a row) "
+            f"had a non-finite gradient (last loss {m.loss:.4g}, lr {m.lr:.3g}); the run diverged: "
+            "lower --lr, set --grad-clip-norm, or raise --max-skipped-steps"
+        )
+
+    def _signal_message(self) -> str:
+        why = self._stop_requested() or "a signal to another rank"
+        saved = (
+            f"; checkpoint {self.last_checkpoint}, continue with --resume" if self.cfg.checkpoint_dir else ""
+        )
+        return f"stopped by {why} after step {self.step}{saved}"
 
     def evaluate(self) -> dict[str, float] | None:
         """The loss and the task's metrics averaged over its eval_data, the same on all ranks (collective)."""

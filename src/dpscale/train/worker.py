@@ -4,6 +4,13 @@ Takes the same flags as `dpscale train` except the launcher's own (--nproc, --ma
 rank 0 prints the result as one JSON line when --json is given. Under `torchrun --nnodes MIN:MAX`
 the world size may change between restarts; the trainer then keeps the global batch (see
 docs/fault-tolerance.md). Rank 0 warns when the rendezvous address (MASTER_ADDR) is not loopback.
+`dpscale train` starts this same module, with its task in a file the environment names.
+
+Either way the worker dies with the process that started it (the agent), exits 3 when the run
+diverged (under torchrun; `dpscale train` reports it from the result), and leaves through
+os._exit after a clean finish (see process_life.py). Under `dpscale train` it also stops after a
+step when the launcher's stop file appears (the launcher got SIGTERM/SIGINT); SIGTERM to the worker
+itself ends it at once, as under torchrun, whose agent sends it to stop workers for a restart.
 """
 
 from __future__ import annotations
@@ -12,13 +19,19 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..cli_fields import add_dataclass_arguments, dataclass_kwargs
 from .config import TrainConfig
-from .launch import rendezvous_warning, run_worker
+from .launch import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, rendezvous_warning, run_worker
+from .process_life import EXIT_DIVERGED, die_with_parent, exit_now
 
 
 def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(LAUNCH_SPEC_ENV):
+        return _launched()
     parser = argparse.ArgumentParser(
         prog="python -m dpscale.train.worker", description=__doc__.splitlines()[0]
     )
@@ -33,14 +46,42 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TrainConfig(**fields)
     except ValueError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
+    if args.threads < 1:
+        parser.exit(2, f"{parser.prog}: error: --threads must be >= 1, got {args.threads}\n")
     warning = rendezvous_warning(os.environ.get("MASTER_ADDR"))
     if warning and int(os.environ.get("RANK", "0")) == 0:
         print(warning, file=sys.stderr, flush=True)
+    die_with_parent(os.getppid())  # torchrun's agent
     result = run_worker(cfg.to_dict(), args.threads)
-    if args.json and int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(result), flush=True)
-    return 0
+    if int(os.environ.get("RANK", "0")) == 0:
+        if result.get("stop_message"):
+            print(f"dpscale: {result['stop_message']}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps(result), flush=True)
+    return EXIT_DIVERGED if result.get("stopped_by") == "diverged" else 0
+
+
+def _launched() -> int:
+    """Started by `dpscale train`: the config comes from the launcher, rank 0's result goes back to it."""
+    die_with_parent(int(os.environ[LAUNCHER_PID_ENV]))
+    spec = json.loads(Path(os.environ[LAUNCH_SPEC_ENV]).read_text())
+    stop_file = Path(spec["stop"])
+    # one stat per step; the file holds the signal's name
+    result = run_worker(spec["config"], spec["threads"], lambda: _read(stop_file))
+    if int(os.environ.get("RANK", "0")) == 0:
+        tmp = Path(spec["result"] + ".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, spec["result"])  # the launcher never reads half a result
+    return 0  # a diverged run is reported by the launcher from the result, not by a restart
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text() or "signal"
+    except FileNotFoundError:
+        return None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # @record writes an exception's traceback where the agent reads it for the failure summary
+    exit_now(record(main)())

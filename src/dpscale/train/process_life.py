@@ -1,0 +1,116 @@
+"""How a training worker process lives and ends: with its launcher, on request, and without a crash at exit.
+
+- `die_with_parent`: a worker must not outlive the launcher that started it (a `kill -9` of
+  `dpscale train` would otherwise leave workers training and writing checkpoints that a later
+  `--resume` reads while they change). Linux's PR_SET_PDEATHSIG has the kernel kill the worker
+  when its parent dies; a watchdog thread that sees the parent change covers systems without it.
+- `StopRequest`: SIGTERM (what a preempting scheduler sends) and SIGINT (Ctrl-C) to the launcher
+  become a request that the training loop honours at the next step boundary, after a checkpoint,
+  instead of an exception in the middle of a collective. A second signal ends the run at once.
+  Workers keep the default SIGTERM (end now): the agent also uses it to stop the survivors of a
+  failure before a restart, and those may be stuck in a collective with a dead peer.
+- `exit_now`: after a clean finish, flush and leave with `os._exit`, skipping interpreter teardown,
+  where a gloo thread that torch still holds (torch._dynamo keeps the process group referenced
+  past destroy_process_group) can need the GIL while Python finalizes and abort the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+# how often the watchdog looks at its parent: the worker is gone within this after the launcher
+_WATCH_INTERVAL_S = 0.5
+
+# exit codes of a run that stopped on purpose (the launcher and the worker use the same)
+EXIT_DIVERGED = 3
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this process (SIGKILL) as soon as `parent_pid`, its parent, is gone.
+
+    SIGKILL because a worker whose launcher died has nobody to report to; checkpoints are written
+    atomically, so no kill leaves a partial one.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here: the watchdog below still ends the process
+    # the parent may have died before prctl took effect: then we are already someone else's child
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), name="dpscale-parent-watch", daemon=True
+    ).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(_WATCH_INTERVAL_S)
+        if os.getppid() != parent_pid:  # re-parented: the launcher is gone
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StopRequest:
+    """Turns SIGTERM and SIGINT into a request to stop at the next step boundary.
+
+    Call it to learn the request: the signal's name ("SIGTERM", "SIGINT"), or None. Install from
+    the main thread (Python runs signal handlers there only).
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, on_request=None, on_second=None) -> None:
+        """`on_request(name)` runs on the first signal; `on_second(signum)` on another (default: die)."""
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+        self._on_request = on_request
+        self._on_second = on_second
+
+    def install(self) -> StopRequest:
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            # asked twice: the user means now (no checkpoint)
+            if self._on_second is not None:
+                self._on_second(signum)
+                return
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        if self._on_request is not None:
+            self._on_request(signal.Signals(signum).name)
+
+    def __call__(self) -> str | None:
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+
+def signal_exit_code(name: str) -> int:
+    """The shell's code for a process ended by signal `name`: 128 + its number (SIGTERM 143, SIGINT 130)."""
+    return 128 + int(signal.Signals[name])
+
+
+def exit_now(code: int) -> None:
+    """Flush stdio and end the process with `code`, skipping interpreter teardown (see module doc)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

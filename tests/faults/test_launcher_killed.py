@@ -1,0 +1,63 @@
+"""The launcher is killed (`kill -9` of `dpscale train`): its workers end within seconds, also when
+it dies while restarting them, and nothing of the job stays in /dev/shm.
+
+Before, workers kept training and writing checkpoints after their launcher was gone, and a later
+`--resume` read checkpoints that were still being written; each killed job left nine
+`/dev/shm/sem.mp-*` semaphores (multiprocessing's, for the agent's forkserver children).
+"""
+
+import os
+import signal
+import time
+
+from conftest import TRAIN, StderrWatch, kill_tagged, shm_paths_in_use, start_cli, tagged, wait_until_gone
+
+# PR_SET_PDEATHSIG ends a running worker at once; one still importing torch when its launcher
+# dies ends when it reaches the check, a few seconds later on a busy host
+GONE_WITHIN_S = 15
+LONG = [a if a != "30" else "100000" for a in TRAIN] + ["--log-every", "5"]
+
+
+def _kill_launcher_and_check(proc, tag, ckpt) -> None:
+    job = tagged(tag)
+    assert proc.pid in job and len(job) >= 3, f"launcher and 2 workers expected, got {job}"
+    shm = shm_paths_in_use(job)
+    assert not shm, f"the job uses named shared memory, which a kill -9 leaves behind: {shm}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    t0 = time.monotonic()
+    left = wait_until_gone(tag, GONE_WITHIN_S)
+    if left:
+        kill_tagged(tag)
+    assert not left, f"processes still running {GONE_WITHIN_S} s after the launcher died: {left}"
+    print(f"workers gone {time.monotonic() - t0:.1f} s after the launcher")
+    # nothing writes any more: the checkpoint directory stays as it is
+    before = sorted(os.listdir(ckpt)) if ckpt.exists() else []
+    time.sleep(1.5)
+    assert (sorted(os.listdir(ckpt)) if ckpt.exists() else []) == before
+
+
+def test_workers_end_when_the_launcher_is_killed(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc, tag = start_cli(LONG + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"])
+    try:
+        watch = StderrWatch(proc)
+        watch.wait_for("step 10/")
+        _kill_launcher_and_check(proc, tag, ckpt)
+    finally:
+        kill_tagged(tag)
+
+
+def test_workers_end_when_the_launcher_is_killed_while_restarting_them(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = LONG + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "5", "--max-restarts", "3"]
+    proc, tag = start_cli(args, faults="kill@step=8,rank=1,attempt=0")
+    try:
+        watch = StderrWatch(proc)
+        watch.wait_for("closing signal")  # the agent stops the first attempt's survivor to restart all
+        deadline = time.monotonic() + 30
+        while len(tagged(tag)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the new attempt's workers are starting
+        _kill_launcher_and_check(proc, tag, ckpt)
+    finally:
+        kill_tagged(tag)

@@ -1,0 +1,44 @@
+"""Two jobs on one --checkpoint-dir: the second is refused at once, naming the first one's PID.
+
+Before, the second job deleted the first's temporary directory as "stale" and the first died with
+FileNotFoundError. (That the checkpoint writer now removes only temporary directories whose writer
+is gone is tested beside it, in tests/train/test_checkpoint.py.)
+"""
+
+import os
+import time
+
+from conftest import TRAIN, StderrWatch, kill_tagged, run_cli, start_cli
+from dpscale.cli import main
+from dpscale.train import dir_lock
+
+
+def test_a_second_job_on_a_held_directory_is_refused_in_process(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    with dir_lock.hold(str(ckpt)):
+        code = main(["train", "--workload", "synthetic", "--max-steps", "2", "--checkpoint-dir", str(ckpt)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"--checkpoint-dir {ckpt} is in use by the process with PID {os.getpid()}" in err[0]
+    assert list(ckpt.iterdir()) == []
+    # released: the directory is free again
+    assert main(["train", "--workload", "synthetic", "--max-steps", "2", "--checkpoint-dir", str(ckpt)]) == 0
+
+
+def test_a_second_dpscale_train_is_refused_while_the_first_runs(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    long_run = [a if a != "30" else "100000" for a in TRAIN]
+    long_run += ["--log-every", "5", "--checkpoint-dir", str(ckpt)]
+    first, tag = start_cli(long_run)
+    try:
+        StderrWatch(first).wait_for("step 5/")
+        t0 = time.monotonic()
+        second = run_cli(TRAIN + ["--checkpoint-dir", str(ckpt)])
+        assert second.returncode == 2, second.stderr
+        assert f"is in use by the process with PID {first.pid}" in second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1
+        assert time.monotonic() - t0 < 20  # refused before any worker started
+        assert first.poll() is None, "the first job must go on"
+    finally:
+        kill_tagged(tag)
+        first.wait()
