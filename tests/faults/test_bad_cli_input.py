@@ -35,8 +35,14 @@ from dpscale.cli import main
         (["--metrics-dir", "FILE"], "--metrics-dir FILE is a file, not a directory"),
         (["--checkpoint-dir", "FILE/ckpt"], "cannot be created: FILE is a file"),
         (["--checkpoint-dir", "FILE"], "--checkpoint-dir FILE is a file"),
-        (["--workload", "synthetic", "--global-batch", "1000000", "--nproc", "2"], "larger than the 8192"),
-        (["--workload", "synthetic", "--global-batch", str(10**12), "--tail", "pad"], "larger than the 8192"),
+        (
+            ["--workload", "synthetic", "--global-batch", "1000000", "--nproc", "2"],
+            "train_data has 8192 samples, fewer than one global batch",
+        ),
+        (
+            ["--workload", "synthetic", "--global-batch", str(10**12), "--tail", "pad"],
+            "train_data has 8192 samples, fewer than one global batch",
+        ),
         (["--transport", "nccl"], "--transport nccl needs CUDA"),
         (["--engine", "torch", "--transport", "shm"], "transport 'shm' is dpscale's own"),
         (["--drift-check-every", "-5"], "drift_check_every must be >= 0"),
