@@ -75,6 +75,8 @@ def save(t: Trainer) -> str:
                 "micro_batch": t.micro_batch,
                 "accumulation_steps": t.accumulation_steps,
                 "last_loss": t.last_loss,
+                # fp16's loss scale and growth count: the same on every rank (device.py)
+                "grad_scaler": t.precision.state_dict(),
             },
             "rng": {"ranks": rngs},
         }
@@ -148,6 +150,7 @@ def _apply(t: Trainer, path: str, loaded: LoadedCheckpoint | None) -> None:
         )
     _load_into(t.model.module.load_state_dict, payload["model"], where / "model.pt")
     _load_into(t.optimizer.load_state_dict, payload["optimizer"], where / "optimizer.pt")
+    _load_into(t.precision.load_state_dict, state.get("grad_scaler", {}), where / "trainer.pt")
     _load_into(t.scheduler.load_state_dict, payload["scheduler"], where / "scheduler.pt")
     t.step = state["step"]
     t.samples_seen = state["samples_seen"]
