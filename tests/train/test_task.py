@@ -133,15 +133,15 @@ def test_fp16_skips_an_overflowed_step_on_every_rank_and_backs_off_the_scale_ali
     assert skips0 == skips1 == 1 and scale0 == scale1 == 65536.0 / 2 and sha0 == sha1
 
 
-def test_an_fp16_run_resumes_bit_exactly_loss_scale_included(tmp_path, monkeypatch):
+def test_an_fp16_run_resumes_bit_exactly_loss_scale_included(tmp_path):
     """Stopped after 3 steps and resumed to 6 == 6 steps in one go (param_sha256), with one
     overflowed step before the stop, so the resumed run must start from the backed-off scale."""
-    monkeypatch.setenv("DPSCALE_FAULTS", "nan_grad@step=2")
+    fault = {"DPSCALE_FAULTS": "nan_grad@step=2"}
     base = dict(global_batch=32, progress="none", precision="fp16", drift_check_every=0)
-    (whole,) = run_ranks(fit_steps, 1, dict(base, max_steps=6))
+    (whole,) = run_ranks(fit_steps, 1, dict(base, max_steps=6), env=fault)
     ckpt = str(tmp_path / "ck")
-    run_ranks(fit_steps, 1, dict(base, max_steps=3, checkpoint_dir=ckpt))
-    (resumed,) = run_ranks(fit_steps, 1, dict(base, max_steps=6, checkpoint_dir=ckpt, resume=True))
+    run_ranks(fit_steps, 1, dict(base, max_steps=3, checkpoint_dir=ckpt), env=fault)
+    (resumed,) = run_ranks(fit_steps, 1, dict(base, max_steps=6, checkpoint_dir=ckpt, resume=True), env=fault)
     assert resumed == whole and whole[1:] == (1, 65536.0 / 2)
 
 
