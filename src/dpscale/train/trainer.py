@@ -303,8 +303,10 @@ class Trainer:
             if isinstance(self.model, DistributedDataParallel):
                 self.model.close()  # one fit per Trainer: give the hooks and shared memory back now
         elapsed = time.perf_counter() - t_start
-        with self._explained():
-            scores = self.evaluate()
+        scores = None
+        if self.stopped_by is None:  # every rank agrees: a stopped run leaves now (preemption's grace)
+            with self._explained():
+                scores = self.evaluate()
         result = TrainResult(
             world_size=self.world_size,
             global_batch=self.global_batch,
