@@ -87,3 +87,24 @@ def test_pickle_that_runs_code_is_refused_and_never_runs(tmp_path, reference):
     assert len(rejected) == 1 and str(evil) in rejected[0] and "weights_only" in rejected[0], p.stderr
     out = last_json(p.stdout)
     assert out["resumed_from_step"] == 20 and out["param_sha256"] == reference["param_sha256"]
+
+
+def test_bad_entries_of_every_kind_are_skipped_and_the_final_saves_replace_them(tmp_path, reference):
+    """Issue #14 item 9 through the CLI: a manifest nested too deep for the JSON parser (it raised
+    RecursionError) and a plain file where the newest checkpoint was (the final save crashed on it)
+    are each named and skipped; the run resumes from step 10, and its saves at 20 and 30 replace
+    both, ending with the reference run's parameters."""
+    ckpt = _copy_checkpoints(reference, tmp_path)
+    (ckpt / "step-00000020" / "manifest.json").write_text("[" * 400_000 + "]" * 400_000)
+    shutil.rmtree(ckpt / "step-00000030")
+    (ckpt / "step-00000030").write_text("a plain file, not a checkpoint")
+    p = _resume(ckpt)
+    assert p.returncode == 0, p.stderr
+    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: rejected")]
+    assert len(rejected) == 2, p.stderr
+    assert "step-00000030: is not a directory" in rejected[0]
+    assert "step-00000020/manifest.json: unparseable (nested too deeply)" in rejected[1]
+    out = last_json(p.stdout)
+    assert out["resumed_from_step"] == 10 and out["param_sha256"] == reference["param_sha256"]
+    assert sorted(d.name for d in ckpt.iterdir()) == ["step-00000010", "step-00000020", "step-00000030"]
+    assert (ckpt / "step-00000030").is_dir()
