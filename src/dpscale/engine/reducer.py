@@ -45,6 +45,11 @@ class Reducer:
         self.set_buckets(buckets)
         self._expecting = False
         self._ready = [False] * len(params)
+        # which parameters got a gradient on this rank since the last synced backward, no_sync
+        # micro-steps included: a parameter used only in a no_sync step still carries a local
+        # gradient into the reduction, and every rank must then keep the reduced value (torch's
+        # local_used_map does the same; judging by the synced step alone lets replicas drift)
+        self._used_since_sync = [False] * len(params)
         self._next_bucket = 0
         self._futures: list[torch.futures.Future | None] = [None] * len(buckets)
         self._timings: list[BucketTiming] = []
@@ -128,6 +133,7 @@ class Reducer:
                 view.copy_(grad)
             param.grad = view
             self._spent.append(grad)
+        self._used_since_sync[i] = True
         if not self._expecting:
             return
         self._stamp_completed()
@@ -216,6 +222,7 @@ class Reducer:
         self._launch_ready_buckets()
         # every rank must issue this collective, also one that saw every gradient
         used = self._globally_used(missing) if self.find_unused_parameters else {}
+        self._used_since_sync = [False] * len(self.params)
         self._wait_all()
         for i in missing:
             bucket, pos = self._slot[i]
@@ -224,12 +231,12 @@ class Reducer:
         self._record_stats(t_backward_end)
 
     def _globally_used(self, missing: list[int]) -> dict[int, bool]:
-        # A parameter unused here may be used on another rank; its averaged gradient then
-        # is real and must reach the optimizer. Unused everywhere: leave .grad as it was.
+        # A parameter unused here may be used on another rank (or on this one in a no_sync step);
+        # its averaged gradient then is real and must reach the optimizer on every rank. Unused
+        # everywhere since the last sync: leave .grad as it was.
         # on the buckets' device: NCCL reduces CUDA tensors only
         device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
-        local = torch.ones(len(self.params), dtype=torch.int32, device=device)
-        local[missing] = 0
+        local = torch.tensor(self._used_since_sync, dtype=torch.int32, device=device)
         self.log.record("all_reduce", "used-parameter flags", local)
         dist.all_reduce(local, group=self.process_group)
         return {i: bool(local[i]) for i in missing}
