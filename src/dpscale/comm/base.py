@@ -70,3 +70,23 @@ def completed(value: object) -> torch.futures.Future:
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(value)
     return fut
+
+
+def group_rank(group) -> int:
+    """This process's rank in `group` (None: the default group).
+
+    Asks the group object itself, so a ProcessGroup built by hand (never registered with
+    init_process_group, e.g. one implemented in Python) works too.
+    """
+    return dist.get_rank() if group is None else group.rank()
+
+
+def group_size(group) -> int:
+    return dist.get_world_size() if group is None else group.size()
+
+
+def is_registered(group) -> bool:
+    """Whether torch.distributed's module-level collectives know `group` (see `group_rank`)."""
+    if group is None:
+        return dist.is_initialized()
+    return group in dist.distributed_c10d._world.pg_group_ranks

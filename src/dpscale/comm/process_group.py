@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import chunk_bounds, global_rank
+from .base import chunk_bounds, global_rank, group_rank, group_size, is_registered
 
 
 class ProcessGroupTransport:
     def __init__(self, process_group: dist.ProcessGroup | None = None):
         self.group = process_group
-        self.rank = dist.get_rank(process_group)
-        self.world_size = dist.get_world_size(process_group)
-        self.name = dist.get_backend(process_group)
+        self.rank = group_rank(process_group)
+        self.world_size = group_size(process_group)
+        # a group passed in by hand (not registered with init_process_group) answers for itself
+        self._registered = is_registered(process_group)
+        self.name = dist.get_backend(process_group) if self._registered else process_group.name()
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=device)
@@ -28,7 +30,12 @@ class ProcessGroupTransport:
         return dist.all_reduce(tensor, group=self.group, async_op=True).get_future()
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        dist.broadcast(tensor, src=self._global(src), group=self.group)
+        if self._registered:
+            dist.broadcast(tensor, src=self._global(src), group=self.group)
+            return
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self.group.broadcast([tensor], opts).wait()
 
     def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         dist.all_gather(list(output.view(-1).chunk(self.world_size)), tensor.view(-1), group=self.group)

@@ -19,6 +19,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from .base import is_registered
 from .hierarchical import HierarchicalTransport
 from .process_group import ProcessGroupTransport
 from .shm import SharedMemoryTransport
@@ -63,6 +64,14 @@ def make_transport(
             f"transport 'shm' relies on x86-64 memory ordering; this is {platform.machine()}: use 'gloo'"
         )
     world = dist.get_world_size(process_group)
+    if name == "auto" and (world == 1 or not is_registered(process_group)):
+        # nothing to reduce with anyone; or a group built by hand, whose members shm cannot find
+        return ProcessGroupTransport(process_group)
+    if not is_registered(process_group):
+        raise ValueError(
+            f"transport {name!r} needs a group made by torch.distributed (init_process_group or "
+            "new_group); for a ProcessGroup built by hand use 'auto' or 'gloo'"
+        )
     hosts: list = [None] * world
     dist.all_gather_object(hosts, host_id(), group=process_group)
     one_host = len(set(hosts)) == 1
@@ -71,8 +80,6 @@ def make_transport(
             f"transport 'shm' needs every worker on one host, but they run on {len(set(hosts))}; "
             "use 'auto' or 'hierarchical'"
         )
-    if name == "auto" and world == 1:
-        return ProcessGroupTransport(process_group)  # nothing to reduce with anyone
     if name == "auto" and not shm_is_safe():
         return ProcessGroupTransport(process_group)
     if name == "shm" or (name == "auto" and one_host):

@@ -2,13 +2,19 @@
 
 It checks that every rank holds the same model, makes the replicas identical (rank 0's
 parameters and buffers win), lays gradients out in buckets, and arms the reducer on each forward
-that will be followed by a synchronized backward. The process group is torch.distributed's.
+that will be followed by a synchronized backward.
+
+It is a subclass of `torch.nn.parallel.DistributedDataParallel` whose constructor never runs
+torch's: code that asks `isinstance(model, DistributedDataParallel)` (Lightning, Accelerate, the
+HF Trainer, torch's own helpers) sees a DDP model, and every method of torch's that would reach
+torch's C++ reducer is overridden here. Arguments are torch 2.13's, in torch's order.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,38 +22,37 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.join import Joinable
 
 from ..comm import Transport, make_transport
-from ..comm.base import global_rank
+from ..comm.base import group_rank
+from . import ddp_logging, join
 from .autotune import BucketAutotuner
 from .buckets import MB, assign_buckets, build_buckets
 from .collective_log import CollectiveLog
-from .hooks import CommHook
+from .hooks import CommHook, allreduce_hook, fp16_compress_hook
+from .model_check import broadcast_coalesced, check_same_model, sparse_gradient_params
 from .reducer import Reducer
 from .stats import StepStats
+from .torch_args import check_comm_hook, check_torch_args
+
+# torch's class, taken at import: a sitecustomize that swaps ours in replaces the name afterwards
+_TorchDDP = torch.nn.parallel.distributed.DistributedDataParallel
 
 
-class DistributedDataParallel(nn.Module):
+class DistributedDataParallel(_TorchDDP):
     """Data parallelism for `module` over `process_group` (default: the global group).
 
-    Keyword arguments follow `torch.nn.parallel.DistributedDataParallel`:
+    Arguments are `torch.nn.parallel.DistributedDataParallel`'s (see torch_args.py for how each
+    is honoured or refused); the differences are listed in README's compatibility table.
 
-    - `device_ids`: for a CUDA module, `[device]`; inputs are moved there. None for CPU.
-    - `output_device`: accepted for compatibility; outputs stay where the module puts them.
-    - `bucket_cap_mb` (25) / `first_bucket_cap_mb` (1): bucket sizes in MiB.
-    - `broadcast_buffers` (True): copy rank 0's buffers (e.g. BatchNorm statistics) to every
-      rank at the start of each forward in training mode.
-    - `find_unused_parameters` (False): allow parameters that get no gradient in a step.
-    - `gradient_as_bucket_view`: accepted; gradients are always views into the buckets here.
-    - `static_graph`: accepted; a no-op, the engine needs no graph analysis.
-
-    dpscale's own: `transport` ("auto", "gloo", "nccl", "shm", "hierarchical", or a
-    `dpscale.comm.Transport`) carries the default gradient reduction; "auto" uses shared memory
-    for CPU workers on one host (see dpscale.comm.select). Rank 0 prints the choice once.
-    `collective_timeout_s` (300): how long the transport waits for a peer before raising (the
-    process group's own collectives use the timeout given to init_process_group).
-    `collective_log`: where to record the collectives issued (see `collective_log.py`); default a
-    new one, available as `.collective_log`.
+    dpscale's own, keyword-only: `first_bucket_cap_mb` (1) the size of the first bucket;
+    `bucket_cap_mb="auto"` tries sizes over the first steps and keeps the fastest.
+    `transport` ("auto", "gloo", "nccl", "shm", "hierarchical", or a `dpscale.comm.Transport`)
+    carries the default gradient reduction; "auto" uses shared memory for CPU workers on one
+    host (see dpscale.comm.select). Rank 0 prints the choice once. `collective_timeout_s` (300):
+    how long the transport waits for a peer before raising. `collective_log`: where to record the
+    collectives issued (see `collective_log.py`); default a new one, available as `.collective_log`.
     """
 
     def __init__(
@@ -55,22 +60,52 @@ class DistributedDataParallel(nn.Module):
         module: nn.Module,
         device_ids: list[int | torch.device] | None = None,
         output_device: int | torch.device | None = None,
-        *,
+        dim: int = 0,
+        broadcast_buffers: bool | None = None,
+        init_sync: bool = True,
         process_group: dist.ProcessGroup | None = None,
-        bucket_cap_mb: float | str = 25.0,
-        first_bucket_cap_mb: float = 1.0,
-        broadcast_buffers: bool = True,
+        bucket_cap_mb: float | str | None = None,
         find_unused_parameters: bool = False,
+        check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        delay_all_reduce_named_params=None,
+        param_to_hook_all_reduce=None,
+        mixed_precision=None,
+        device_mesh=None,
+        skip_all_reduce_unused_params: bool = False,
+        bucket_cap_mb_list: list[int] | None = None,
+        batched_grad_copy: bool = False,
+        forward_sync_buffers: bool | None = None,
+        *,
+        first_bucket_cap_mb: float = 1.0,
         transport: str | Transport = "auto",
         collective_timeout_s: float = 300.0,
         collective_log: CollectiveLog | None = None,
     ):
-        super().__init__()
+        nn.Module.__init__(self)
+        Joinable.__init__(self)
+        args = check_torch_args(
+            module,
+            device_ids=device_ids,
+            output_device=output_device,
+            dim=dim,
+            broadcast_buffers=broadcast_buffers,
+            init_sync=init_sync,
+            process_group=process_group,
+            bucket_cap_mb=bucket_cap_mb,
+            check_reduction=check_reduction,
+            delay_all_reduce_named_params=delay_all_reduce_named_params,
+            param_to_hook_all_reduce=param_to_hook_all_reduce,
+            mixed_precision=mixed_precision,
+            device_mesh=device_mesh,
+            bucket_cap_mb_list=bucket_cap_mb_list,
+            forward_sync_buffers=forward_sync_buffers,
+        )
+        bucket_cap_mb = args.bucket_cap_mb
         self._autotuner = None
         if bucket_cap_mb == "auto":
-            self._autotuner = BucketAutotuner(process_group)
+            self._autotuner = BucketAutotuner(args.process_group)
             bucket_cap_mb = self._autotuner.first_cap_mb
         elif isinstance(bucket_cap_mb, str):
             raise ValueError(f"bucket_cap_mb must be a number of MiB or 'auto', got {bucket_cap_mb!r}")
@@ -78,53 +113,83 @@ class DistributedDataParallel(nn.Module):
             raise ValueError(
                 f"bucket_cap_mb ({bucket_cap_mb}) and first_bucket_cap_mb ({first_bucket_cap_mb}) must be > 0"
             )
-        if not dist.is_initialized():
-            raise ValueError("torch.distributed is not initialized: call dist.init_process_group first")
-        self.bucket_cap_mb = bucket_cap_mb
-        self.first_bucket_cap_mb = first_bucket_cap_mb
         self.module = module
-        self.process_group = process_group
-        self.broadcast_buffers = broadcast_buffers
+        self.process_group = args.process_group
+        self.parameters_to_ignore = set(args.ignored)
+        self.bucket_cap_mb = bucket_cap_mb
+        self.bucket_bytes_cap = int(bucket_cap_mb * MB)
+        self.first_bucket_cap_mb = first_bucket_cap_mb
+        self.forward_sync_buffers = args.sync_buffers_in_forward  # torch's broadcast_buffers reads it
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
-        self.static_graph = static_graph
-        self.output_device = output_device
-        self.device = self._check_devices(module, device_ids)
-        if self._autotuner is not None and self.device is not None:
-            self._autotuner.device = self.device
+        self.static_graph = False
+        self.skip_all_reduce_unused_params = skip_all_reduce_unused_params
+        self.batched_grad_copy = batched_grad_copy
+        self.mixed_precision = None
+        self.dim = dim
+        self._input_device = self._check_devices(module, device_ids)
+        self.device_ids = None if self._input_device is None else [self._input_device.index]
+        self.output_device = None if self._input_device is None else self._input_device.index
+        self.device = next(p.device for n, p in module.named_parameters() if n not in args.ignored)
+        self.device_type = self.device.type
+        self.is_multi_device_module = False
+        if self._autotuner is not None and self._input_device is not None:
+            self._autotuner.device = self._input_device
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
-        self.collective_log = log = collective_log or CollectiveLog(process_group)
+        self.logger = None  # torch's C++ logger; ours is ddp_logging.py
+        self._divide_by_initial_world_size = True
+        self._transport_spec = transport if isinstance(transport, str) else None
+        self._collective_timeout_s = collective_timeout_s
+        self.collective_log = collective_log or CollectiveLog(self.process_group)
+        self._build_engine(transport, sync=args.init_sync, sync_buffers=args.sync_buffers_at_init)
+        if static_graph:
+            self._set_static_graph()
 
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        params = [p for _, p in named]
-        assignment = assign_buckets(params, int(bucket_cap_mb * MB), int(first_bucket_cap_mb * MB))
+    def _build_engine(self, transport: str | Transport, *, sync: bool, sync_buffers: bool) -> None:
+        """Buckets, transport and reducer: what __init__ and unpickling both build (collective)."""
+        module, group, log = self.module, self.process_group, self.collective_log
+        named = [
+            (n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self.parameters_to_ignore
+        ]
+        self._module_parameters = [p for _, p in named]
+        sparse = sparse_gradient_params(module, [p for _, p in named])
+        dense = [k for k in range(len(named)) if k not in sparse]
+        assignment = [
+            [dense[j] for j in b]
+            for b in assign_buckets(
+                [named[k][1] for k in dense], int(self.bucket_cap_mb * MB), int(self.first_bucket_cap_mb * MB)
+            )
+        ]
         self.bucket_assignment = [[named[i][0] for i in b] for b in assignment]
-        # before any per-bucket collective: a layout that differs between ranks would make them hang
-        _check_same_model(module, process_group, self.bucket_assignment, log)
-        # replicas start identical: rank 0's parameters and buffers win
-        state = [p.detach() for p in module.parameters()] + list(module.buffers())
-        if state:
-            _broadcast_coalesced(state, process_group, log=log, what="initial parameters and buffers")
+        self.modules_buffers = [b for n, b in module.named_buffers() if n not in self.parameters_to_ignore]
+        if sync:
+            # before any per-bucket collective: a layout that differs between ranks would make them hang
+            check_same_model(module, group, self.bucket_assignment, log)
+            # replicas start identical: rank 0's parameters and buffers win
+            state = [p.detach() for n, p in module.named_parameters() if n not in self.parameters_to_ignore]
+            state += self.modules_buffers if sync_buffers else []
+            if state:
+                broadcast_coalesced(state, group, log=log, what="initial parameters and buffers")
         if isinstance(transport, str):
             transport = make_transport(
-                transport,
-                process_group,
-                self.device or next((p.device for p in params), torch.device("cpu")),
-                timeout_s=collective_timeout_s,
+                transport, group, self.device, timeout_s=self._collective_timeout_s
             )
-            if dist.get_rank(process_group) == 0:
+            if group_rank(group) == 0 and sync:
                 print(f"dpscale: transport {transport.describe()}", file=sys.stderr, flush=True)
         self.transport = transport
+        params = [p for _, p in named]
         buckets = build_buckets(params, assignment, alloc=transport.alloc)
         self.reducer = Reducer(
-            params, [n for n, _ in named], buckets, process_group, transport, find_unused_parameters, log
+            params, [n for n, _ in named], buckets, group, transport, self.find_unused_parameters, log,
+            sparse=sorted(sparse),
         )
-        self._buffers_to_sync = [b for b in module.buffers()]
+        self.reducer.static_graph = self.static_graph
+        self._stats = ddp_logging.RuntimeStats()
 
-    @staticmethod
-    def _check_devices(module: nn.Module, device_ids) -> torch.device | None:
-        devices = {p.device for p in module.parameters()}
+    def _check_devices(self, module: nn.Module, device_ids) -> torch.device | None:
+        """The device inputs are moved to (None: a CPU module, inputs stay where they are)."""
+        devices = {p.device for n, p in module.named_parameters() if n not in self.parameters_to_ignore}
         if len(devices) > 1:
             raise ValueError(
                 f"module parameters span several devices {sorted(map(str, devices))}; "
@@ -132,55 +197,63 @@ class DistributedDataParallel(nn.Module):
             )
         device = next(iter(devices), torch.device("cpu"))
         if device.type == "cpu":
-            if device_ids is not None:
-                raise ValueError("device_ids must be None for a CPU module")
             return None
-        if device_ids is None:
+        if not device_ids:
             return device
-        if len(device_ids) != 1:
-            raise ValueError(f"device_ids must name one device, got {device_ids}")
-        return torch.device(
-            device.type,
-            torch.device(device_ids[0]).index if isinstance(device_ids[0], torch.device) else device_ids[0],
-        )
+        first = device_ids[0]
+        return torch.device(device.type, first.index if isinstance(first, torch.device) else first)
 
     # -- the torch DDP surface -------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        if (
-            self.broadcast_buffers
-            and self.training
-            and self._buffers_to_sync
-            and self.require_forward_param_sync
-        ):
-            _broadcast_coalesced(
-                self._buffers_to_sync, self.process_group, log=self.collective_log, what="buffers"
-            )
-        if self.device is not None:
-            inputs, kwargs = _move_to(inputs, self.device), _move_to(kwargs, self.device)
-        if torch.is_grad_enabled() and self.require_backward_grad_sync:
+        sync_grads = torch.is_grad_enabled() and self.require_backward_grad_sync
+        joining = self._join_config.enable
+        if joining:
+            join.notify(self, sync_grads)
+        else:
+            self.reducer.divisor = self.reducer.world_size
+        if self.will_sync_module_buffers():
+            src = join.authoritative_rank(self, candidate=True) if joining else 0
+            broadcast_coalesced(self.modules_buffers, self.process_group, src, log=self.collective_log, what="buffers")
+        if joining:
+            join.announce_backward_sync(self, sync_grads)
+        if self._input_device is not None:
+            inputs, kwargs = _move_to(inputs, self._input_device), _move_to(kwargs, self._input_device)
+        if sync_grads:
             if self._autotuner is not None and not self._autotuner.done:
                 self._autotune_step()
+            self.require_forward_param_sync = True
+            t0 = time.perf_counter()
+            out = self.module(*inputs, **kwargs)
+            self._stats.on_forward(t0, self.reducer.last_stats)
             self.reducer.prepare_for_backward()
-        else:
-            self.reducer.disarm()
+            return out
+        self.require_forward_param_sync = False
+        self.reducer.disarm()
         return self.module(*inputs, **kwargs)
+
+    def will_sync_module_buffers(self) -> bool:
+        return self.require_forward_param_sync and self.forward_sync_buffers and len(self.modules_buffers) > 0
 
     def _autotune_step(self) -> None:
         cap = self._autotuner.on_synced_forward(time.perf_counter())
         if cap is not None and cap != self.bucket_cap_mb:
             self._rebuild_buckets(cap)
-        if self._autotuner.done and dist.get_rank(self.process_group) == 0:
+        if self._autotuner.done and group_rank(self.process_group) == 0:
             print(f"dpscale: {self._autotuner.decision.describe()}", file=sys.stderr, flush=True)
 
     def _rebuild_buckets(self, cap_mb: float) -> None:
         """Collective (the transport allocates): every rank rebuilds at the same synced step."""
-        params = self.reducer.params
-        assignment = assign_buckets(params, int(cap_mb * MB), int(self.first_bucket_cap_mb * MB))
+        params, dense = self.reducer.params, self.reducer.dense_indices
+        assignment = [
+            [dense[j] for j in b]
+            for b in assign_buckets([params[k] for k in dense], int(cap_mb * MB), int(self.first_bucket_cap_mb * MB))
+        ]
         old = self.reducer.buckets
         self.reducer.set_buckets(build_buckets(params, assignment, alloc=self.transport.alloc))
         for b in old:
             self.transport.release(b.buffer)
         self.bucket_cap_mb = cap_mb
+        self.bucket_bytes_cap = int(cap_mb * MB)
         names = self.reducer.names
         self.bucket_assignment = [[names[i] for i in b] for b in assignment]
 
@@ -202,14 +275,79 @@ class DistributedDataParallel(nn.Module):
     def register_comm_hook(self, state: object, hook: CommHook) -> None:
         """Replace the reduction of each bucket by `hook(state, bucket) -> Future[Tensor]`.
 
-        Same contract as torch DDP: the bucket's buffer holds this rank's undivided gradients and
-        the future's value must be the average over ranks. Register at most once, before training.
+        Same contract and checks as torch DDP: the bucket's buffer holds this rank's undivided
+        gradients and the future's value must be the average over ranks. Register at most once.
         """
-        if not callable(hook):
-            raise TypeError("hook must be callable as hook(state, bucket)")
+        check_comm_hook(hook)
         if self.reducer.comm_hook is not None:
-            raise RuntimeError("register_comm_hook may be called only once")
+            raise RuntimeError(
+                "register_comm_hook or register_builtin_comm_hook can only be called once."
+            )
         self.reducer.comm_hook = (state, hook)
+        self._comm_hook_name = getattr(hook, "__qualname__", repr(hook))
+
+    def _register_builtin_comm_hook(self, comm_hook_type) -> None:
+        hooks = {
+            dist.BuiltinCommHookType.ALLREDUCE: allreduce_hook,
+            dist.BuiltinCommHookType.FP16_COMPRESS: fp16_compress_hook,
+        }
+        self.register_comm_hook(self.process_group, hooks[comm_hook_type])
+
+    def _register_fused_optim(self, optim, *args, optim_params=None, **kwargs):
+        raise ValueError(
+            "_register_fused_optim: running the optimizer inside the reduction is not supported "
+            "by dpscale's engine; step the optimizer after backward"
+        )
+
+    def _update_process_group(self, new_process_group):
+        raise ValueError("_update_process_group: build a new DistributedDataParallel for the new group")
+
+    def join_hook(self, **kwargs):
+        """Shadows this engine's collectives on a rank that ran out of inputs (see join.py)."""
+        return join.DDPJoinHook(self, divide_by_initial_world_size=kwargs.get("divide_by_initial_world_size", True))
+
+    # -- private methods other libraries call ------------------------------------------------
+    def _get_ddp_logging_data(self) -> dict:
+        return ddp_logging.logging_data(self)
+
+    def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
+        if sample_rate < 1:
+            raise ValueError("DDP runtime logging sample rate should be equal or greater than 1")
+        self._stats.sample_rate = sample_rate
+
+    def _set_static_graph(self) -> None:
+        """The graph is the same every step: parameters may go unused (found once, then known)
+        and may receive their gradient more than once per backward (reentrant checkpointing)."""
+        if self.static_graph:
+            warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
+            return
+        self.static_graph = True
+        self.reducer.static_graph = True
+
+    def _remove_autograd_hooks(self) -> None:
+        self.reducer.remove_hooks()
+
+    def _check_reducer_finalized(self) -> None:
+        self.reducer.check_finalized()
+
+    # -- pickling: what torch.save(model) keeps, and what is rebuilt on load ------------------
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("process_group", "reducer", "transport", "collective_log", "_autotuner", "_stats"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        # like torch's: an unpickled model uses the default group, with a fresh transport and
+        # reducer (collective: every rank loads at the same point); a comm hook is not kept
+        nn.Module.__setstate__(self, state)
+        self.process_group = dist.distributed_c10d._get_default_group()
+        self.collective_log = CollectiveLog(self.process_group)
+        self._autotuner = None
+        self.__dict__.pop("_comm_hook_name", None)
+        self._build_engine(self._transport_spec or "auto", sync=False, sync_buffers=False)
+        if self.static_graph:
+            self.reducer.static_graph = True
 
     def close(self) -> None:
         """Detach from the module (its parameters' hooks) and give back the transport's buffers.
@@ -225,72 +363,6 @@ class DistributedDataParallel(nn.Module):
         return self.reducer.last_stats
 
 
-def _check_same_model(
-    module: nn.Module,
-    group,
-    buckets: list[list[str]] | None = None,
-    log: CollectiveLog | None = None,
-) -> None:
-    """Every rank must hold the same parameters and bucket layout; name the first difference."""
-    sig = [(n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters()]
-    sigs: list = [None] * dist.get_world_size(group)
-    if log is not None:
-        log.record("all_gather_object", "model signature")
-    dist.all_gather_object(sigs, (sig, buckets), group=group)
-    ref, ref_buckets = sigs[0]
-    for rank, (other, other_buckets) in enumerate(sigs):
-        if other == ref and other_buckets != ref_buckets:
-            raise ValueError(
-                f"gradient buckets differ between ranks 0 and {rank}: rank 0 has {len(ref_buckets)} "
-                f"({_describe_buckets(ref_buckets)}), rank {rank} has {len(other_buckets)} "
-                f"({_describe_buckets(other_buckets)}); pass the same bucket_cap_mb and "
-                "first_bucket_cap_mb on every rank"
-            )
-        if other == ref:
-            continue
-        for k in range(max(len(ref), len(other))):
-            a = ref[k] if k < len(ref) else None
-            b = other[k] if k < len(other) else None
-            if a != b:
-                raise ValueError(
-                    f"model differs between ranks 0 and {rank} at parameter #{k}: "
-                    f"rank 0 has {_describe(a)}, rank {rank} has {_describe(b)}; "
-                    "every rank must build the same model"
-                )
-
-
-def _describe_buckets(buckets: list[list[str]]) -> str:
-    text = "; ".join(", ".join(b) for b in buckets[:3])
-    return text + ("; ..." if len(buckets) > 3 else "")
-
-
-def _describe(sig) -> str:
-    if sig is None:
-        return "no such parameter"
-    name, shape, dtype = sig
-    return f"{name!r} of shape {list(shape)} and {dtype.removeprefix('torch.')}"
-
-
-@torch.no_grad()
-def _broadcast_coalesced(
-    tensors: list[torch.Tensor], group, src: int = 0, *, log: CollectiveLog | None = None, what: str = ""
-) -> None:
-    """Broadcast `tensors` from group rank `src`: one message per dtype and device, not one each."""
-    by_kind: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        by_kind.setdefault((t.device, t.dtype), []).append(t)
-    src_global = global_rank(group, src)
-    for ts in by_kind.values():
-        flat = torch.cat([t.reshape(-1) for t in ts])
-        if log is not None:
-            log.record("broadcast", what, flat)
-        dist.broadcast(flat, src=src_global, group=group)
-        off = 0
-        for t in ts:
-            t.copy_(flat[off : off + t.numel()].view_as(t))
-            off += t.numel()
-
-
 def _move_to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=True)
@@ -301,3 +373,6 @@ def _move_to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, dict):
         return {k: _move_to(v, device) for k, v in obj.items()}
     return obj
+
+
+

@@ -5,11 +5,18 @@ A post-accumulate-grad hook on every parameter moves the fresh gradient into its
 When a bucket's last gradient arrives, its reduction starts asynchronously while autograd goes on
 with earlier layers. A callback queued on the autograd engine runs once backward is over: it
 handles parameters that got no gradient, launches what is left, and waits for all reductions.
+
+Sparse gradients (Embedding/EmbeddingBag with sparse=True) have no place in a flat buffer: each is
+reduced on its own after backward (gloo all-reduces sparse tensors), or handed to the comm hook as
+a bucket of its own, as torch does. With a static graph, the first synced backward only counts how
+often each parameter receives a gradient (reentrant checkpointing gives some two); later ones
+launch a bucket when every expected gradient has arrived.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -30,12 +37,24 @@ class Reducer:
         transport,
         find_unused_parameters: bool,
         log: CollectiveLog | None = None,
+        *,
+        sparse: list[int] = (),
     ):
         self.params = params
+        self.sparse_indices = list(sparse)
+        self.dense_indices = [i for i in range(len(params)) if i not in set(sparse)]
         self.names = names
         self.process_group = process_group
         self.transport = transport
         self.world_size = dist.get_world_size(process_group)
+        # what averaged gradients are divided by: the world size, or under Join with
+        # divide_by_initial_world_size=False the number of ranks still training (see join.py)
+        self.divisor = self.world_size
+        self.static_graph = False
+        self._counting = False  # static graph, first synced backward: count gradient arrivals
+        self._arrivals: list[int] = [0] * len(params)
+        self._expected: list[int] | None = None  # arrivals per backward, once counted
+        self._warned_create_graph = False
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook: tuple[object, CommHook] | None = None
         self.log = log or CollectiveLog(process_group)
@@ -60,7 +79,10 @@ class Reducer:
         self.last_stats: StepStats | None = None
         self._step = 0
         self._handles = [
-            p.register_post_accumulate_grad_hook(self._make_hook(i)) for i, p in enumerate(params)
+            p.register_post_accumulate_grad_hook(
+                self._make_sparse_hook(i) if i in self.sparse_indices else self._make_hook(i)
+            )
+            for i, p in enumerate(params)
         ]
 
     # -- called by the wrapper -------------------------------------------------------------
@@ -85,6 +107,9 @@ class Reducer:
         self._ready = [False] * len(self.params)
         for b in self.buckets:
             b.pending = len(b.param_indices)
+        if self.static_graph:
+            self._counting = self._expected is None
+            self._arrivals = [0] * len(self.params)
         self._next_bucket = 0
         self._futures = [None] * len(self.buckets)
         self._timings = [BucketTiming(b.index, b.nbytes) for b in self.buckets]
@@ -108,6 +133,13 @@ class Reducer:
         for h in self._handles:
             h.remove()
 
+    def check_finalized(self) -> None:
+        if self._expecting:
+            raise RuntimeError(
+                "the last synced forward was not followed by a backward that finished: call "
+                "backward on its output (or run the forward under no_sync) before the next step"
+            )
+
     # -- autograd side ---------------------------------------------------------------------
     def _make_hook(self, i: int):
         def hook(param: torch.Tensor) -> None:
@@ -115,41 +147,79 @@ class Reducer:
 
         return hook
 
+    def _make_sparse_hook(self, i: int):
+        def hook(param: torch.Tensor) -> None:
+            # the sparse gradient stays in .grad (accumulated there by autograd); reduced in _finalize
+            self._used_since_sync[i] = True
+            if self._expecting:
+                self._mark_ready(i)
+
+        return hook
+
     def _on_grad_ready(self, i: int, param: torch.Tensor) -> None:
         bucket, pos = self._slot[i]
         view = bucket.views[pos]
         grad = param.grad
+        if grad.requires_grad:  # backward(create_graph=True)
+            grad = self._detached(param)
         fast_path = self._expecting and self.comm_hook is None
+        if self._counting or (self._expected is not None and self._expecting and self._expected[i] > 1):
+            self._arrivals[i] += 1
+            if self._counting or self._arrivals[i] < self._expected[i]:
+                fast_path = False  # more of this gradient to come: divide the sum at the last one
         if grad.data_ptr() == view.data_ptr():
             # autograd added into the view in place (accumulation): the view holds the local sum,
             # to be divided before the reduction (views in one bucket may differ in this)
             if fast_path:
-                view.div_(self.world_size)
+                view.div_(self.divisor)
         else:
             if fast_path:
                 # copy and pre-divide in one pass over the gradient
-                torch.div(grad, self.world_size, out=view)
+                torch.div(grad, self.divisor, out=view)
             else:
                 view.copy_(grad)
             param.grad = view
             self._spent.append(grad)
         self._used_since_sync[i] = True
-        if not self._expecting:
+        if not self._expecting or self._counting:
+            if self._counting:
+                self._ready[i] = True
+                self._queue_finalize()
             return
+        if self._expected is not None and self._arrivals[i] < self._expected[i]:
+            return
+        self._mark_ready(i)
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready_buckets()
+
+    def _detached(self, param: torch.Tensor) -> torch.Tensor:
+        # torch DDP allows create_graph=True with a warning; the reduced gradient carries no graph
+        if not self._warned_create_graph:
+            self._warned_create_graph = True
+            warnings.warn(
+                "Using DistributedDataParallel with create_graph=True is not recommended: the "
+                "reduced gradients in .grad are detached from the graph of the backward pass",
+                stacklevel=3,
+            )
+        param.grad = param.grad.detach()
+        return param.grad
+
+    def _queue_finalize(self) -> None:
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+
+    def _mark_ready(self, i: int) -> None:
         self._stamp_completed()
         if self._ready[i]:
             raise RuntimeError(
                 f"parameter {self.names[i]!r} received its gradient twice in one backward pass; "
-                "dpscale reduces each gradient once per backward (reentrant checkpointing or a "
-                "second backward through the same graph is not supported with synchronization on)"
+                "dpscale reduces each gradient once per backward unless the graph is static: for "
+                "reentrant checkpointing pass static_graph=True"
             )
         self._ready[i] = True
-        if not self._callback_queued:
-            self._callback_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
-        bucket.pending -= 1
-        if bucket.pending == 0:
-            self._launch_ready_buckets()
+        self._queue_finalize()
 
     def _launch_ready_buckets(self) -> None:
         # Launch strictly in bucket order: collectives are matched by issue order across ranks,
@@ -197,9 +267,14 @@ class Reducer:
         """Runs once per synced backward, after autograd has produced every gradient."""
         self._expecting = False
         t_backward_end = time.perf_counter()
-        missing = [i for i, r in enumerate(self._ready) if not r]
-        if missing and not self.find_unused_parameters:
+        if self._counting:
+            self._end_counting()
+        allow_unused = self.find_unused_parameters or self.static_graph
+        missing = [i for i in self.dense_indices if not self._ready[i]]
+        missing_sparse = [i for i in self.sparse_indices if not self._ready[i]]
+        if (missing or missing_sparse) and not allow_unused:
             self._abort_launched()
+            missing += missing_sparse
             names = ", ".join(repr(self.names[i]) for i in missing[:5])
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise RuntimeError(
@@ -217,18 +292,56 @@ class Reducer:
             elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
             if p.grad is not None and self.comm_hook is None:
-                view.div_(self.world_size)  # a local accumulated sum, undivided so far
+                view.div_(self.divisor)  # a local accumulated sum, undivided so far
             bucket.pending -= 1
         self._launch_ready_buckets()
+        sparse_futures = [self._reduce_sparse(i, k) for k, i in enumerate(self.sparse_indices)]
         # every rank must issue this collective, also one that saw every gradient
-        used = self._globally_used(missing) if self.find_unused_parameters else {}
+        unused = missing + missing_sparse
+        had_grad.update({i: self.params[i].grad is not None for i in missing_sparse})
+        used = self._globally_used(unused) if allow_unused else {}
         self._used_since_sync = [False] * len(self.params)
         self._wait_all()
+        for i, fut in zip(self.sparse_indices, sparse_futures, strict=True):
+            result = fut.wait()
+            result = result[0] if isinstance(result, list) else result
+            if self._ready[i] or had_grad[i] or used[i]:
+                self.params[i].grad = result
         for i in missing:
             bucket, pos = self._slot[i]
             if had_grad[i] or used[i]:
                 self.params[i].grad = bucket.views[pos]
         self._record_stats(t_backward_end)
+
+    def _end_counting(self) -> None:
+        # the counting backward reduced nothing yet and left every view undivided
+        self._counting = False
+        self._expected = list(self._arrivals)
+        for i in self.dense_indices:
+            if self._ready[i]:
+                bucket, pos = self._slot[i]
+                if self.comm_hook is None:
+                    bucket.views[pos].div_(self.divisor)
+                bucket.pending -= 1
+
+    def _reduce_sparse(self, i: int, k: int) -> torch.futures.Future:
+        p = self.params[i]
+        grad = p.grad
+        if grad is None:  # unused on this rank: contributes nothing
+            grad = torch.sparse_coo_tensor(
+                torch.empty(1, 0, dtype=torch.long, device=p.device),
+                torch.empty(0, *p.shape[1:], dtype=p.dtype, device=p.device),
+                p.shape,
+            )
+        grad = grad.coalesce()
+        self.log.record("all_reduce", f"sparse gradient of {self.names[i]}")
+        if self.comm_hook is not None:
+            state, hook = self.comm_hook
+            index = len(self.buckets) + k
+            is_last = k == len(self.sparse_indices) - 1
+            return hook(state, GradBucket(index, grad, [p], [grad], [0], is_last=is_last))
+        grad = grad / self.divisor
+        return dist.all_reduce(grad, group=self.process_group, async_op=True).get_future()
 
     def _globally_used(self, missing: list[int]) -> dict[int, bool]:
         # A parameter unused here may be used on another rank (or on this one in a no_sync step);
