@@ -150,7 +150,9 @@ class DistributedDataParallel(_TorchDDP):
         """Buckets, transport and reducer: what __init__ and unpickling both build (collective)."""
         module, group, log = self.module, self.process_group, self.collective_log
         named = [
-            (n, p) for n, p in module.named_parameters() if p.requires_grad and n not in self.parameters_to_ignore
+            (n, p)
+            for n, p in module.named_parameters()
+            if p.requires_grad and n not in self.parameters_to_ignore
         ]
         self._module_parameters = [p for _, p in named]
         sparse = sparse_gradient_params(module, [p for _, p in named])
@@ -172,16 +174,20 @@ class DistributedDataParallel(_TorchDDP):
             if state:
                 broadcast_coalesced(state, group, log=log, what="initial parameters and buffers")
         if isinstance(transport, str):
-            transport = make_transport(
-                transport, group, self.device, timeout_s=self._collective_timeout_s
-            )
+            transport = make_transport(transport, group, self.device, timeout_s=self._collective_timeout_s)
             if group_rank(group) == 0 and sync:
                 print(f"dpscale: transport {transport.describe()}", file=sys.stderr, flush=True)
         self.transport = transport
         params = [p for _, p in named]
         buckets = build_buckets(params, assignment, alloc=transport.alloc)
         self.reducer = Reducer(
-            params, [n for n, _ in named], buckets, group, transport, self.find_unused_parameters, log,
+            params,
+            [n for n, _ in named],
+            buckets,
+            group,
+            transport,
+            self.find_unused_parameters,
+            log,
             sparse=sorted(sparse),
         )
         self.reducer.static_graph = self.static_graph
@@ -213,7 +219,9 @@ class DistributedDataParallel(_TorchDDP):
             self.reducer.divisor = self.reducer.world_size
         if self.will_sync_module_buffers():
             src = join.authoritative_rank(self, candidate=True) if joining else 0
-            broadcast_coalesced(self.modules_buffers, self.process_group, src, log=self.collective_log, what="buffers")
+            broadcast_coalesced(
+                self.modules_buffers, self.process_group, src, log=self.collective_log, what="buffers"
+            )
         if joining:
             join.announce_backward_sync(self, sync_grads)
         if self._input_device is not None:
@@ -246,7 +254,9 @@ class DistributedDataParallel(_TorchDDP):
         params, dense = self.reducer.params, self.reducer.dense_indices
         assignment = [
             [dense[j] for j in b]
-            for b in assign_buckets([params[k] for k in dense], int(cap_mb * MB), int(self.first_bucket_cap_mb * MB))
+            for b in assign_buckets(
+                [params[k] for k in dense], int(cap_mb * MB), int(self.first_bucket_cap_mb * MB)
+            )
         ]
         old = self.reducer.buckets
         self.reducer.set_buckets(build_buckets(params, assignment, alloc=self.transport.alloc))
@@ -280,9 +290,7 @@ class DistributedDataParallel(_TorchDDP):
         """
         check_comm_hook(hook)
         if self.reducer.comm_hook is not None:
-            raise RuntimeError(
-                "register_comm_hook or register_builtin_comm_hook can only be called once."
-            )
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
         self.reducer.comm_hook = (state, hook)
         self._comm_hook_name = getattr(hook, "__qualname__", repr(hook))
 
@@ -304,7 +312,9 @@ class DistributedDataParallel(_TorchDDP):
 
     def join_hook(self, **kwargs):
         """Shadows this engine's collectives on a rank that ran out of inputs (see join.py)."""
-        return join.DDPJoinHook(self, divide_by_initial_world_size=kwargs.get("divide_by_initial_world_size", True))
+        return join.DDPJoinHook(
+            self, divide_by_initial_world_size=kwargs.get("divide_by_initial_world_size", True)
+        )
 
     # -- private methods other libraries call ------------------------------------------------
     def _get_ddp_logging_data(self) -> dict:
@@ -373,6 +383,3 @@ def _move_to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, dict):
         return {k: _move_to(v, device) for k, v in obj.items()}
     return obj
-
-
-

@@ -101,9 +101,7 @@ def logging_data(ddp) -> dict:
             sum(max(s.comm_ms - s.exposed_comm_ms, 0) for s in stats.steps) * _NS / n
         )
     if reducer.find_unused_parameters:
-        data["unused_parameter_size"] = sum(
-            p.numel() * p.element_size() for p in params if p.grad is None
-        )
+        data["unused_parameter_size"] = sum(p.numel() * p.element_size() for p in params if p.grad is None)
     return data
 
 

@@ -79,16 +79,18 @@ class DDPJoinHook(JoinHook):
 def _shadow_backward(reducer) -> None:
     """Step 4 on a joined rank: the reductions of a backward, contributing zeros."""
     futures = []
+    # the buckets' own buffers, zeroed for the reduction and restored after: a transport may
+    # reduce only buffers it allocated (shm stages others through a collective allocation)
+    kept = [b.buffer.clone() for b in reducer.buckets]
     for b in reducer.buckets:
-        zeros = torch.zeros_like(b.buffer)
+        b.buffer.zero_()
         if reducer.comm_hook is None:
-            futures.append(reducer.transport.all_reduce(zeros))
+            futures.append(reducer.transport.all_reduce(b.buffer))
         else:
             state, hook = reducer.comm_hook
-            views = [zeros[o : o + v.numel()].view_as(v) for o, v in zip(b.offsets, b.views, strict=True)]
             params = [reducer.params[i] for i in b.param_indices]
             is_last = b.index == len(reducer.buckets) - 1
-            futures.append(hook(state, GradBucket(b.index, zeros, params, views, b.offsets, is_last)))
+            futures.append(hook(state, GradBucket(b.index, b.buffer, params, b.views, b.offsets, is_last)))
     saved = [(p, p.grad) for p in (reducer.params[i] for i in reducer.sparse_indices)]
     for k, (p, _) in enumerate(saved):
         p.grad = None  # reduced as an empty sparse gradient
@@ -100,6 +102,8 @@ def _shadow_backward(reducer) -> None:
         dist.all_reduce(flags, group=reducer.process_group)
     for fut in futures:
         fut.wait()
+    for b, buffer in zip(reducer.buckets, kept, strict=True):
+        b.buffer.copy_(buffer)
 
 
 def _device(reducer) -> torch.device:

@@ -163,7 +163,9 @@ class Reducer:
         if grad.requires_grad:  # backward(create_graph=True)
             grad = self._detached(param)
         fast_path = self._expecting and self.comm_hook is None
-        if self._counting or (self._expected is not None and self._expecting and self._expected[i] > 1):
+        # static graph: a parameter expected more than once waits for its last arrival
+        repeated = self._expected is not None and self._expecting and self._expected[i] > 1
+        if self._counting or repeated:
             self._arrivals[i] += 1
             if self._counting or self._arrivals[i] < self._expected[i]:
                 fast_path = False  # more of this gradient to come: divide the sum at the last one
@@ -186,7 +188,7 @@ class Reducer:
                 self._ready[i] = True
                 self._queue_finalize()
             return
-        if self._expected is not None and self._arrivals[i] < self._expected[i]:
+        if repeated and self._arrivals[i] < self._expected[i]:
             return
         self._mark_ready(i)
         bucket.pending -= 1

@@ -62,8 +62,9 @@ def check_torch_args(
 ) -> TorchArgs:
     if delay_all_reduce_named_params is not None or param_to_hook_all_reduce is not None:
         _refuse(
-            "delay_all_reduce_named_params" if delay_all_reduce_named_params is not None else
-            "param_to_hook_all_reduce",
+            "delay_all_reduce_named_params"
+            if delay_all_reduce_named_params is not None
+            else "param_to_hook_all_reduce",
             "delayed all-reduce is not supported by dpscale's engine; use torch's class for it",
         )
     if mixed_precision is not None:

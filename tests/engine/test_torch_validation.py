@@ -1,0 +1,171 @@
+"""Construction and hook registration fail as torch's do: same exception types, one line naming what.
+
+Runs in-process on a ProcessGroup implemented in Python and never registered with
+init_process_group (as in pytorch's test_c10d_pypg.py): the engine must use the group it is given.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._C._distributed_c10d import _create_work_from_future
+
+from dpscale import DistributedDataParallel
+
+
+def done(result):
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+class LonelyGroup(dist.ProcessGroup):
+    """A world of one in Python: collectives leave tensors as they are, and are counted."""
+
+    def __init__(self):
+        super().__init__(0, 1)
+        self.calls = []
+
+    def broadcast(self, tensors, opts):
+        self.calls.append("broadcast")
+        return done(tensors)
+
+    def allreduce(self, tensors, opts):
+        self.calls.append("allreduce")
+        return done(tensors)
+
+    def allgather(self, outputs, inputs, opts):
+        self.calls.append("allgather")
+        for o, i in zip(outputs[0], inputs, strict=True):
+            o.copy_(i)
+        return done(outputs)
+
+    def getBackendName(self):
+        return "lonely"
+
+
+def ddp(module=None, **kwargs):
+    torch.manual_seed(0)
+    return DistributedDataParallel(module or nn.Linear(3, 2), process_group=LonelyGroup(), **kwargs)
+
+
+def test_a_hand_made_process_group_is_used_without_init_process_group():
+    assert not dist.is_initialized()
+    model = ddp()
+    x = torch.randn(4, 3)
+    model(x).sum().backward()
+    ref = nn.Linear(3, 2)
+    ref.load_state_dict(model.module.state_dict())
+    ref(x).sum().backward()
+    torch.testing.assert_close(model.module.weight.grad, ref.weight.grad)
+    assert "allreduce" in model.process_group.calls
+    assert isinstance(model, nn.parallel.DistributedDataParallel)
+
+
+def test_init_sync_false_issues_no_collective():
+    model = ddp(init_sync=False)
+    assert model.process_group.calls == []
+
+
+def test_no_parameter_requiring_grad_is_a_runtime_error():
+    with pytest.raises(RuntimeError, match="doesn't have any parameter that requires a gradient"):
+        ddp(nn.Module())
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(RuntimeError, match="requires a gradient"):
+        ddp(frozen)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"mixed_precision": object()}, "mixed_precision"),
+        (
+            {"delay_all_reduce_named_params": [], "param_to_hook_all_reduce": None},
+            "delay_all_reduce_named_params",
+        ),
+        ({"param_to_hook_all_reduce": object()}, "param_to_hook_all_reduce"),
+        ({"bucket_cap_mb_list": [1, 2]}, "bucket_cap_mb_list"),
+    ],
+)
+def test_unsupported_arguments_are_refused_by_name(kwargs, name):
+    with pytest.raises(ValueError, match=f"^DistributedDataParallel\\({name}=") as err:
+        ddp(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_cpu_module_with_device_ids_is_refused_like_torch():
+    with pytest.raises(ValueError, match="device_ids and output_device"):
+        ddp(device_ids=[0])
+    with pytest.raises(ValueError, match="device_ids and output_device"):
+        ddp(output_device=0)
+
+
+def test_torch_arguments_are_honoured():
+    model = ddp(bucket_cap_mb=None, check_reduction=False, dim=0, broadcast_buffers=False)
+    assert model.bucket_bytes_cap == 25 * 1024 * 1024
+    assert model.broadcast_buffers is False
+    with pytest.warns(FutureWarning, match="check_reduction"):
+        ddp(check_reduction=True)
+    ignoring = nn.Linear(3, 2)
+    ignoring._ddp_params_and_buffers_to_ignore = ["bias"]
+    model = ddp(ignoring)
+    assert model.bucket_assignment == [["weight"]]
+
+
+def bucket_int(state, bucket: int) -> torch.futures.Future[torch.Tensor]:
+    return bucket
+
+
+def returns_int(state, bucket: dist.GradBucket) -> int:
+    return 0
+
+
+def test_comm_hook_checks_are_torchs():
+    model = ddp()
+    with pytest.raises(TypeError, match="must be callable"):
+        model.register_comm_hook(None, 1)
+    with pytest.raises(ValueError, match="bucket annotation should be dist.GradBucket"):
+        model.register_comm_hook(None, bucket_int)
+    with pytest.raises(ValueError, match="return annotation should be torch.futures.Future"):
+        model.register_comm_hook(None, returns_int)
+
+    def fine(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    model.register_comm_hook(None, fine)
+    with pytest.raises(RuntimeError, match="can only be called once"):
+        model.register_comm_hook(None, fine)
+
+
+def test_logging_data_has_torchs_keys_with_our_timings():
+    model = ddp()
+    for _ in range(3):
+        model(torch.randn(4, 3)).sum().backward()
+    data = model._get_ddp_logging_data()
+    for key in (
+        "backend_name",
+        "world_size",
+        "rank",
+        "bucket_cap_bytes",
+        "num_parameter_tensors",
+        "iteration",
+    ):
+        assert key in data
+    assert data["backend_name"] == "lonely" and data["num_parameter_tensors"] == 2
+    assert data["avg_backward_comm_time"] >= 0 and data["backward_compute_time"] > 0
+    assert data["forward_compute_time"] > 0
+    model._set_ddp_runtime_logging_sample_rate(2)
+    with pytest.raises(ValueError, match="sample rate"):
+        model._set_ddp_runtime_logging_sample_rate(0)
+
+
+def test_set_static_graph_once():
+    model = ddp()
+    model._set_static_graph()
+    assert model.static_graph
+    with pytest.warns(UserWarning, match="no need to set it again"):
+        model._set_static_graph()
+    for _ in range(2):
+        model(torch.randn(4, 3)).sum().backward()
