@@ -10,10 +10,8 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.distributed.algorithms.join import Join
 from torch.utils.checkpoint import checkpoint
 
 from dpscale import DistributedDataParallel
