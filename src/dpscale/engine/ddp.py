@@ -83,6 +83,11 @@ class DistributedDataParallel(_TorchDDP):
         collective_timeout_s: float = 300.0,
         collective_log: CollectiveLog | None = None,
     ):
+        if isinstance(module, _TorchDDP):
+            raise ValueError(
+                f"module is already wrapped in {type(module).__module__}.DistributedDataParallel; "
+                "pass the unwrapped model (its .module)"
+            )
         nn.Module.__init__(self)
         Joinable.__init__(self)
         args = check_torch_args(
@@ -226,18 +231,21 @@ class DistributedDataParallel(_TorchDDP):
             join.announce_backward_sync(self, sync_grads)
         if self._input_device is not None:
             inputs, kwargs = _move_to(inputs, self._input_device), _move_to(kwargs, self._input_device)
-        if sync_grads:
-            if self._autotuner is not None and not self._autotuner.done:
-                self._autotune_step()
+        if sync_grads and self._autotuner is not None and not self._autotuner.done:
+            self._autotune_step()
+        self.reducer.release_spent()  # before forward allocates, as a plain model's would be
+        t0 = time.perf_counter()
+        out = self.module(*inputs, **kwargs)
+        # read again after the module ran, as torch does: Lightning's manual optimization turns
+        # sync off from inside forward and arms the reducer itself before backward
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
-            t0 = time.perf_counter()
-            out = self.module(*inputs, **kwargs)
             self._stats.on_forward(t0, self.reducer.last_stats)
             self.reducer.prepare_for_backward()
-            return out
-        self.require_forward_param_sync = False
-        self.reducer.disarm()
-        return self.module(*inputs, **kwargs)
+        else:
+            self.require_forward_param_sync = False
+            self.reducer.disarm()
+        return out
 
     def will_sync_module_buffers(self) -> bool:
         return self.require_forward_param_sync and self.forward_sync_buffers and len(self.modules_buffers) > 0

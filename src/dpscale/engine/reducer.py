@@ -100,9 +100,13 @@ class Reducer:
                     p.grad = bucket.views[pos]
         self._futures = [None] * len(buckets)
 
-    def prepare_for_backward(self) -> None:
-        """Arm the reducer: the next backward must reduce every bucket."""
-        self._release_spent()
+    def prepare_for_backward(self, outputs=()) -> None:
+        """Arm the reducer: the next backward must reduce every bucket.
+
+        `outputs` is accepted for code written against torch's reducer (Lightning's manual
+        optimization, Accelerate's trigger_sync_in_backward call it); unused parameters are found
+        after backward here, so it is not needed."""
+        self.release_spent()
         self._expecting = True
         self._ready = [False] * len(self.params)
         for b in self.buckets:
@@ -117,13 +121,17 @@ class Reducer:
         self._callback_queued = False
         self._t_forward_end = time.perf_counter()
 
-    def _release_spent(self) -> None:
+    def release_spent(self) -> None:
         # Autograd's own gradient tensors, already copied into the buckets, are freed here, at the
         # start of the next step, rather than one by one in the middle of backward: freeing large
         # blocks while backward still allocates lets the C allocator hand pages back to the OS and
         # fault them in again (measured: ~10,000 page faults and several ms per transformer step).
         # Freed here, they are reused like the gradients of a model without DDP.
         self._spent.clear()
+
+    def _rebuild_buckets(self) -> bool:
+        """torch's reducer re-orders buckets once; callers only need to know none was rebuilt."""
+        return False
 
     def disarm(self) -> None:
         """This forward's backward only accumulates locally (no_sync)."""

@@ -67,6 +67,8 @@ def check_torch_args(
             else "param_to_hook_all_reduce",
             "delayed all-reduce is not supported by dpscale's engine; use torch's class for it",
         )
+    if isinstance(bucket_cap_mb, str) and bucket_cap_mb != "auto":
+        raise ValueError(f"bucket_cap_mb must be a number of MiB or 'auto', got {bucket_cap_mb!r}")
     if mixed_precision is not None:
         _refuse("mixed_precision", "not supported; cast the module (e.g. autocast or .to(dtype)) instead")
     if bucket_cap_mb_list is not None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from ..comm import Transport, make_transport
 from ..comm.base import completed, global_rank
@@ -42,7 +43,7 @@ from .layout import FlatLayout, element_keys, is_element_state, piece_state
 # would compute something else here.
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(torch.optim.Optimizer, Joinable):
     """`optimizer_cls(params, **kwargs)` with its state split across the ranks of `process_group`.
 
     Collective: every rank constructs it with the same parameters, in the same order. All trainable
@@ -55,6 +56,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     `zero_grad` zeroes them rather than setting them to None; and a parameter without a gradient
     counts as having a zero gradient (its state still advances): gradients are reduced as one flat
     buffer, so no rank knows whether another rank's backward reached that parameter.
+
+    Joinable (torch's Join protocol, for uneven inputs): a rank that ran out of inputs keeps taking
+    part in the others' steps with zero gradients, so every shard is still updated and gathered.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         **kwargs: Any,
     ):
         super().__init__(params, dict(kwargs))  # validates the groups: no duplicates, leaves only
+        Joinable.__init__(self)
         # position in torch's state_dict numbering -> index among the flattened (trainable) params;
         # frozen parameters keep their numbers but are neither flattened nor updated, as in torch
         self._flat_index: dict[int, int] = {}
@@ -154,6 +159,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        Join.notify_join_context(self)  # under Join: this rank still trains (no-op otherwise)
         for p, view in zip(self._params, self._grad_views, strict=True):
             # backward normally accumulated into our view; DDP or the user may have replaced it
             if p.grad is None:
@@ -161,6 +167,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
             elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
             p.grad = view
+        self._reduce_update_gather()
+        return loss
+
+    def _reduce_update_gather(self) -> None:
         self.transport.reduce_scatter(self._shard_buffer, self._flat_grads)
         self._shard_buffer.div_(self.world_size)
         self._sync_hyperparameters()
@@ -168,7 +178,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         lo, hi = self._shard
         self._shard_buffer.copy_(self._flat_params[lo:hi])
         self.transport.all_gather(self._flat_params, self._shard_buffer)
-        return loss
+
+    def join_hook(self, **kwargs) -> JoinHook:
+        return _ShardedJoinHook(self)
+
+    @property
+    def join_device(self) -> torch.device:
+        return self._flat_params.device
+
+    @property
+    def join_process_group(self):
+        return self.process_group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if hasattr(self, "local_optimizer"):  # construction adds the groups through here
@@ -292,6 +312,21 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
         for v in state.values()
         if isinstance(v, torch.Tensor)
     )
+
+
+class _ShardedJoinHook(JoinHook):
+    """On a rank that joined: the step of the ranks still training, with a zero gradient."""
+
+    def __init__(self, optimizer: ShardedOptimizer):
+        self.optimizer = optimizer
+
+    @torch.no_grad()
+    def main_hook(self) -> None:
+        opt = self.optimizer
+        saved = opt._flat_grads.clone()  # the joined rank's own gradients come back afterwards
+        opt._flat_grads.zero_()
+        opt._reduce_update_gather()
+        opt._flat_grads.copy_(saved)
 
 
 # unannotated: torch's DDP refuses a hook whose annotations are not dist.GradBucket and Future[Tensor]
