@@ -240,7 +240,7 @@ class DistributedDataParallel(_TorchDDP):
         # sync off from inside forward and arms the reducer itself before backward
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
-            self._stats.on_forward(t0, self.reducer.last_stats)
+            self._stats.on_forward(t0, self.reducer.last_stats, self.reducer.last_backward_end_epoch_ns)
             self.reducer.prepare_for_backward()
         else:
             self.require_forward_param_sync = False
@@ -339,6 +339,10 @@ class DistributedDataParallel(_TorchDDP):
         if self.static_graph:
             warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
             return
+        if self._stats.forwards > 0:
+            # the first synced backward is where a static graph is learnt (as in torch)
+            self._stats.error = "_set_static_graph() should be called before training loop starts"
+            raise RuntimeError(self._stats.error)
         self.static_graph = True
         self.reducer.static_graph = True
 

@@ -55,6 +55,10 @@ class Reducer:
         self._arrivals: list[int] = [0] * len(params)
         self._expected: list[int] | None = None  # arrivals per backward, once counted
         self._warned_create_graph = False
+        # the order gradients arrived in during the first synced backward (for the logging data)
+        self.first_ready_order: list[int] | None = None
+        self._order: list[int] | None = []
+        self.last_backward_end_epoch_ns = 0
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook: tuple[object, CommHook] | None = None
         self.log = log or CollectiveLog(process_group)
@@ -229,6 +233,8 @@ class Reducer:
                 "reentrant checkpointing pass static_graph=True"
             )
         self._ready[i] = True
+        if self._order is not None:
+            self._order.append(i)
         self._queue_finalize()
 
     def _launch_ready_buckets(self) -> None:
@@ -277,6 +283,9 @@ class Reducer:
         """Runs once per synced backward, after autograd has produced every gradient."""
         self._expecting = False
         t_backward_end = time.perf_counter()
+        self.last_backward_end_epoch_ns = time.time_ns()
+        if self._order is not None:
+            self.first_ready_order, self._order = self._order, None
         if self._counting:
             self._end_counting()
         allow_unused = self.find_unused_parameters or self.static_graph

@@ -188,7 +188,8 @@ class ShardedOptimizer(torch.optim.Optimizer, Joinable):
 
     @property
     def join_process_group(self):
-        return self.process_group
+        # the group object itself, not None: Join requires every joinable's to be the same one
+        return self.process_group if self.process_group is not None else dist.group.WORLD
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         if hasattr(self, "local_optimizer"):  # construction adds the groups through here
