@@ -14,7 +14,7 @@ from dpscale.predict.degrade import (
     expected_max_normal,
 )
 from dpscale.predict.model import PredictConfig, predict
-from dpscale.predict.profile import explicit, robust_cv
+from dpscale.predict.profile import explicit, robust_cv, step_to_step_cv
 
 MB = 1 << 20
 
@@ -54,6 +54,9 @@ def test_tail_to_cv_and_robust_cv():
     steps = [100.0, 101.0, 99.0, 100.5, 99.5] * 4
     steps[3:6] = [300.0, 300.0, 300.0]
     assert robust_cv(steps) < 0.02
+    # a machine whose load doubles the step for a while: between rounds, not from step to step
+    drift = [100.0, 102.0, 98.0, 101.0, 99.0] * 2 + [200.0, 204.0, 196.0, 202.0, 198.0] * 2
+    assert robust_cv(drift) > 0.4 and step_to_step_cv(drift, per_round=5) == pytest.approx(0.0148, abs=1e-3)
 
 
 def test_congestion_factor():

@@ -184,6 +184,14 @@ class ModelProfile:
             raise ValueError(f"{flag}: cannot read a profile from {path}: {e}") from None
 
 
+def step_to_step_cv(steps_ms: list[float], per_round: int) -> float:
+    """The median over rounds of each round's robust CV: variation from one step to the next, not the
+    drift of a shared machine's load between rounds (a round lasts about 50 ms)."""
+    rounds = [steps_ms[k : k + per_round] for k in range(0, len(steps_ms), per_round)]
+    cvs = [robust_cv(r) for r in rounds if len(r) >= 3]
+    return statistics.median(cvs) if cvs else robust_cv(steps_ms)
+
+
 def robust_cv(values: list[float]) -> float:
     """Coefficient of variation from the median absolute deviation (x 1.4826: sigma for a Gaussian),
     so that a burst of other load on a shared machine does not pass for step-to-step variation."""
@@ -317,6 +325,7 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
         "nbytes": [p.numel() * p.element_size() for _, p in named],
         "phases": phases,
         "totals": totals,
+        "per_round": per_round,  # the local variant's phases come in rounds of this many steps
     }
 
 
@@ -417,7 +426,7 @@ def measure(
             if e != "local"
         },
         contention=contention,
-        compute_cv=robust_cv(steps_ms),
+        compute_cv=step_to_step_cv(steps_ms, raw["per_round"]),
         device="cpu",
         threads=threads,
         steps=len(fwd),
