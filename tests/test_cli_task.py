@@ -96,3 +96,26 @@ def test_trainer_api_under_torchrun(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["world_size"] == 2 and out["steps"] == 12 and out["eval"]["accuracy"] > 0.5
+
+
+def test_the_worker_takes_a_task_under_plain_torchrun():
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    p = run(
+        torchrun
+        + [
+            "-m",
+            "dpscale.train.worker",
+            "--task",
+            "user_tasks:tensor_task",
+            "--global-batch",
+            "32",
+            "--max-steps",
+            "3",
+            "--progress",
+            "none",
+            "--json",
+        ]
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["steps"] == 3 and out["world_size"] == 2 and set(out["eval"]) == {"loss", "accuracy"}
