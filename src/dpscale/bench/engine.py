@@ -14,7 +14,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 
-from ..workloads import get_workload
+from ..workloads.recipe import load_recipe
 from . import scaling
 from .engines import ENGINES, parse_engines
 from .report import ReportDir
@@ -120,7 +120,11 @@ def format_result(res: EngineBenchResult) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default="mlp,transformer", help="comma-separated built-in models")
+    p.add_argument(
+        "--models",
+        default="mlp,transformer",
+        help="comma-separated built-in workloads or module:callable specs returning a dpscale.Task",
+    )
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--per-worker-batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=60, help="timed steps per engine")
@@ -134,7 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     models = [m for m in args.models.split(",") if m]
     for m in models:
-        get_workload(m)  # unknown names fail before anything starts
+        load_recipe(m, "--models", check=True)  # unknown or broken ones fail before anything starts
     engines = parse_engines(args.engines)
     for flag, value in (
         ("--world-size", args.world_size),
