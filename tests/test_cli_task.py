@@ -17,6 +17,7 @@ def run(args, cwd=TASKS, timeout=300):
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_train_task_with_two_workers_reports_eval_and_keeps_every_key():
     p = run(
         DPSCALE
@@ -74,6 +75,7 @@ def test_config_file_sets_fields_and_flags_override(tmp_path):
     assert p.returncode == 2 and "sets 'global_bach', which is not a TrainConfig field" in p.stderr
 
 
+@pytest.mark.slow
 def test_trainer_api_under_torchrun(tmp_path):
     script = tmp_path / "train_mine.py"
     script.write_text(
@@ -98,6 +100,7 @@ def test_trainer_api_under_torchrun(tmp_path):
     assert out["world_size"] == 2 and out["steps"] == 12 and out["eval"]["accuracy"] > 0.5
 
 
+@pytest.mark.slow
 def test_the_worker_takes_a_task_under_plain_torchrun():
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     p = run(

@@ -62,6 +62,7 @@ def test_telemetry_counts_synchronized_steps_and_samples_the_same_on_every_rank(
         assert stops == [2]  # the limit fired once, at the same step on both ranks
 
 
+@pytest.mark.slow
 def test_run_puts_dpscales_engine_under_an_unchanged_tutorial_script(tmp_path):
     p = run(["run", "--nproc", "2", TUTORIAL, "1", "1", "--batch_size", "64"], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -69,6 +70,7 @@ def test_run_puts_dpscales_engine_under_an_unchanged_tutorial_script(tmp_path):
     assert "Epoch 0 | Training snapshot saved" in p.stdout and (tmp_path / "snapshot.pt").is_file()
 
 
+@pytest.mark.slow
 def test_scale_measures_a_nanogpt_style_script_and_writes_a_report_predict_reads(tmp_path):
     p = run(
         [
@@ -122,6 +124,7 @@ def test_scale_measures_a_nanogpt_style_script_and_writes_a_report_predict_reads
     assert pred.returncode == 0, pred.stderr
 
 
+@pytest.mark.slow
 def test_scale_takes_torchs_own_ddp_too(tmp_path):
     p = run(
         [
@@ -148,6 +151,7 @@ def test_scale_takes_torchs_own_ddp_too(tmp_path):
     assert row["samples_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_scale_refuses_more_steps_than_the_script_runs(tmp_path):
     p = run(["scale", "--nproc", "1", "--steps", "50", "--", NANOGPT, "--max_iters=5"], cwd=tmp_path)
     assert p.returncode == 2, p.stderr
