@@ -10,6 +10,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from conftest import TRAIN, StderrWatch, kill_tagged, shm_paths_in_use, start_cli, tagged, wait_until_gone
 
 # PR_SET_PDEATHSIG ends a running worker at once; one still importing torch when its launcher
@@ -48,6 +50,7 @@ def test_workers_end_when_the_launcher_is_killed(tmp_path):
         kill_tagged(tag)
 
 
+@pytest.mark.slow  # a failure, a restart and a kill; the fast tier keeps the plain kill
 def test_workers_end_when_the_launcher_is_killed_while_restarting_them(tmp_path):
     ckpt = tmp_path / "ckpt"
     args = LONG + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "5", "--max-restarts", "3"]

@@ -34,6 +34,7 @@ def uninterrupted(tmp_path_factory):
     return last_json(p.stdout)
 
 
+@pytest.mark.slow  # three CLI runs; the fast tier keeps the in-process SIGINT test
 def test_sigterm_checkpoints_exits_143_and_resume_is_bit_exact(tmp_path, uninterrupted):
     ckpt = tmp_path / "ckpt"
     code, out, err = _stop_with(signal.SIGTERM, RUN + ["--checkpoint-dir", str(ckpt)])
