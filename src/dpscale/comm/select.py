@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import platform
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -29,8 +30,9 @@ TRANSPORT_NAMES = ("auto", "gloo", "nccl", "shm", "hierarchical")
 
 def shm_is_safe() -> bool:
     """The shm barriers use plain stores and loads, which order data and flag on x86-64 only
-    (total store order); on weaker memory models (Arm) a peer could see the flag before the data."""
-    return platform.machine().lower() in ("x86_64", "amd64")
+    (total store order); on weaker memory models (Arm) a peer could see the flag before the data.
+    Its segments are memfds shared through /proc (Linux only)."""
+    return platform.machine().lower() in ("x86_64", "amd64") and hasattr(os, "memfd_create")
 
 
 def host_id() -> str:
@@ -61,7 +63,8 @@ def make_transport(
         return ProcessGroupTransport(process_group)
     if name == "shm" and not shm_is_safe():
         raise ValueError(
-            f"transport 'shm' relies on x86-64 memory ordering; this is {platform.machine()}: use 'gloo'"
+            f"transport 'shm' relies on x86-64 memory ordering and Linux memfds; this is "
+            f"{platform.machine()} {sys.platform}: use 'gloo'"
         )
     world = dist.get_world_size(process_group)
     if name == "auto" and (world == 1 or not is_registered(process_group)):
