@@ -33,6 +33,9 @@ def _add_train(sub) -> None:
         help="train your task (--task module:callable) or a built-in workload with N data-parallel workers",
         description="Train your own dpscale.Task (--task module:callable) or a built-in workload "
         "(--workload, default digits) with data parallelism on this host.",
+        epilog="Exit codes: 0 finished; 1 the workers failed (restarts used up); 2 bad input, refused "
+        "before any worker started; 3 diverged (--max-skipped-steps); 143/130 stopped by SIGTERM/SIGINT "
+        "after a checkpoint (continue with --resume). See docs/fault-tolerance.md.",
     )
     p.add_argument(
         "--config",
