@@ -73,6 +73,7 @@ class Reducer:
         # gradient into the reduction, and every rank must then keep the reduced value (torch's
         # local_used_map does the same; judging by the synced step alone lets replicas drift)
         self._used_since_sync = [False] * len(params)
+        self._preset = [False] * len(params)  # .grad is a view we set before this backward
         self._next_bucket = 0
         self._futures: list[torch.futures.Future | None] = [None] * len(buckets)
         self._timings: list[BucketTiming] = []
@@ -123,7 +124,29 @@ class Reducer:
         self._timings = [BucketTiming(b.index, b.nbytes) for b in self.buckets]
         self._in_flight = []
         self._callback_queued = False
+        self._preset_grads()
         self._t_forward_end = time.perf_counter()
+
+    def _preset_grads(self) -> None:
+        # Each parameter without a gradient gets its (zeroed) bucket view as .grad before backward,
+        # so autograd accumulates into the bucket itself: no gradient tensor to allocate, no copy
+        # and no per-parameter Python work in the hook, and one division per bucket at launch.
+        # This is the per-parameter cost of the engine (see benchmarks/per_parameter.py). A
+        # parameter that then gets no gradient anywhere is given None back after the reduction.
+        params, preset = self.params, self._preset
+        for b in self.buckets:
+            missing = [k for k, i in enumerate(b.param_indices) if params[i].grad is None]
+            if not missing:
+                continue
+            if len(missing) == len(b.param_indices):
+                b.buffer.zero_()
+            else:
+                for k in missing:
+                    b.views[k].zero_()
+            for k in missing:
+                i = b.param_indices[k]
+                params[i].grad = b.views[k]
+                preset[i] = True
 
     def release_spent(self) -> None:
         # Autograd's own gradient tensors, already copied into the buckets, are freed here, at the
@@ -172,37 +195,36 @@ class Reducer:
         bucket, pos = self._slot[i]
         view = bucket.views[pos]
         grad = param.grad
-        if grad.requires_grad:  # backward(create_graph=True)
-            grad = self._detached(param)
-        fast_path = self._expecting and self.comm_hook is None
-        # static graph: a parameter expected more than once waits for its last arrival
-        repeated = self._expected is not None and self._expecting and self._expected[i] > 1
-        if self._counting or repeated:
-            self._arrivals[i] += 1
-            if self._counting or self._arrivals[i] < self._expected[i]:
-                fast_path = False  # more of this gradient to come: divide the sum at the last one
-        if grad.data_ptr() == view.data_ptr():
-            # autograd added into the view in place (accumulation): the view holds the local sum,
-            # to be divided before the reduction (views in one bucket may differ in this)
-            if fast_path:
-                view.div_(self.divisor)
-        else:
-            if fast_path:
-                # copy and pre-divide in one pass over the gradient
-                torch.div(grad, self.divisor, out=view)
-            else:
-                view.copy_(grad)
+        if grad is not view and grad.data_ptr() != view.data_ptr():
+            # a fresh tensor (no_sync steps, a zero_grad between forward and backward): every
+            # view holds the local, undivided sum; division is per bucket, at launch
+            if grad.requires_grad:  # backward(create_graph=True)
+                grad = self._detached(param)
+            view.copy_(grad)
             param.grad = view
             self._spent.append(grad)
         self._used_since_sync[i] = True
-        if not self._expecting or self._counting:
-            if self._counting:
-                self._ready[i] = True
-                self._queue_finalize()
+        if not self._expecting:
             return
-        if repeated and self._arrivals[i] < self._expected[i]:
+        if self._counting:
+            self._arrivals[i] += 1
+            self._ready[i] = True
+            self._queue_finalize()
             return
-        self._mark_ready(i)
+        if self._expected is not None and self._expected[i] > 1:
+            # static graph: a parameter expected more than once waits for its last arrival
+            self._arrivals[i] += 1
+            if self._arrivals[i] < self._expected[i]:
+                return
+        if self._in_flight:
+            self._stamp_completed()
+        if self._ready[i]:
+            self._raise_twice(i)
+        self._ready[i] = True
+        if self._order is not None:
+            self._order.append(i)
+        if not self._callback_queued:
+            self._queue_finalize()
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready_buckets()
@@ -227,15 +249,18 @@ class Reducer:
     def _mark_ready(self, i: int) -> None:
         self._stamp_completed()
         if self._ready[i]:
-            raise RuntimeError(
-                f"parameter {self.names[i]!r} received its gradient twice in one backward pass; "
-                "dpscale reduces each gradient once per backward unless the graph is static: for "
-                "reentrant checkpointing pass static_graph=True"
-            )
+            self._raise_twice(i)
         self._ready[i] = True
         if self._order is not None:
             self._order.append(i)
         self._queue_finalize()
+
+    def _raise_twice(self, i: int) -> None:
+        raise RuntimeError(
+            f"parameter {self.names[i]!r} received its gradient twice in one backward pass; "
+            "dpscale reduces each gradient once per backward unless the graph is static: for "
+            "reentrant checkpointing pass static_graph=True"
+        )
 
     def _launch_ready_buckets(self) -> None:
         # Launch strictly in bucket order: collectives are matched by issue order across ranks,
@@ -262,6 +287,8 @@ class Reducer:
         timing.blocking_s = time.perf_counter() - timing.start_s
 
     def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
+        if self.comm_hook is None and self.divisor != 1:
+            bucket.buffer.div_(self.divisor)  # the views hold local sums: average once per bucket
         # a hook issues its own collectives, but recording it here still shows where a rank was
         op = "all_reduce" if self.comm_hook is None else "comm_hook"
         self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)
@@ -302,16 +329,16 @@ class Reducer:
                 "find_unused_parameters=True; otherwise make sure every parameter takes part in "
                 "computing the loss."
             )
-        had_grad = {i: self.params[i].grad is not None for i in missing}
+        had_grad = {}
         for i in missing:
             bucket, pos = self._slot[i]
             p, view = self.params[i], bucket.views[pos]
+            # a gradient of the user's (accumulated in no_sync steps), not the zeros we preset
+            had_grad[i] = p.grad is not None and not (self._preset[i] and p.grad is view)
             if p.grad is None:
                 view.zero_()  # contributes nothing from this rank
-            elif p.grad.data_ptr() != view.data_ptr():
+            elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
-            if p.grad is not None and self.comm_hook is None:
-                view.div_(self.divisor)  # a local accumulated sum, undivided so far
             bucket.pending -= 1
         self._launch_ready_buckets()
         sparse_futures = [self._reduce_sparse(i, k) for k, i in enumerate(self.sparse_indices)]
@@ -330,18 +357,18 @@ class Reducer:
             bucket, pos = self._slot[i]
             if had_grad[i] or used[i]:
                 self.params[i].grad = bucket.views[pos]
+            elif self._preset[i]:
+                self.params[i].grad = None  # unused everywhere: as if we had never set it
+        self._preset = [False] * len(self.params)
         self._record_stats(t_backward_end)
 
     def _end_counting(self) -> None:
-        # the counting backward reduced nothing yet and left every view undivided
+        # the counting backward launched nothing yet
         self._counting = False
         self._expected = list(self._arrivals)
         for i in self.dense_indices:
             if self._ready[i]:
-                bucket, pos = self._slot[i]
-                if self.comm_hook is None:
-                    bucket.views[pos].div_(self.divisor)
-                bucket.pending -= 1
+                self._slot[i][0].pending -= 1
 
     def _reduce_sparse(self, i: int, k: int) -> torch.futures.Future:
         p = self.params[i]
