@@ -26,6 +26,11 @@ from .collective_log import CollectiveLog
 from .hooks import CommHook, GradBucket
 from .stats import BucketTiming, StepStats
 
+# A bucket whose tensors average at most this many elements gets gradients accumulated in place
+# (see Reducer._preset_grads): around here per-tensor Python work costs about what copying the
+# tensor does (~5 us against 32 KiB at a few GB/s)
+SMALL_TENSOR_NUMEL = 8192
+
 
 class Reducer:
     def __init__(
@@ -97,6 +102,7 @@ class Reducer:
         self.buckets = buckets
         # where each parameter's gradient lives: (bucket, position in bucket)
         self._slot = {i: (b, pos) for b in buckets for pos, i in enumerate(b.param_indices)}
+        self._small = [b.buffer.numel() <= SMALL_TENSOR_NUMEL * len(b.param_indices) for b in buckets]
         if old is not buckets:
             for i, p in enumerate(self.params):
                 if p.grad is not None:
@@ -128,13 +134,17 @@ class Reducer:
         self._t_forward_end = time.perf_counter()
 
     def _preset_grads(self) -> None:
-        # Each parameter without a gradient gets its (zeroed) bucket view as .grad before backward,
-        # so autograd accumulates into the bucket itself: no gradient tensor to allocate, no copy
-        # and no per-parameter Python work in the hook, and one division per bucket at launch.
-        # This is the per-parameter cost of the engine (see benchmarks/per_parameter.py). A
-        # parameter that then gets no gradient anywhere is given None back after the reduction.
+        # In a bucket of small tensors, each parameter without a gradient gets its (zeroed) bucket
+        # view as .grad before backward, so autograd accumulates into the bucket itself: no
+        # gradient tensor to allocate, no copy and no per-parameter Python work in the hook, and
+        # one division per bucket at launch. For small tensors that work is the engine's cost
+        # (see benchmarks/per_parameter.py); for large ones, zeroing the bucket and adding into it
+        # would cost more memory traffic than the copy-and-divide it saves, so they keep it.
+        # A parameter that then gets no gradient anywhere is given None back after the reduction.
         params, preset = self.params, self._preset
         for b in self.buckets:
+            if not self._small[b.index]:
+                continue
             missing = [k for k, i in enumerate(b.param_indices) if params[i].grad is None]
             if not missing:
                 continue
@@ -195,27 +205,35 @@ class Reducer:
         bucket, pos = self._slot[i]
         view = bucket.views[pos]
         grad = param.grad
+        expecting = self._expecting
+        more_to_come = False  # static graph: this gradient arrives again in this backward
+        if expecting and (self._counting or (self._expected is not None and self._expected[i] > 1)):
+            self._arrivals[i] += 1
+            more_to_come = self._counting or self._arrivals[i] < self._expected[i]
+        # a bucket of large tensors is divided tensor by tensor, fused with the copy; one of
+        # small tensors once, at launch (see _preset_grads)
+        divide = expecting and not more_to_come and self.comm_hook is None and not self._small[bucket.index]
         if grad is not view and grad.data_ptr() != view.data_ptr():
-            # a fresh tensor (no_sync steps, a zero_grad between forward and backward): every
-            # view holds the local, undivided sum; division is per bucket, at launch
             if grad.requires_grad:  # backward(create_graph=True)
                 grad = self._detached(param)
-            view.copy_(grad)
+            if divide:
+                torch.div(grad, self.divisor, out=view)  # copy and pre-divide in one pass
+            else:
+                view.copy_(grad)
             param.grad = view
             self._spent.append(grad)
+        elif divide:
+            # autograd added into the view in place: it holds the local sum, divided now
+            view.div_(self.divisor)
         self._used_since_sync[i] = True
-        if not self._expecting:
+        if not expecting:
             return
         if self._counting:
-            self._arrivals[i] += 1
             self._ready[i] = True
             self._queue_finalize()
             return
-        if self._expected is not None and self._expected[i] > 1:
-            # static graph: a parameter expected more than once waits for its last arrival
-            self._arrivals[i] += 1
-            if self._arrivals[i] < self._expected[i]:
-                return
+        if more_to_come:
+            return
         if self._in_flight:
             self._stamp_completed()
         if self._ready[i]:
@@ -287,7 +305,7 @@ class Reducer:
         timing.blocking_s = time.perf_counter() - timing.start_s
 
     def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
-        if self.comm_hook is None and self.divisor != 1:
+        if self.comm_hook is None and self.divisor != 1 and self._small[bucket.index]:
             bucket.buffer.div_(self.divisor)  # the views hold local sums: average once per bucket
         # a hook issues its own collectives, but recording it here still shows where a rank was
         op = "all_reduce" if self.comm_hook is None else "comm_hook"
@@ -339,6 +357,8 @@ class Reducer:
                 view.zero_()  # contributes nothing from this rank
             elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
+            if p.grad is not None and self.comm_hook is None and not self._small[bucket.index]:
+                view.div_(self.divisor)  # a local accumulated sum, undivided so far
             bucket.pending -= 1
         self._launch_ready_buckets()
         sparse_futures = [self._reduce_sparse(i, k) for k, i in enumerate(self.sparse_indices)]
@@ -363,12 +383,15 @@ class Reducer:
         self._record_stats(t_backward_end)
 
     def _end_counting(self) -> None:
-        # the counting backward launched nothing yet
+        # the counting backward launched nothing yet and divided nothing
         self._counting = False
         self._expected = list(self._arrivals)
         for i in self.dense_indices:
             if self._ready[i]:
-                self._slot[i][0].pending -= 1
+                bucket, pos = self._slot[i]
+                if self.comm_hook is None and not self._small[bucket.index]:
+                    bucket.views[pos].div_(self.divisor)  # large tensors: divided per tensor
+                bucket.pending -= 1
 
     def _reduce_sparse(self, i: int, k: int) -> torch.futures.Future:
         p = self.params[i]
