@@ -24,6 +24,7 @@ import torch.distributed as dist
 from .buckets import Bucket
 from .collective_log import CollectiveLog
 from .hooks import CommHook, GradBucket
+from .noise_scale import NoiseScaleEstimator, bucket_sq_norm
 from .stats import BucketTiming, StepStats
 
 # A bucket whose tensors average at most this many elements gets gradients accumulated in place
@@ -88,6 +89,13 @@ class Reducer:
         self._t_forward_end = 0.0
         self.last_stats: StepStats | None = None
         self._step = 0
+        # gradient noise scale (noise_scale.py): this rank's squared gradient norm before the
+        # reduction and the averaged one after; units of one rank's batch (B_big/B_small = W)
+        self.measure_noise_scale = True
+        self.noise_scale_every = 1  # measure on every this many synced steps (each costs two reads)
+        self._measure_now = False
+        self.noise_scale = NoiseScaleEstimator()
+        self._local_sq: list[torch.Tensor] = []
         self._handles = [
             p.register_post_accumulate_grad_hook(
                 self._make_sparse_hook(i) if i in self.sparse_indices else self._make_hook(i)
@@ -131,6 +139,9 @@ class Reducer:
         self._in_flight = []
         self._callback_queued = False
         self._preset_grads()
+        self._local_sq = []
+        # every rank counts the same synced steps, so all measure on the same ones
+        self._measure_now = self.measure_noise_scale and self._step % self.noise_scale_every == 0
         self._t_forward_end = time.perf_counter()
 
     def _preset_grads(self) -> None:
@@ -307,6 +318,10 @@ class Reducer:
     def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
         if self.comm_hook is None and self.divisor != 1 and self._small[bucket.index]:
             bucket.buffer.div_(self.divisor)  # the views hold local sums: average once per bucket
+        if self._measure_now:
+            # this rank's gradient, right after the division (a small bucket is still in cache):
+            # divided by the divisor without a hook, undivided with one (the hook contract)
+            self._local_sq.append(bucket_sq_norm(bucket.buffer))
         # a hook issues its own collectives, but recording it here still shows where a rank was
         op = "all_reduce" if self.comm_hook is None else "comm_hook"
         self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)
@@ -380,7 +395,21 @@ class Reducer:
             elif self._preset[i]:
                 self.params[i].grad = None  # unused everywhere: as if we had never set it
         self._preset = [False] * len(self.params)
-        self._record_stats(t_backward_end)
+        grad_sq = self._grad_sq_norms()
+        self._record_stats(t_backward_end, grad_sq)
+
+    def _grad_sq_norms(self) -> tuple[float, float] | None:
+        """(this rank's local |g|^2, the averaged |G|^2) over the dense buckets, or None."""
+        if not self._measure_now or len(self._local_sq) != len(self.buckets) or not self.buckets:
+            return None
+        # without a hook the buffers were divided by the divisor before the reduction
+        scale = 1.0 if self.comm_hook is not None else float(self.divisor) ** 2
+        local = float(torch.stack(self._local_sq).sum()) * scale
+        reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
+        self._local_sq = []
+        if self.world_size > 1 and self.divisor == self.world_size:  # not while ranks have joined
+            self.noise_scale.update(small_sq=local, big_sq=reduced, b_small=1, b_big=self.world_size)
+        return local, reduced
 
     def _end_counting(self) -> None:
         # the counting backward launched nothing yet and divided nothing
@@ -455,7 +484,7 @@ class Reducer:
             if fut is not None:
                 fut.wait()
 
-    def _record_stats(self, t_backward_end: float) -> None:
+    def _record_stats(self, t_backward_end: float, grad_sq: tuple[float, float] | None = None) -> None:
         t_done = time.perf_counter()
         for t in self._timings:  # on CUDA the host sees completion only when waiting
             t.end_s = t.end_s or t_done
@@ -467,3 +496,7 @@ class Reducer:
             t_done=t_done,
             timings=self._timings,
         )
+        if grad_sq is not None:
+            s = self.last_stats
+            s.grad_sq_norm_local, s.grad_sq_norm_global = grad_sq
+            s.gradient_noise_scale = self.noise_scale.b_simple

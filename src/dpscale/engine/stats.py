@@ -37,6 +37,10 @@ class StepStats:
       by synchronous reductions, plus the wait from the end of backward until every reduction
       had finished. For an asynchronous transport (gloo, NCCL) it is mostly the wait; for a
       synchronous one (shm) it is all of comm_ms.
+    - `grad_sq_norm_local` / `grad_sq_norm_global`: this rank's squared gradient norm before the
+      reduction and the averaged gradient's after it (dense buckets; None when not measured).
+    - `gradient_noise_scale`: this rank's smoothed B_simple (see noise_scale.py) in units of one
+      rank's batch (multiply by its samples for samples); None with one worker or too few steps.
     """
 
     step: int
@@ -44,6 +48,9 @@ class StepStats:
     comm_ms: float
     exposed_comm_ms: float
     buckets: list[BucketStats] = field(default_factory=list)
+    grad_sq_norm_local: float | None = None
+    grad_sq_norm_global: float | None = None
+    gradient_noise_scale: float | None = None
 
     @property
     def comm_bytes(self) -> int:

@@ -4,6 +4,7 @@
     dpscale predict --model mlp --preset dgx-a100 [--world-sizes 1,8,64,512] [--json]
     dpscale predict --profile FILE --calibrate REPORT_DIR          (this machine, measured transport)
     dpscale predict --params 25.6e6 --step-compute-ms 120 --preset pcie3-x16+eth-25g --nodes 32
+    dpscale predict --goodput --noise-scale RUN.json --model mlp --per-worker-batches 16,64,256
 
 Bad input raises ValueError naming the flag (the dpscale CLI turns it into exit code 2).
 """
@@ -17,8 +18,8 @@ from dataclasses import replace
 
 from ..bench.args import parse_int_list
 from ..bench.report import ReportDir
+from . import goodput, render
 from . import profile as profiles
-from . import render
 from .cluster import (
     CLUSTER_PRESETS,
     LINK_PRESETS,
@@ -100,6 +101,9 @@ EXAMPLES = """worked examples:
   dpscale profile --model mlp --co-located 2 --out mlp.json
   dpscale bench allreduce --transport gloo,shm --world-sizes 1,2
   dpscale predict --profile mlp.json --calibrate reports/<UTC>-allreduce --world-sizes 1,2
+  # time to a target vs workers and global batch, from a measured noise scale (predict/goodput.py)
+  dpscale train --workload digits --nproc 2 --json > run.json
+  dpscale predict --goodput --noise-scale run.json --model digits --per-worker-batches 8,32,128
 the formulas, their sources and the validation: docs/performance-model.md"""
 
 
@@ -189,6 +193,24 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="backward slowdown per ms of communication it hides (default: the preset's)",
+    )
+    gp = parser.add_argument_group("goodput (time to a target; predict/goodput.py)")
+    gp.add_argument(
+        "--goodput", action="store_true", help="rank (workers, global batch) by predicted time to target"
+    )
+    gp.add_argument(
+        "--noise-scale",
+        default=None,
+        help="B_simple in samples, a `dpscale train --json` summary file, or a metrics.jsonl (its last gns)",
+    )
+    gp.add_argument(
+        "--target-steps", type=float, default=None, help="steps a run took to the target (default: the run's)"
+    )
+    gp.add_argument(
+        "--target-batch", type=int, default=None, help="that run's global batch (default: the run's)"
+    )
+    gp.add_argument(
+        "--per-worker-batches", default=None, help="comma-separated (default: the per-worker batch alone)"
     )
     add("--json", action="store_true", help="print the predictions as a JSON list on the last line")
     add("--report-dir", default="reports", help="base directory of the report (default reports)")
@@ -325,8 +347,49 @@ def world_sizes_for(args: argparse.Namespace, cluster: Cluster) -> list[int]:
     return within + [g << k for k in range(MAX_DEFAULT_WORLD.bit_length()) if g << k <= MAX_DEFAULT_WORLD]
 
 
+def _goodput_inputs(args: argparse.Namespace) -> tuple[goodput.NoiseScaleSource, float, float]:
+    """(noise scale source, steps to target, at global batch), checked before any profiling."""
+    if args.noise_scale is None:
+        raise ValueError("--goodput needs --noise-scale: a number, or a `dpscale train --json` summary")
+    source = goodput.load_noise_scale(args.noise_scale)
+    steps = args.target_steps if args.target_steps is not None else source.steps
+    batch = args.target_batch if args.target_batch is not None else source.global_batch
+    if steps is None or batch is None:
+        raise ValueError(
+            "--target-steps: say how many steps a run took to the target and at which --target-batch "
+            "(a train summary given to --noise-scale supplies both)"
+        )
+    goodput.s_min_from_run(steps, batch, source.noise_scale)  # checks both are > 0
+    return source, float(steps), float(batch)
+
+
+def _run_goodput(args: argparse.Namespace, prof, cluster: Cluster, config: PredictConfig) -> int:
+    source, steps, batch = _goodput_inputs(args)
+    batches = (
+        parse_int_list(args.per_worker_batches, flag="--per-worker-batches", minimum=1)
+        if args.per_worker_batches
+        else [config.per_worker_batch or prof.per_worker_batch]
+    )
+    step_ms = {}
+    for b in batches:
+        for p in predict(prof, cluster, replace(config, per_worker_batch=b)):
+            step_ms[(p.world_size, b)] = p.step_ms
+    s_min = goodput.s_min_from_run(steps, batch, source.noise_scale)
+    points = goodput.goodput_points(step_ms, s_min=s_min, noise_scale=source.noise_scale)
+    print(render.profile_summary(prof))
+    print(f"cluster {cluster.describe()}")
+    print(f"noise scale from {source.source}; target reached in {steps:,.0f} steps at batch {batch:,.0f}")
+    print(goodput.format_table(points))
+    print(goodput.summary(points, source.noise_scale, s_min))
+    if args.json:
+        print(json.dumps([p.to_dict() for p in points], allow_nan=False))
+    return 0
+
+
 def run_predict_from_args(args: argparse.Namespace) -> int:
     cluster = _cluster(args)
+    if args.goodput:
+        _goodput_inputs(args)  # bad goodput input fails before a profile is measured
     config = PredictConfig(
         world_sizes=world_sizes_for(args, cluster),
         per_worker_batch=args.per_worker_batch,
@@ -345,6 +408,8 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
     prof = _profile(args)
     if warning := cpu_profile_on_gpus(prof, cluster):
         print(warning, file=sys.stderr)
+    if args.goodput:
+        return _run_goodput(args, prof, cluster, config)
     predictions = predict(prof, cluster, config)
     print(render.profile_summary(prof))
     print(f"cluster {cluster.describe()}")

@@ -50,7 +50,8 @@ class TrainConfig:
     optimizer: str | None = None
     """sgd (with momentum), adam or adamw (default: the workload's)."""
     lr: float | None = None
-    """Learning rate at the reference batch (default: the workload's)."""
+    """Learning rate at the reference batch (default: the workload's); 0 keeps the weights where they
+    are (a measurement run, e.g. of the gradient noise scale)."""
     momentum: float = 0.9
     """SGD momentum."""
     weight_decay: float = 0.0
@@ -107,6 +108,10 @@ class TrainConfig:
     """fp32, bf16 or fp16: autocast for forward and loss; fp16 adds loss scaling kept in step across ranks."""
     data_workers: int = 0
     """DataLoader worker processes per training worker (0: load in the training process)."""
+    no_noise_scale: bool = False
+    """Do not measure the gradient noise scale (it costs two reads of each gradient per measured step)."""
+    noise_scale_every: int = 1
+    """Measure the gradient noise scale on every this many steps (a cheaper, noisier estimate)."""
 
     def __post_init__(self) -> None:
         _finite_floats(self)
@@ -121,13 +126,14 @@ class TrainConfig:
         if self.epochs is None and self.max_steps is None:
             self.epochs = defaults["epochs"]
         _positive("global_batch", self.global_batch)
+        _positive("noise_scale_every", self.noise_scale_every)
         for name in ("micro_batch", "accumulation_steps", "epochs", "max_steps", "lr_reference_batch"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.micro_batch is not None and self.accumulation_steps is not None:
             raise ValueError("micro_batch and accumulation_steps: give one, the other is derived")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if not (self.lr >= 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a number >= 0, got {self.lr}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer: unknown {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.engine not in ENGINES:

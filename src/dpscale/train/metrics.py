@@ -25,6 +25,7 @@ class StepMetrics:
     comm_ms: float | None
     exposed_comm_ms: float | None
     skipped: bool = False
+    gns: float | None = None  # smoothed gradient noise scale B_simple in samples (train/noise_scale.py)
 
 
 class MetricsWriter:
@@ -49,7 +50,17 @@ class MetricsWriter:
         if self._file is not None:
             self._file.write(json.dumps(asdict(m)) + "\n")
         if self._tb is not None:
-            for key in ("loss", "lr", "grad_norm", "step_ms", "samples_per_s", "comm_ms", "exposed_comm_ms"):
+            keys = (
+                "loss",
+                "lr",
+                "grad_norm",
+                "step_ms",
+                "samples_per_s",
+                "comm_ms",
+                "exposed_comm_ms",
+                "gns",
+            )
+            for key in keys:
                 value = getattr(m, key)
                 if value is not None:
                     self._tb.add_scalar(f"train/{key}", value, m.step)

@@ -40,6 +40,7 @@ from .device import Precision, resolve_device
 from .drift import check_replicas
 from .evaluate import evaluate
 from .metrics import MetricsWriter, Progress, StepMetrics, summary_table
+from .noise_scale import NoiseScaleMeter, grad_sq_norm
 from .optim import BatchScale, build_optimizer, build_scheduler
 
 # How long a rank whose collective failed waits for the others to report theirs: they time out
@@ -71,6 +72,9 @@ class TrainResult:
     # ("SIGTERM", "SIGINT"); None when it ran to the end
     stopped_by: str | None = None
     stop_message: str | None = None
+    # the run's simple noise scale B_simple in samples, from all its steps (train/noise_scale.py); None
+    # when not measured (one worker without accumulation, torch's engine with W > 1, turned off)
+    gradient_noise_scale: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -165,6 +169,11 @@ class Trainer:
                     collective_timeout_s=config.collective_timeout_s,
                     collective_log=self.log,
                 )
+        every = config.noise_scale_every
+        self.noise_scale = NoiseScaleMeter(self.world_size, enabled=not config.no_noise_scale, every=every)
+        if isinstance(self.model, DistributedDataParallel):
+            self.model.reducer.measure_noise_scale = not config.no_noise_scale
+            self.model.reducer.noise_scale_every = every
         # the hook's state (PowerSGD's Qs and errors) goes into checkpoints; None for stateless hooks
         self.comm_state = None
         if (hook := compression_hook(config.compression, process_group)) is not None:
@@ -326,6 +335,7 @@ class Trainer:
             eval=scores,
             stopped_by=self.stopped_by,
             stop_message=self.stop_message,
+            gradient_noise_scale=self.noise_scale.estimator.run_b_simple,
         )
         if lead and cfg.progress != "none":
             _print_summary(result)
@@ -348,6 +358,8 @@ class Trainer:
         model, last = self.model, len(batch.micro_batches) - 1
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         loaded = self.batches.take(len(batch.micro_batches))
+        micro_sq, micro_count = None, 0  # the first micro-batch's gradient (one worker, accumulation)
+        take_micro = self.noise_scale.wants_micro_norm(len(batch.micro_batches), self.step)
         for j, (indices, (x, y)) in enumerate(zip(batch.micro_batches, loaded, strict=True)):
             if not indices and j < last:
                 continue  # nothing to add locally; only the synced backward must always run
@@ -362,6 +374,15 @@ class Trainer:
                 # W * local_sum / global_count is the global-batch mean
                 self.precision.scale(loss * (self.world_size / batch.global_count)).backward()
             loss_sum += loss.detach().double()
+            if take_micro and micro_sq is None and indices:
+                micro_sq, micro_count = grad_sq_norm(model.parameters()), len(indices)
+        noise = self.noise_scale.step_norms(
+            engine_stats=getattr(model, "last_step_stats", None),
+            micro_sq=micro_sq,
+            micro_count=micro_count,
+            global_count=batch.global_count,
+            params=model.parameters(),
+        )
         self.precision.unscale(self.optimizer)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         if injected("nan_grad", step=self.step + 1, rank=self.rank):
@@ -373,9 +394,13 @@ class Trainer:
         # The same collective carries a stop request (a signal that reached any rank), so every rank
         # stops after the same step.
         stop = loss_sum.new_tensor(float(self._stop_requested() is not None))
-        flags = torch.stack([loss_sum, (~torch.isfinite(norm)).to(torch.float64), stop])
-        self.log.record("all_reduce", "step flags (loss, non-finite, stop)", flags)
+        # ... and the local squared gradient norm for the noise scale, averaged over ranks
+        small_sq = loss_sum.new_tensor(noise.small_sq if noise is not None else 0.0)
+        flags = torch.stack([loss_sum, (~torch.isfinite(norm)).to(torch.float64), stop, small_sq])
+        self.log.record("all_reduce", "step flags (loss, non-finite, stop, local grad norm)", flags)
         dist.all_reduce(flags, group=self.group)
+        if noise is not None:
+            self.noise_scale.update(noise, float(flags[3]) / self.world_size)
         skipped = bool(flags[1] > 0)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         self.stop_agreed = bool(flags[2] > 0)
@@ -406,6 +431,7 @@ class Trainer:
             comm_ms=stats.comm_ms if stats else None,
             exposed_comm_ms=stats.exposed_comm_ms if stats else None,
             skipped=skipped,
+            gns=self.noise_scale.b_simple,
         )
 
     def _stop(self, why: str, message: str) -> None:
@@ -488,6 +514,10 @@ def _print_summary(r: TrainResult) -> None:
         ("test accuracy", "n/a" if r.test_accuracy is None else f"{r.test_accuracy:.2%}"),
         ("eval", ", ".join(f"{k} {v:.4g}" for k, v in r.eval.items()) if r.eval else "n/a"),
         ("throughput", f"{r.samples_per_s:,.0f} samples/s"),
+        (
+            "gradient noise scale",
+            "n/a" if r.gradient_noise_scale is None else f"{r.gradient_noise_scale:,.1f} samples (B_simple)",
+        ),
         ("engine / transport", f"{r.engine} / {r.transport}"),
         ("last checkpoint", r.checkpoint or "none"),
     ]

@@ -1,0 +1,27 @@
+"""`dpscale train --lr 0 --json`: a measurement run that leaves the weights alone and reports the noise scale."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def train(*extra):
+    args = [sys.executable, "-m", "dpscale.cli", "train", "--nproc", "2", "--workload", "digits"]
+    args += ["--global-batch", "128", "--lr", "0", "--progress", "none", "--json", *extra]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_lr_zero_measures_the_noise_scale_without_moving_the_weights(tmp_path):
+    long = train("--max-steps", "30", "--metrics-dir", str(tmp_path))
+    short = train("--max-steps", "1")
+    assert long["param_sha256"] == short["param_sha256"]  # lr 0: the weights stayed where they were
+    assert long["gradient_noise_scale"] > 0
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "gns" in lines[0] and lines[-1]["gns"] is not None
+    off = train("--max-steps", "2", "--no-noise-scale")
+    assert off["gradient_noise_scale"] is None
