@@ -1,9 +1,11 @@
-"""`dpscale train --lr 0 --json`: a measurement run that leaves the weights alone and reports the noise scale."""
+"""`dpscale train --lr 0 --json`: a measurement run that keeps the weights and reports the noise scale."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,6 +18,7 @@ def train(*extra):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # three multi-worker CLI runs
 def test_lr_zero_measures_the_noise_scale_without_moving_the_weights(tmp_path):
     long = train("--max-steps", "30", "--metrics-dir", str(tmp_path))
     short = train("--max-steps", "1")
