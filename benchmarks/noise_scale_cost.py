@@ -117,7 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--every", type=int, default=1, help="measure on every this many steps")
+    parser.add_argument("--every", type=int, default=8, help="measure on every this many steps (8)")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
     if args.rounds < 3 or args.steps < 1 or args.every < 1:

@@ -62,6 +62,7 @@ def measure_at_fixed_weights(rank, world, steps, decay):
         model.weight.copy_(w[None])
     ddp = DistributedDataParallel(model)
     ddp.reducer.noise_scale = NoiseScaleEstimator(ema_decay=decay)
+    ddp.reducer.noise_scale_every = 1
     g = torch.Generator().manual_seed(100 + rank)  # each rank draws its own batches, iid
     for _ in range(steps):
         idx = torch.randint(0, N_SAMPLES, (PER_RANK_BATCH,), generator=g)

@@ -92,7 +92,9 @@ class Reducer:
         # gradient noise scale (noise_scale.py): this rank's squared gradient norm before the
         # reduction and the averaged one after; units of one rank's batch (B_big/B_small = W)
         self.measure_noise_scale = True
-        self.noise_scale_every = 1  # measure on every this many synced steps (each costs two reads)
+        # measure on every this many synced steps: each measurement reads every gradient twice, 3.7%
+        # of an mlp step at 2 workers on a loaded 2-core host (benchmarks/noise_scale_cost.py)
+        self.noise_scale_every = 8
         self._measure_now = False
         self.noise_scale = NoiseScaleEstimator()
         self._local_sq: list[torch.Tensor] = []

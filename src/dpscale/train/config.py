@@ -110,8 +110,9 @@ class TrainConfig:
     """DataLoader worker processes per training worker (0: load in the training process)."""
     no_noise_scale: bool = False
     """Do not measure the gradient noise scale (it costs two reads of each gradient per measured step)."""
-    noise_scale_every: int = 1
-    """Measure the gradient noise scale on every this many steps (a cheaper, noisier estimate)."""
+    noise_scale_every: int = 8
+    """Measure the gradient noise scale on every this many steps (each measurement reads every
+    gradient twice; 1 gives the steadiest estimate, 8 keeps its cost under 1% of a step)."""
 
     def __post_init__(self) -> None:
         _finite_floats(self)
