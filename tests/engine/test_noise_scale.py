@@ -89,9 +89,15 @@ def test_engine_noise_scale_matches_per_sample_brute_force():
     assert results[0][2].grad_sq_norm_global == pytest.approx(results[1][2].grad_sq_norm_global)
 
 
+def _net():
+    # buckets of large tensors (divided per tensor as gradients arrive) and of small ones (divided
+    # once per bucket at launch): the local norm must be right for both
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3000), nn.ReLU(), nn.Linear(3000, 3))
+
+
 def one_step_norms(rank, world, with_hook):
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    model = _net()
     ddp = DistributedDataParallel(model, bucket_cap_mb=1e-5, first_bucket_cap_mb=1e-5)  # several buckets
     if with_hook:
         from dpscale.engine import allreduce_hook
@@ -112,7 +118,7 @@ def one_step_norms(rank, world, with_hook):
 def test_engine_norms_equal_local_and_averaged_gradients(with_hook):
     results = run_ranks(one_step_norms, 2, with_hook)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+    model = _net()
     grads = []
     for rank in range(2):
         model.zero_grad()
