@@ -378,7 +378,10 @@ def _run_goodput(args: argparse.Namespace, prof, cluster: Cluster, config: Predi
     points = goodput.goodput_points(step_ms, s_min=s_min, noise_scale=source.noise_scale)
     print(render.profile_summary(prof))
     print(f"cluster {cluster.describe()}")
-    print(f"noise scale from {source.source}; target reached in {steps:,.0f} steps at batch {batch:,.0f}")
+    print(
+        f"noise scale from {source.source}; the target (what that run reached) took {steps:,.0f} steps "
+        f"at global batch {batch:,.0f}"
+    )
     print(goodput.format_table(points))
     print(goodput.summary(points, source.noise_scale, s_min))
     if args.json:

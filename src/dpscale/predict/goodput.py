@@ -147,7 +147,7 @@ def format_table(points: list[GoodputPoint]) -> str:
         mark += " <- least worker-time" if p is low else ""
         lines.append(
             f"{p.world_size:>6} {p.per_worker_batch:>8} {p.global_batch:>9} {p.step_ms:>9.2f} "
-            f"{p.steps:>10.0f} {p.statistical_efficiency:>8.2f} {p.time_s:>10.1f} {p.worker_s:>11.1f}{mark}"
+            f"{p.steps:>10.0f} {p.statistical_efficiency:>8.2f} {p.time_s:>10.4g} {p.worker_s:>11.4g}{mark}"
         )
     return "\n".join(lines)
 
@@ -158,7 +158,7 @@ def summary(points: list[GoodputPoint], noise_scale: float, s_min: float) -> str
         f"noise scale B_noise {noise_scale:,.0f} samples, S_min {s_min:,.0f} steps, "
         f"E_min {s_min * noise_scale:,.0f} samples\n"
         f"soonest: N={best.world_size} x {best.per_worker_batch} (global batch {best.global_batch}): "
-        f"{best.time_s:,.1f} s, {best.worker_s:,.1f} worker-s\n"
+        f"{best.time_s:.4g} s, {best.worker_s:.4g} worker-s\n"
         f"least worker-time: N={low.world_size} x {low.per_worker_batch} (global batch {low.global_batch}): "
-        f"{low.time_s:,.1f} s, {low.worker_s:,.1f} worker-s"
+        f"{low.time_s:.4g} s, {low.worker_s:.4g} worker-s"
     )
