@@ -1,15 +1,20 @@
 """The collective log: the ring, how records read, which errors count as communication failures."""
 
+import threading
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 
 from dpscale.comm import PeerTimeoutError
+from dpscale.engine import collective_log
 from dpscale.engine.collective_log import (
     CollectiveError,
     CollectiveLog,
     explain_failures,
     is_comm_failure,
+    silent_ranks,
 )
 
 
@@ -84,3 +89,36 @@ def test_verify_passes_when_ranks_agree(world_of_one):
     log.record("all_reduce", "bucket 0", torch.zeros(3), bucket=0)
     log.record("broadcast_object", "checkpoint outcome")
     assert log.seq == 2
+
+
+class _CutOffStore:
+    """A store whose host is cut off: every call blocks (no reset ever comes)."""
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self.release.wait(60)
+
+
+def test_an_unreachable_store_ends_the_explanation_within_the_wait_plus_margin(world_of_one, monkeypatch):
+    store = _CutOffStore()
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: store)
+    monkeypatch.setattr(collective_log, "STORE_MARGIN_S", 0.5)
+    monkeypatch.setenv("MASTER_ADDR", "10.213.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29400")
+    start = time.monotonic()
+    with pytest.raises(CollectiveError) as err, explain_failures(CollectiveLog(), wait_s=0.5):
+        raise RuntimeError("Connection closed by peer [10.213.0.2]:4021")
+    store.release.set()
+    assert time.monotonic() - start < 0.5 + 0.5 + 3  # wait + margin + scheduling slack on a shared host
+    assert "the store at 10.213.0.1:29400 did not answer within 1 s" in str(err.value)
+
+
+def test_silent_ranks_are_named_with_their_hosts():
+    text = (
+        "rank 0: a collective failed (RuntimeError: x)\n"
+        "rank 2 on host node-03 (10.0.0.7), rank 3 on host node-03 (10.0.0.7) did not report within 30 s: dead"
+    )
+    assert silent_ranks(text) == [2, 3]
+    assert silent_ranks("rank 1 did not report within 30 s") == [1]

@@ -21,10 +21,12 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from ..comm.attempt import attempt_id, describe_rank, host_key, within
 
 OPS = (
     "all_reduce",
@@ -37,6 +39,8 @@ OPS = (
 )
 # dtypes the verify message can name; anything else is compared as "other"
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8)
+# how long past the report wait a failing rank may spend on the store before it gives up on it
+STORE_MARGIN_S = 5.0
 # what gloo, the TCP store and the shm transport say when a peer is gone or late
 _COMM_FAILURE = re.compile(
     r"timed out|timeout|connection (closed|reset)|broken pipe|waited .* for rank", re.IGNORECASE
@@ -149,13 +153,19 @@ def _explain(exc: Exception, log: CollectiveLog, wait_s: float) -> str:
     lines = [f"rank {me}: a collective failed ({type(exc).__name__}: {first_line[:300]})"]
     last = log.records()[-1] if log.records() else None
     mine = asdict(last) if last else None
-    reports = _ask_peers(log, mine, wait_s)
-    if reports is None:
+    answers = _ask_peers(log, mine, wait_s)
+    if answers is None:
         lines.append("could not ask the other ranks (no store); see their own logs")
+    elif not answers.reached:
+        lines.append(
+            f"could not ask the other ranks: the store at {_store_host()} did not answer within "
+            f"{wait_s + STORE_MARGIN_S:.0f} s (its host is gone or cut off from this one); see their own logs"
+        )
     else:
+        reports = answers.reports
         missing = [r for r in range(dist.get_world_size(log.group)) if r not in reports]
         if missing:
-            who = ", ".join(f"rank {r}" for r in missing)
+            who = ", ".join(describe_rank(r, answers.hosts.get(r)) for r in missing)
             lines.append(
                 f"{who} did not report within {wait_s:.0f} s: dead, hung, or blocked outside the "
                 "collectives dpscale issues; that is the rank to look at"
@@ -168,19 +178,27 @@ def _explain(exc: Exception, log: CollectiveLog, wait_s: float) -> str:
     return "\n".join(lines)
 
 
+def _store_host() -> str:
+    # where the workers' store is, as the agent (or torchrun) told this worker
+    return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+
+
 def silent_ranks(text: str) -> list[int]:
     """The ranks a CollectiveError's text (from `_explain`) names as not reporting: the ones that hung."""
     m = _SILENT.search(text)
-    return [int(r) for r in re.findall(r"\d+", m[1])] if m else []
+    return [int(r) for r in re.findall(r"rank (\d+)", m[1])] if m else []
 
 
-_SILENT = re.compile(r"^((?:rank \d+(?:, )?)+) did not report within", re.MULTILINE)
+_SILENT = re.compile(
+    r"^((?:rank \d+(?: on host [^,]+ \([^)]*\))?(?:, )?)+) did not report within", re.MULTILINE
+)
 
 
-def _ask_peers(log: CollectiveLog, mine: dict | None, wait_s: float) -> dict[int, dict | None] | None:
+def _ask_peers(log: CollectiveLog, mine: dict | None, wait_s: float) -> _PeerAnswers | None:
     """Publish this rank's last record in the store; collect those of the ranks that answer in time.
 
-    Returns {group rank: its last record (None if it had issued nothing)}; None without a store.
+    Returns the answers (and where the silent ranks run, when the store still knows); None without a
+    store. Returns within `wait_s` + `STORE_MARGIN_S` even when the store is unreachable.
     """
     try:
         store = dist.distributed_c10d._get_default_store()
@@ -188,19 +206,32 @@ def _ask_peers(log: CollectiveLog, mine: dict | None, wait_s: float) -> dict[int
     except Exception:  # a private API, and absent without a default group: best effort only
         return None
     me = dist.get_rank(log.group)
-    # keys unique per elastic attempt (the agent's store outlives a restart), by global rank
-    key = f"dpscale/failed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{{}}".format
-    reports: dict[int, dict | None] = {}
-    try:
+    # keys unique per attempt and equal on every host of it (see comm/attempt.py), by global rank
+    key = f"dpscale/failed/{attempt_id()}/{{}}".format
+    answers = _PeerAnswers()
+
+    def ask() -> bool:
         store.set(key(members[me]), json.dumps(mine))
+        answers.reached = True
         deadline = time.monotonic() + wait_s
-        while len(reports) < len(members):
+        while len(answers.reports) < len(members) and time.monotonic() <= deadline:
             for r, global_rank in enumerate(members):
-                if r not in reports and store.check([key(global_rank)]):
-                    reports[r] = json.loads(store.get(key(global_rank)))
-            if time.monotonic() > deadline:
-                break
+                if r not in answers.reports and store.check([key(global_rank)]):
+                    answers.reports[r] = json.loads(store.get(key(global_rank)))
             time.sleep(0.05)
-    except Exception:  # the store itself may be gone (the agent died): say so rather than mask
-        return None
-    return reports
+        for r, global_rank in enumerate(members):
+            if r not in answers.reports and store.check([host_key(global_rank)]):
+                answers.hosts[r] = json.loads(store.get(host_key(global_rank)))
+        return True
+
+    # the store may be gone (the agent died) or cut off (no reply ever comes): never wait past this
+    within(wait_s + STORE_MARGIN_S, ask, False)
+    # copies: after the deadline the asking thread may still be blocked and add to these later
+    return _PeerAnswers(answers.reached, dict(answers.reports), dict(answers.hosts))
+
+
+@dataclass
+class _PeerAnswers:
+    reached: bool = False  # whether this rank could publish its own record at all
+    reports: dict[int, dict | None] = field(default_factory=dict)  # group rank -> its last record
+    hosts: dict[int, dict[str, str]] = field(default_factory=dict)  # silent group rank -> its host

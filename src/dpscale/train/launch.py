@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..comm.attempt import attempt_id, is_restart, publish_host
 from ..cores import usable_cores
 from ..engine.collective_log import silent_ranks
 from . import dir_lock, rendezvous
@@ -114,7 +115,7 @@ def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
     """One worker: join the group the agent (or torchrun) describes in the environment, train."""
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(config)
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_dir:
+    if is_restart() and cfg.checkpoint_dir:
         cfg.resume = True  # a restarted attempt continues from the last good checkpoint
     device = resolve_device(cfg.device)
     if device.type == "cuda":
@@ -133,15 +134,15 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
         return
     # The agent's store outlives a restart and still holds the previous attempt's gloo addresses
     # under the same keys: a restarted worker that reads one before its peer overwrote it connects
-    # to a dead port ("Gloo connectFullMesh failed ... Connection refused"). A prefix per attempt
-    # keeps attempts apart.
+    # to a dead port ("Gloo connectFullMesh failed ... Connection refused"). A prefix per attempt,
+    # the same on every host (comm/attempt.py), keeps attempts apart.
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
-    )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"dpscale/attempt_{attempt}", store)
+    master = os.environ["MASTER_ADDR"]
+    store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    # where this rank runs, for errors that name a silent rank (read through the same store)
+    publish_host(dist.distributed_c10d._get_default_store(), rank, master)
 
 
 def launch(

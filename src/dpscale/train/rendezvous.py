@@ -10,17 +10,24 @@ sockets bound to 127.0.0.1, and hands them to torch (`master_listen_fd`):
   torch's handler would create on a port of its own; `_create_tcp_store_server` is replaced.
 
 A multi-host job (torchrun on each host) binds what its user names; see docs/fault-tolerance.md.
+It should use the `dpscale-c10d` backend (torch's c10d, registered for torchrun through the
+`torchrun.handlers` entry point): like every handler here it tells the workers the rendezvous
+round (`DPSCALE_RDZV_ROUND`), the one attempt number all hosts share (comm/attempt.py).
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
+from ..comm.attempt import ROUND_ENV
+
 BACKEND = "dpscale-loopback"
+MULTI_HOST_BACKEND = "dpscale-c10d"
 LOOPBACK = "127.0.0.1"
 
 
@@ -63,6 +70,12 @@ class _Backend(C10dRendezvousBackend):
         return BACKEND
 
 
+class _MultiHostBackend(C10dRendezvousBackend):
+    @property
+    def name(self) -> str:
+        return MULTI_HOST_BACKEND
+
+
 def _create_handler(params):
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
@@ -71,4 +84,34 @@ def _create_handler(params):
     # torch's handler would start the agent store on every interface (private API: pinned torch
     # range, and tests/faults/test_rendezvous_binding.py fails if a release changes it)
     handler._create_tcp_store_server = lambda addr, port: loopback_store(port)
+    return export_round(handler)
+
+
+def export_round(handler):
+    """Make `handler` put the round it joined in the agent's environment, which the agent's
+    workers inherit (torch starts them with a copy of it). Returns the handler."""
+    join = handler.next_rendezvous
+
+    def next_rendezvous():
+        info = join()
+        # private state of torch's DynamicRendezvousHandler (pinned torch range; the tests in
+        # tests/train/test_attempt.py fail if a release moves it)
+        os.environ[ROUND_ENV] = str(handler._state_holder.state.round)
+        return info
+
+    handler.next_rendezvous = next_rendezvous
     return handler
+
+
+def _create_c10d_handler(params):
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    # torch's c10d store (on the host params.config's is_host or the endpoint's name picks)
+    _, store = create_backend(params)
+    return export_round(create_handler(store, _MultiHostBackend(store, params.run_id), params))
+
+
+def torchrun_handler():
+    """Entry point `torchrun.handlers`: `torchrun --rdzv-backend dpscale-c10d` (torch's c10d, plus the round)."""
+    return _create_c10d_handler
