@@ -118,7 +118,8 @@ def test_an_unreachable_store_ends_the_explanation_within_the_wait_plus_margin(w
 def test_silent_ranks_are_named_with_their_hosts():
     text = (
         "rank 0: a collective failed (RuntimeError: x)\n"
-        "rank 2 on host node-03 (10.0.0.7), rank 3 on host node-03 (10.0.0.7) did not report within 30 s: dead"
+        "rank 2 on host node-03 (10.0.0.7), rank 3 on host node-03 (10.0.0.7) "
+        "did not report within 30 s: dead"
     )
     assert silent_ranks(text) == [2, 3]
     assert silent_ranks("rank 1 did not report within 30 s") == [1]

@@ -113,5 +113,5 @@ def _create_c10d_handler(params):
 
 
 def torchrun_handler():
-    """Entry point `torchrun.handlers`: `torchrun --rdzv-backend dpscale-c10d` (torch's c10d, plus the round)."""
+    """Entry point `torchrun.handlers`: `torchrun --rdzv-backend dpscale-c10d` (c10d plus the round)."""
     return _create_c10d_handler
