@@ -59,6 +59,14 @@ def _add_train(sub) -> None:
         "--threads", type=int, default=None, help="intra-op threads per worker (default: cores / nproc)"
     )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    # across hosts: torchrun's flags and meanings (train/nodes.py); the same command on every host
+    p.add_argument(
+        "--nnodes", default=None, help="hosts: N, or MIN:MAX (as torchrun); starts a multi-host job"
+    )
+    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous store (multi-host)")
+    p.add_argument("--rdzv-id", default=None, help="the job's name, the same on every host (multi-host)")
+    p.add_argument("--local-addr", default=None, help="the address other hosts reach this one at")
+    p.add_argument("--rdzv-conf", default=None, help="k=v,... passed to torch's rendezvous (e.g. is_host=1)")
     add_dataclass_arguments(p, TrainConfig)
     p.set_defaults(func=_cmd_train)
 
@@ -82,9 +90,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be >= 1 (intra-op threads per worker), got {args.threads}")
+    nodes = _nodes(args)
     preflight(cfg, [nproc, min_nproc])
     try:
-        result = launch(cfg, nproc, min_nproc=min_nproc, max_restarts=args.max_restarts, threads=args.threads)
+        result = launch(
+            cfg, nproc, min_nproc=min_nproc, max_restarts=args.max_restarts, threads=args.threads, nodes=nodes
+        )
     except LaunchError as e:  # the workers ran and failed: not bad input, so exit 1 with their traceback
         print(f"dpscale train: error: {e}", file=sys.stderr, flush=True)
         return 1
@@ -96,6 +107,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict()), flush=True)
     return 0
+
+
+def _nodes(args: argparse.Namespace):
+    """The multi-host flags as a Nodes config, or None for a job on this host."""
+    from .train.nodes import Nodes, parse_nnodes, parse_rdzv_conf
+
+    multi = (args.rdzv_endpoint, args.rdzv_id, args.local_addr, args.rdzv_conf)
+    if args.nnodes is None:
+        if any(v is not None for v in multi):
+            raise UsageError("--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes")
+        return None
+    if args.rdzv_endpoint is None or args.rdzv_id is None:
+        raise UsageError(
+            "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME (the same on every host)"
+        )
+    min_nodes, max_nodes = parse_nnodes(args.nnodes)
+    return Nodes(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        local_addr=args.local_addr,
+        rdzv_conf=parse_rdzv_conf(args.rdzv_conf),
+    )
 
 
 def _command(sub, name: str, text: str, add_arguments, run) -> None:

@@ -94,3 +94,17 @@ def test_a_killed_worker_on_one_host_recovers_bit_exactly(hosts, tmp_path):
     assert recovered["resumed_from_step"] == 2
     for key in ("steps", "samples_seen", "final_loss", "test_accuracy", "param_sha256"):
         assert recovered[key] == reference[key], key
+
+
+def test_dpscale_train_across_two_hosts_as_one_host_does(hosts):
+    # no --rdzv-conf: the host whose interface carries the endpoint's address serves the store;
+    # one intra-op thread per worker, as the torchrun worker defaults to (threads change the sums)
+    reference = _one_host([])
+    train = [sys.executable, "-m", "dpscale.cli", "train", "--nproc", "1", "--threads", "1", "--nnodes", "2"]
+    train += ["--rdzv-endpoint", f"{hosts.addrs[0]}:29400", "--rdzv-id", f"test-{uuid.uuid4().hex[:8]}"]
+    train += WORKER[2:]  # the worker's flags, without "-m dpscale.train.worker"
+    procs = [hosts.start(i, [*train, "--local-addr", hosts.addrs[i]]) for i in range(2)]
+    results = [_result(p, 300) for p in procs]
+    for result in results:  # every host's launcher reports the job's result
+        for key in ("world_size", "steps", "samples_seen", "final_loss", "test_accuracy", "param_sha256"):
+            assert result[key] == reference[key], key

@@ -40,6 +40,7 @@ from ..engine.collective_log import silent_ranks
 from . import dir_lock, rendezvous
 from .config import TrainConfig
 from .device import backend_for, resolve_device
+from .nodes import Nodes
 from .preflight import check_before_start, resume_note
 from .process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
 from .trainer import Trainer, TrainResult
@@ -152,8 +153,10 @@ def launch(
     min_nproc: int | None = None,
     max_restarts: int = 0,
     threads: int | None = None,
+    nodes: Nodes | None = None,
 ) -> TrainResult:
-    """Train with `nproc` workers on this host (down to `min_nproc` if they keep failing).
+    """Train with `nproc` workers on this host (down to `min_nproc` if they keep failing); with
+    `nodes`, as one host of a multi-host job (the same call on every host; see nodes.py).
 
     Returns rank 0's result; raises LaunchError when every attempt at every size failed.
     """
@@ -171,10 +174,26 @@ def launch(
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1 (intra-op threads per worker), got {threads}")
     check_before_start(cfg)
-    with dir_lock.hold(cfg.checkpoint_dir) if cfg.checkpoint_dir else contextlib.nullcontext():
+    if nodes is not None and min_nproc != nproc:
+        raise ValueError("--nproc MIN:MAX is for one host; across hosts give --nnodes MIN:MAX and --nproc N")
+    # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
+    # so a second job is refused there and the other hosts of one job do not refuse each other
+    lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())
+    with dir_lock.hold(cfg.checkpoint_dir) if lock else contextlib.nullcontext():
         if note := resume_note(cfg):
             print(f"dpscale: {note}", file=sys.stderr, flush=True)
+        if nodes is not None:
+            return _launch_nodes(cfg, nproc, max_restarts, threads or default_threads(nproc), nodes)
         return _launch_sizes(cfg, nproc, min_nproc, max_restarts, threads)
+
+
+def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    try:
+        return _finished(_launch_elastic(cfg, nproc, max_restarts, threads, nodes))
+    except ChildFailedError as e:
+        raise LaunchError(_describe_failure(e, nproc, max_restarts)) from None
 
 
 def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: int, threads: int | None):
@@ -233,17 +252,33 @@ def _finished(result: TrainResult) -> TrainResult:
     return result
 
 
-def _launch_elastic(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int) -> TrainResult:
+def _launch_elastic(
+    cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes | None = None
+) -> TrainResult:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    if nodes is None:  # one host: stores on 127.0.0.1 only
+        where = dict(
+            min_nodes=1,
+            max_nodes=1,
+            run_id=f"dpscale-{uuid.uuid4().hex[:8]}",
+            rdzv_backend=rendezvous.register(),
+            rdzv_endpoint=f"{rendezvous.LOOPBACK}:0",
+        )
+    else:  # what the user named, nothing else (see nodes.py)
+        where = dict(
+            min_nodes=nodes.min_nodes,
+            max_nodes=nodes.max_nodes,
+            run_id=nodes.rdzv_id,
+            rdzv_backend=rendezvous.MULTI_HOST_BACKEND,
+            rdzv_endpoint=nodes.rdzv_endpoint,
+            rdzv_configs=nodes.rdzv_configs(),
+            local_addr=nodes.local_addr,
+        )
     launch_cfg = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        **where,
         nproc_per_node=nproc,
-        run_id=f"dpscale-{uuid.uuid4().hex[:8]}",
-        rdzv_backend=rendezvous.register(),  # stores on 127.0.0.1 only
-        rdzv_endpoint=f"{rendezvous.LOOPBACK}:0",
         max_restarts=max_restarts,
         monitor_interval=0.1,
         # SIGTERM and SIGINT are ours (StopRequest below); the agent still ends the job on these

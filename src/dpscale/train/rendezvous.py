@@ -11,8 +11,9 @@ sockets bound to 127.0.0.1, and hands them to torch (`master_listen_fd`):
 
 A multi-host job (torchrun on each host) binds what its user names; see docs/fault-tolerance.md.
 It should use the `dpscale-c10d` backend (torch's c10d, registered for torchrun through the
-`torchrun.handlers` entry point): like every handler here it tells the workers the rendezvous
-round (`DPSCALE_RDZV_ROUND`), the one attempt number all hosts share (comm/attempt.py).
+`torchrun.handlers` entry point, torchrun_plugin.py): like every handler here it tells the
+workers the rendezvous round (`DPSCALE_RDZV_ROUND`), the one attempt number all hosts share
+(comm/attempt.py).
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def export_round(handler):
 
     def next_rendezvous():
         info = join()
-        # private state of torch's DynamicRendezvousHandler (pinned torch range; the tests in
-        # tests/train/test_attempt.py fail if a release moves it)
+        # private state of torch's DynamicRendezvousHandler (pinned torch range;
+        # tests/train/test_rendezvous_round.py fails if a release moves it)
         os.environ[ROUND_ENV] = str(handler._state_holder.state.round)
         return info
 
@@ -103,15 +104,11 @@ def export_round(handler):
     return handler
 
 
-def _create_c10d_handler(params):
+def create_multi_host_handler(params):
+    """torch's c10d handler under the name dpscale-c10d, exporting the round."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     # torch's c10d store (on the host params.config's is_host or the endpoint's name picks)
     _, store = create_backend(params)
     return export_round(create_handler(store, _MultiHostBackend(store, params.run_id), params))
-
-
-def torchrun_handler():
-    """Entry point `torchrun.handlers`: `torchrun --rdzv-backend dpscale-c10d` (c10d plus the round)."""
-    return _create_c10d_handler

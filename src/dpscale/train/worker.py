@@ -68,7 +68,8 @@ def _launched() -> int:
     stop_file = Path(spec["stop"])
     # one stat per step; the file holds the signal's name
     result = run_worker(spec["config"], spec["threads"], lambda: _read(stop_file))
-    if int(os.environ.get("RANK", "0")) == 0:
+    # the result is the same on every rank; each host's launcher reads its first worker's
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         tmp = Path(spec["result"] + ".tmp")
         tmp.write_text(json.dumps(result))
         os.replace(tmp, spec["result"])  # the launcher never reads half a result

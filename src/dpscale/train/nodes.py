@@ -1,0 +1,97 @@
+"""`dpscale train` across hosts: torchrun's multi-node flags, and which host serves the store.
+
+`dpscale train --nnodes MIN:MAX --rdzv-endpoint HOST:PORT --rdzv-id ID` on every host starts this
+host's workers through torch's elastic agent with the `dpscale-c10d` rendezvous (torch's c10d,
+plus the round every host shares; see rendezvous.py). The flags keep torchrun's names and mean
+what they mean there. The host whose interfaces carry the endpoint's address serves the
+rendezvous store (`is_host`): torch guesses that from the host name, which fails where the name
+does not resolve to that address (containers, network namespaces); a bind test does not.
+`--rdzv-conf key=value,...` passes through (an explicit `is_host` wins).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass(kw_only=True)
+class Nodes:
+    min_nodes: int
+    """Fewest hosts the job runs with (`--nnodes MIN:MAX`, or N for both)."""
+    max_nodes: int
+    """Most hosts the job runs with."""
+    rdzv_endpoint: str
+    """HOST:PORT of the rendezvous store, the same on every host (`--rdzv-endpoint`)."""
+    rdzv_id: str
+    """A name for the job, the same on every host (`--rdzv-id`)."""
+    local_addr: str | None = None
+    """The address other hosts reach this one at (`--local-addr`; default: torch's lookup)."""
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    """Passed to torch's rendezvous (`--rdzv-conf k=v,...`), e.g. join_timeout, is_host."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(
+                f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.min_nodes}:{self.max_nodes}"
+            )
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {self.rdzv_endpoint!r}"
+            )
+        if not self.rdzv_id:
+            raise ValueError("--rdzv-id must name the job (the same on every host), got ''")
+
+    @property
+    def endpoint_host(self) -> str:
+        return self.rdzv_endpoint.rpartition(":")[0].strip("[]")
+
+    def serves_store(self) -> bool:
+        """Whether this host serves the rendezvous store: `is_host` from --rdzv-conf, else whether
+        one of its interfaces carries the endpoint's address."""
+        if "is_host" in self.rdzv_conf:
+            return self.rdzv_conf["is_host"].lower() in ("1", "true", "yes", "y", "t")
+        return carries_address(self.endpoint_host)
+
+    def rdzv_configs(self) -> dict[str, object]:
+        return {**self.rdzv_conf, "is_host": self.serves_store()}
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """`N` or `MIN:MAX` -> (min, max); ValueError saying what is accepted."""
+    parts = str(text).split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
+    except ValueError:
+        low = high = 0
+    if not 1 <= low <= high:
+        raise ValueError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+    return low, high
+
+
+def parse_rdzv_conf(text: str | None) -> dict[str, str]:
+    """`k=v,k2=v2` -> dict (torchrun's format); ValueError naming the bad item."""
+    conf = {}
+    for item in filter(None, (s.strip() for s in (text or "").split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--rdzv-conf takes key=value pairs separated by commas, got {item!r}")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def carries_address(host: str) -> bool:
+    """Whether one of this host's interfaces carries `host`'s address (binding to it succeeds)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, addr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((addr[0], 0))  # only an address of this host's interfaces binds
+            return True
+        except OSError:
+            continue
+    return False

@@ -1,0 +1,54 @@
+"""`dpscale train`'s multi-host flags: parsing, refusals, and which host serves the store."""
+
+import subprocess
+import sys
+
+import pytest
+
+from dpscale.train.nodes import Nodes, carries_address, parse_nnodes, parse_rdzv_conf
+
+
+def _nodes(**kw) -> Nodes:
+    return Nodes(**{"min_nodes": 1, "max_nodes": 2, "rdzv_endpoint": "127.0.0.1:29400", "rdzv_id": "j", **kw})
+
+
+def test_flags_parse_as_torchrun_reads_them():
+    assert parse_nnodes("2") == (2, 2) and parse_nnodes("1:3") == (1, 3)
+    assert parse_rdzv_conf("is_host=1, join_timeout=60") == {"is_host": "1", "join_timeout": "60"}
+    assert parse_rdzv_conf(None) == {}
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: parse_nnodes("3:2"), "--nnodes must be N or MIN:MAX"),
+        (lambda: parse_rdzv_conf("is_host"), "--rdzv-conf takes key=value"),
+        (lambda: _nodes(rdzv_endpoint="10.0.0.1"), "--rdzv-endpoint must be HOST:PORT"),
+        (lambda: _nodes(rdzv_id=""), "--rdzv-id must name the job"),
+    ],
+)
+def test_bad_flags_are_refused_naming_the_flag(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_the_host_carrying_the_endpoint_address_serves_the_store():
+    assert carries_address("127.0.0.1")
+    assert not carries_address("192.0.2.1")  # TEST-NET-1: on no interface of this machine
+    assert _nodes().rdzv_configs()["is_host"] is True
+    assert _nodes(rdzv_endpoint="192.0.2.1:29400").serves_store() is False
+    assert _nodes(rdzv_conf={"is_host": "0", "join_timeout": "9"}).rdzv_configs() == {
+        "is_host": False,
+        "join_timeout": "9",
+    }
+
+
+def test_the_cli_refuses_half_a_multi_host_command():
+    p = subprocess.run(
+        [sys.executable, "-m", "dpscale.cli", "train", "--nnodes", "2", "--max-steps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2
+    assert "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME" in p.stderr
