@@ -5,7 +5,16 @@ import time
 
 import pytest
 
-from dpscale.comm.attempt import ROUND_ENV, attempt_id, describe_rank, is_restart, this_host, within
+from dpscale.comm.attempt import (
+    ROUND_ENV,
+    attempt_id,
+    describe_rank,
+    gloo_interface_hint,
+    interface_toward,
+    is_restart,
+    this_host,
+    within,
+)
 
 
 @pytest.fixture
@@ -47,3 +56,11 @@ def test_a_call_that_never_returns_is_abandoned_at_the_deadline():
     release.set()
     assert within(5, lambda: 7, None) == 7
     assert within(5, lambda: 1 / 0, "failed") == "failed"  # an error is no answer
+
+
+def test_the_interface_toward_a_peer_is_found(monkeypatch):
+    assert interface_toward("127.0.0.1") == "lo"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert gloo_interface_hint("127.0.0.1") is None  # a store on this host's loopback: nothing to fix
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth9")
+    assert gloo_interface_hint("192.0.2.1") is None  # the user's choice stands

@@ -7,8 +7,8 @@ skips with the reason where either is missing. Every process started on a host i
 every namespace (with its links) removed after the test, also when it fails.
 
 The namespaces share the machine's host name and /dev/shm, so each host gets its own
-DPSCALE_HOST_ID (what the transports take a host to be) and GLOO_SOCKET_IFNAME (the host name
-resolves to no address on the link; see README's multi-host section).
+DPSCALE_HOST_ID (what the transports take a host to be). GLOO_SOCKET_IFNAME is left unset on
+purpose: the host name resolves to 127.0.0.1 here, and the workers must find the link themselves.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ class Hosts:
     procs: list[subprocess.Popen] = field(default_factory=list)
 
     def env(self, i: int, **extra: str) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
         return {
-            **os.environ,
+            **base,
             "DPSCALE_HOST_ID": f"emulated-host-{i}",
-            "GLOO_SOCKET_IFNAME": IFNAME,
             **extra,
         }
 

@@ -17,6 +17,7 @@ that went silent can say where it ran ("rank 9 on host node-03 (10.0.0.7)").
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -69,6 +70,40 @@ def this_host(peer_addr: str | None = None) -> dict[str, str]:
         except OSError:
             addr = "?"
     return {"host": name, "addr": addr}
+
+
+def interface_toward(peer_addr: str) -> str | None:
+    """The name of this host's interface that carries the route to `peer_addr` (None if unknown)."""
+    import fcntl
+    import struct
+
+    source = this_host(peer_addr)["addr"]
+    for _, name in socket.if_nameindex():
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                packed = struct.pack("256s", name.encode()[:15])
+                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, packed)[20:24])  # SIOCGIFADDR
+        except OSError:  # no IPv4 address on it
+            continue
+        if addr == source:
+            return name
+    return None
+
+
+def gloo_interface_hint(peer_addr: str | None) -> str | None:
+    """The interface gloo should use, where its own guess would be loopback: None when
+    GLOO_SOCKET_IFNAME is set, the store is on this host's loopback, or the host name resolves
+    to a routable address (gloo then finds the right interface itself)."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not peer_addr:
+        return None
+    try:
+        if ipaddress.ip_address(socket.gethostbyname(peer_addr)).is_loopback:
+            return None
+        if not ipaddress.ip_address(socket.gethostbyname(socket.gethostname())).is_loopback:
+            return None
+    except (OSError, ValueError):
+        pass  # the host name does not resolve: gloo cannot use it either
+    return interface_toward(peer_addr)
 
 
 def describe_rank(rank: int, host: dict[str, str] | None) -> str:

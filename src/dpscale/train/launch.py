@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..comm.attempt import attempt_id, is_restart, publish_host
+from ..comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
 from ..cores import usable_cores
 from ..engine.collective_log import silent_ranks
 from . import dir_lock, rendezvous
@@ -139,6 +139,18 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
     # the same on every host (comm/attempt.py), keeps attempts apart.
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     master = os.environ["MASTER_ADDR"]
+    # a host whose name resolves to 127.0.0.1 makes gloo advertise loopback to the other hosts,
+    # whose connects then fail ("connectFullMesh ... remote=[127.0.0.1]"): name the interface
+    # that routes to the store instead, and say so
+    if backend == "gloo" and (ifname := gloo_interface_hint(master)):
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        if rank == 0:
+            print(
+                f"dpscale: this host's name resolves to loopback; gloo uses {ifname}, the interface "
+                f"toward {master} (set GLOO_SOCKET_IFNAME to choose another)",
+                file=sys.stderr,
+                flush=True,
+            )
     store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
     store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
