@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test study lint bench clean
+.PHONY: venv test test-fast study lint bench clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml Makefile
 
 test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# the edit loop: every test that starts no process (starting one fails the test), under 90 s
+test-fast: venv
+	DPSCALE_TEST_NO_SPAWN=1 $(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 study: venv
 	$(VENV)/bin/dpscale study $(STUDY_ARGS)

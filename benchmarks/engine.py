@@ -3,7 +3,7 @@
 See dpscale/bench/engine.py for the protocol; figures are recorded in BENCHMARKS.md.
 """
 
-from dpscale.bench.engine import main
+from dpscale.bench.commands import main
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main(name="engine"))

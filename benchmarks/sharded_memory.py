@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dpscale import DistributedDataParallel
+from dpscale.multirank import run_ranks
 from dpscale.optim import ShardedOptimizer, state_bytes
-from dpscale.testing.multirank import run_ranks
 from dpscale.workloads import get_workload
 from dpscale.workloads.models import TinyDecoder
 

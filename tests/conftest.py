@@ -1,9 +1,18 @@
-"""Shared fixtures: every test must leave no dpscale shared-memory segment and no child process."""
+"""Shared fixtures: every test must leave no dpscale shared-memory segment and no child process.
+
+Test tiers: tests that start processes (spawned ranks, the CLI in a subprocess) carry the `slow`
+marker; `make test-fast` runs the others with DPSCALE_TEST_NO_SPAWN=1, under which starting a
+process fails the test with a message saying to mark it slow, so the fast tier stays honest.
+"""
 
 import multiprocessing as mp
+import multiprocessing.process
 import os
+import subprocess
 
 import pytest
+
+NO_SPAWN = os.environ.get("DPSCALE_TEST_NO_SPAWN") == "1"
 
 
 def _segments() -> set[str]:
@@ -22,3 +31,31 @@ def no_leaks():
     # the forkserver itself is shared by all tests; any other child is a leak
     children = [p for p in mp.active_children() if p.name.startswith("rank")]
     assert not children, f"test left processes running: {children}"
+
+
+def _refuse_spawn(*args, **kwargs):
+    raise RuntimeError(
+        "this test (or a fixture it uses) starts a process, which the fast tier (make test-fast) "
+        "does not allow: mark it @pytest.mark.slow (or the module with pytestmark = pytest.mark.slow)"
+    )
+
+
+_guard = pytest.MonkeyPatch()
+
+
+def _fast(item) -> bool:
+    return NO_SPAWN and item.get_closest_marker("slow") is None
+
+
+# Hooks rather than a fixture: the guard must be on before any fixture of the test is set up
+# (a module-scoped fixture that runs a bench starts processes too) and off after its teardown.
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _fast(item):
+        _guard.setattr(multiprocessing.process.BaseProcess, "start", _refuse_spawn)
+        _guard.setattr(subprocess.Popen, "__init__", _refuse_spawn)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    _guard.undo()

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+
 TASKS = Path(__file__).resolve().parent / "train"  # user_tasks.py lives there
 DPSCALE = [sys.executable, "-m", "dpscale.cli"]
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+
 ROOT = Path(__file__).resolve().parents[1]
 DPSCALE = [sys.executable, "-m", "dpscale.cli"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

@@ -3,10 +3,10 @@
 from .data import GlobalBatchSampler
 from .engine import DistributedDataParallel
 from .train.config import TrainConfig
-from .train.trainer import Trainer, TrainResult
+from .train.result import TrainResult
+from .train.trainer import Trainer
+from .version import __version__
 from .workloads.task import Task
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DistributedDataParallel",

@@ -1,7 +1,7 @@
 """The `dpscale` command: a thin layer over the library.
 
-Every subcommand turns a ValueError (bad input) into a one-line error and exit code 2, before
-anything is written.
+Every subcommand turns a ConfigError (bad input, dpscale.errors) into a one-line error and exit
+code 2, before anything is written; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,15 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
-from pathlib import Path
 
-from .cli_fields import add_dataclass_arguments, dataclass_kwargs, finite_float
+from .errors import ConfigError
+from .flags import add_dataclass_arguments, dataclass_kwargs, finite_float
 from .train.config import TrainConfig
-
-
-class UsageError(ValueError):
-    """Bad command-line input; reported as one line with exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,9 +82,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields)
     min_nproc, nproc = parse_nproc(args.nproc)
     if args.max_restarts < 0:
-        raise UsageError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+        raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be >= 1 (intra-op threads per worker), got {args.threads}")
+        raise ConfigError(f"--threads must be >= 1 (intra-op threads per worker), got {args.threads}")
     nodes = _nodes(args)
     preflight(cfg, [nproc, min_nproc])
     try:
@@ -140,38 +135,14 @@ def _command(sub, name: str, text: str, add_arguments, run) -> None:
     p.set_defaults(func=run)
 
 
-def _add_bench(sub) -> None:
-    from .bench import allreduce, convergence, scaling
-    from .bench import engine as engine_bench
+def _add_lab(sub) -> None:
+    from .bench.commands import COMMANDS
 
-    p = sub.add_parser("bench", help="measure: all-reduce, scaling, convergence, engines side by side")
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="{allreduce,scaling,convergence,engine}")
-    for name, module, text in [
-        ("allreduce", allreduce, "all-reduce time and bandwidth vs message size, world size and transport"),
-        ("scaling", scaling, "throughput and scaling efficiency: dpscale vs torch DDP vs no synchronization"),
-        ("convergence", convergence, "loss curves at several world sizes with the same global batch"),
-        ("engine", engine_bench, "step time of dpscale vs torch DDP vs no synchronization, alternating"),
-    ]:
-        _command(bsub, name, text, module.add_arguments, module.run_from_args)
-
-
-def _add_study_and_report(sub) -> None:
-    from .bench import compare, study
-
-    _command(
-        sub,
-        "study",
-        "the main job: all-reduce, weak scaling and convergence, one report",
-        study.add_arguments,
-        study.run_from_args,
-    )
-    _command(
-        sub,
-        "report",
-        "re-render one report directory, or compare several (A/B)",
-        compare.add_arguments,
-        compare.run_from_args,
-    )
+    bench = sub.add_parser("bench", help="measure: all-reduce, scaling, convergence, engines side by side")
+    names = [c.name for c in COMMANDS if c.group == "bench"]
+    bsub = bench.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(names) + "}")
+    for c in COMMANDS:
+        _command(bsub if c.group == "bench" else sub, c.name, c.help, c.add_arguments, c.run)
 
 
 def _add_check(sub) -> None:
@@ -203,8 +174,6 @@ def _add_predict(sub) -> None:
 
 
 def _add_run(sub) -> None:
-    from .bench import script_scaling
-
     p = sub.add_parser(
         "run",
         help="run your torchrun script unchanged, with dpscale's engine standing in for torch's DDP",
@@ -216,13 +185,6 @@ def _add_run(sub) -> None:
     p.add_argument("script", metavar="SCRIPT", help="your training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=_cmd_run)
-    _command(
-        sub,
-        "scale",
-        "measure how your own torchrun script scales: step time, samples/s, efficiency, exposed comm",
-        script_scaling.add_arguments,
-        script_scaling.run_from_args,
-    )
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -236,8 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
-    _add_bench(sub)
-    _add_study_and_report(sub)
+    _add_lab(sub)
     _add_check(sub)
     _add_predict(sub)
     _add_run(sub)
@@ -257,18 +218,9 @@ def _refuse_non_finite(parser: argparse.ArgumentParser) -> None:
 
 
 def _version() -> str:
-    from . import __version__
+    from .version import __version__
 
     return f"dpscale {__version__}"
-
-
-def _raised_by_dpscale(e: BaseException) -> bool:
-    """dpscale's own ValueErrors are its verdicts on the user's input (exit 2, one line)."""
-    frames = traceback.extract_tb(e.__traceback__)
-    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(_PACKAGE_DIR)
-
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as e:
-        if not _raised_by_dpscale(e):
-            raise  # a library's ValueError mid-run is a bug to show in full, not bad input
+    except ConfigError as e:  # a verdict on the input; any other exception is a bug, shown in full
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"dpscale {args.command}: error: {msg}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from dpscale.bench import allreduce
+from dpscale.bench import allreduce, commands
 from dpscale.bench.allreduce import (
     TRANSPORTS,
     AllReduceConfig,
@@ -35,7 +35,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    allreduce.add_arguments(parser)
+    commands.add_allreduce_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -65,11 +65,12 @@ def cli_run(tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(allreduce, "os", one_core)
             mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "allreduce", *flags])
-            rc = allreduce.run_from_args(args)
+            rc = commands.run_allreduce(args)
     (report_dir,) = base.iterdir()
     return types.SimpleNamespace(rc=rc, stdout=out.getvalue(), stderr=err.getvalue(), report_dir=report_dir)
 
 
+@pytest.mark.slow
 def test_json_line_is_exactly_the_documented_points(cli_run):
     assert cli_run.rc == 0
     points = json.loads(cli_run.stdout.strip().splitlines()[-1])
@@ -88,6 +89,7 @@ def test_json_line_is_exactly_the_documented_points(cli_run):
     assert f"report: {cli_run.report_dir}" in cli_run.stdout
 
 
+@pytest.mark.slow
 def test_report_json_round_trips_and_holds_system_and_fits(cli_run):
     doc = json.loads((cli_run.report_dir / "report.json").read_text())
     assert {"command", "argv", "config", "system", "results"} <= set(doc)
@@ -108,6 +110,7 @@ def test_report_json_round_trips_and_holds_system_and_fits(cli_run):
     assert AllReduceResult.from_dict(results).to_dict() == results
 
 
+@pytest.mark.slow
 def test_report_directory_has_markdown_csv_and_readable_pngs(cli_run):
     d = cli_run.report_dir
     assert d.name.endswith("-allreduce") and len(d.name.split("-")[0]) == len("20261129T183012Z")
@@ -138,6 +141,7 @@ def wrong_setup(rank: int, world_size: int) -> RankTransport:
     return RankTransport(all_reduce=lambda t: t.mul_(world_size), close=lambda: None)
 
 
+@pytest.mark.slow
 def test_a_transport_with_wrong_sums_cannot_report_times(monkeypatch):
     monkeypatch.setitem(TRANSPORTS, "wrong", TransportSpec(wrong_setup, "scales instead of summing"))
     config = AllReduceConfig(transports=["gloo", "wrong"], world_sizes=[2], sizes_bytes=[64], iters=2)
@@ -145,6 +149,7 @@ def test_a_transport_with_wrong_sums_cannot_report_times(monkeypatch):
         allreduce.run(config)
 
 
+@pytest.mark.slow
 def test_adaptive_iterations_and_size_rounding():
     # sizes below one float32 element round up to one; 5 and 6 bytes both reduce one element
     result = allreduce.run(AllReduceConfig(world_sizes=[1], sizes_bytes=[6, 1, 5, 8]))
@@ -178,14 +183,14 @@ def test_size_and_list_parsing():
 )
 def test_bad_flags_raise_one_line_value_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        allreduce.config_from_args(_parse(argv))
+        commands.allreduce_config(_parse(argv))
     assert str(err.value).startswith(flag + ":") and "\n" not in str(err.value)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="nccl is usable here")
 def test_nccl_without_cuda_is_refused_by_name():
     with pytest.raises(ValueError, match="^--transport: nccl cannot run at world size 1: .*CUDA"):
-        allreduce.config_from_args(_parse(["--transport", "nccl", "--world-sizes", "1"]))
+        commands.allreduce_config(_parse(["--transport", "nccl", "--world-sizes", "1"]))
 
 
 def test_fit_recovers_alpha_and_beta_from_synthetic_points():
@@ -207,6 +212,7 @@ def test_fit_recovers_alpha_and_beta_from_synthetic_points():
     assert fit_latency_bandwidth([4, 64], [10.0, 10.0])[1] is None  # flat: no bandwidth term
 
 
+@pytest.mark.slow
 def test_report_dirs_are_unique_and_markdown_tables_render(tmp_path):
     a = ReportDir.create(tmp_path, "allreduce", argv=["dpscale", "bench", "allreduce"])
     b = ReportDir.create(tmp_path, "allreduce", argv=["dpscale", "bench", "allreduce"])
@@ -224,6 +230,7 @@ def test_report_dirs_are_unique_and_markdown_tables_render(tmp_path):
         ReportDir.create(tmp_path, "../escape")
 
 
+@pytest.mark.slow
 def test_system_info_names_hardware_and_software():
     info = collect_system_info()
     hw, sw = info["hardware"], info["software"]
@@ -234,5 +241,5 @@ def test_system_info_names_hardware_and_software():
 
 
 def test_default_transports_are_every_one_available_here():
-    assert allreduce.config_from_args(_parse([])).transports == allreduce.available_transports()
+    assert commands.allreduce_config(_parse([])).transports == allreduce.available_transports()
     assert "gloo" in allreduce.available_transports()

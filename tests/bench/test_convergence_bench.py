@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from dpscale.bench import convergence
+from dpscale.bench import commands, convergence
 from dpscale.bench.convergence import (
     SUMMARY_KEYS,
     ConvergenceConfig,
@@ -27,7 +27,7 @@ STEPS = 6  # 384 samples of global batch 64: two rank start-ups per world size d
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    convergence.add_arguments(parser)
+    commands.add_convergence_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -35,7 +35,7 @@ def _run_cli(flags: list[str]) -> types.SimpleNamespace:
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "convergence", *flags])
-        rc = convergence.run_from_args(_parse(flags))
+        rc = commands.run_convergence(_parse(flags))
     return types.SimpleNamespace(rc=rc, stdout=out.getvalue())
 
 
@@ -50,6 +50,7 @@ def cli_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_json_line_has_one_documented_object_per_world_size(cli_run):
     assert cli_run.rc == 0
     summary = json.loads(cli_run.stdout.strip().splitlines()[-1])
@@ -63,6 +64,7 @@ def test_json_line_has_one_documented_object_per_world_size(cli_run):
     assert f"report: {cli_run.report_dir}" in cli_run.stdout
 
 
+@pytest.mark.slow
 def test_accumulation_on_one_rank_follows_the_two_rank_curve(cli_run):
     """Same samples per step, same init: W=1 k=2 and W=2 k=1 compute the same full-batch mean
     gradient, so only float summation order differs. 1e-5 relative is far above that rounding
@@ -76,6 +78,7 @@ def test_accumulation_on_one_rank_follows_the_two_rank_curve(cli_run):
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_report_directory_holds_json_csv_png_and_markdown(cli_run):
     d = cli_run.report_dir
     assert d.name.endswith("-convergence")
@@ -176,6 +179,7 @@ def _hand_built(tolerance: float = 0.05) -> ConvergenceResult:
     return ConvergenceResult(config, runs)
 
 
+@pytest.mark.slow
 def test_a_departing_run_gets_its_verdict_and_a_failing_exit_code(tmp_path, monkeypatch):
     result = _hand_built()
     assert [verdict(r, 1) for r in result.runs] == ["reference", "ok", "DEPARTS beyond tolerance"]
@@ -206,7 +210,7 @@ def test_a_departing_run_gets_its_verdict_and_a_failing_exit_code(tmp_path, monk
 )
 def test_bad_flags_raise_one_line_value_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        convergence.config_from_args(_parse(argv))
+        commands.convergence_config(_parse(argv))
     assert str(err.value).startswith(flag + ":") and "\n" not in str(err.value)
 
 

@@ -2,9 +2,11 @@
 
 import pytest
 
-from dpscale.bench import engine
+from dpscale.bench import commands, engine
+from dpscale.engine.registry import parse_engines
 
 
+@pytest.mark.slow
 def test_engine_bench_reports_each_engine_and_ratios_to_torch():
     res, measured = engine.run(
         "digits", world_size=2, per_worker_batch=8, engines=["dpscale", "dpscale-gloo", "torch"], steps=10
@@ -22,14 +24,14 @@ def test_engine_bench_reports_each_engine_and_ratios_to_torch():
 
 def test_unknown_engine_names_the_flag():
     with pytest.raises(ValueError, match="--engines"):
-        engine.parse_engines("dpscale,horovod")
+        parse_engines("dpscale,horovod")
 
 
 def test_a_task_spec_that_cannot_load_fails_before_anything_runs(tmp_path, monkeypatch):
     import argparse
 
     parser = argparse.ArgumentParser()
-    engine.add_arguments(parser)
+    commands.add_engine_arguments(parser)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="^--models: cannot load 'nowhere:make'"):
-        engine.run_from_args(parser.parse_args(["--models", "nowhere:make"]))
+        commands.run_engine(parser.parse_args(["--models", "nowhere:make"]))

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from dpscale.bench import allreduce, allreduce_report, compare
+from dpscale.bench import allreduce, allreduce_report, commands, compare, rerender
 from dpscale.bench.allreduce import AllReduceConfig
 from dpscale.bench.convergence import ConvergenceResult
 from dpscale.bench.convergence_report import write_report as write_convergence
@@ -17,8 +17,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    compare.add_arguments(parser)
-    return compare.run_from_args(parser.parse_args(argv))
+    commands.add_report_arguments(parser)
+    return commands.run_report(parser.parse_args(argv))
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def allreduce_reports(tmp_path_factory):
     return dirs
 
 
+@pytest.mark.slow
 def test_rerender_restores_markdown_and_plots_from_report_json_alone(allreduce_reports, capsys):
     d = allreduce_reports[0]
     md_before, json_before = (d / "report.md").read_text(), (d / "report.json").read_text()
@@ -49,6 +50,7 @@ def test_rerender_restores_markdown_and_plots_from_report_json_alone(allreduce_r
     assert (d / "allreduce.csv").is_file()
 
 
+@pytest.mark.slow
 def test_two_allreduce_reports_compare_per_transport_world_size_and_size(allreduce_reports, capsys):
     a, b = allreduce_reports
     assert _run([str(a), str(b)]) == 0
@@ -107,6 +109,7 @@ def _convergence_report(base, final_loss_2: float):
     return report.path
 
 
+@pytest.mark.slow
 def test_convergence_reports_rerender_and_compare_final_loss_per_world_size(tmp_path, capsys):
     a, b = _convergence_report(tmp_path, 1.0), _convergence_report(tmp_path, 1.1)
     (a / "convergence.png").unlink()
@@ -159,6 +162,7 @@ def test_reports_of_different_commands_are_refused_naming_both(tmp_path):
         _run([a, b])
 
 
+@pytest.mark.slow
 def test_a_directory_without_report_json_is_named(tmp_path, allreduce_reports):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -168,12 +172,10 @@ def test_a_directory_without_report_json_is_named(tmp_path, allreduce_reports):
         _run([str(allreduce_reports[0]), str(empty)])
 
 
-def test_a_report_whose_bench_is_missing_is_refused_with_the_reason(tmp_path, monkeypatch, allreduce_reports):
+@pytest.mark.slow
+def test_a_report_of_an_unknown_command_is_refused_with_the_known_ones(tmp_path, allreduce_reports):
     d = tmp_path / "copy"
     shutil.copytree(allreduce_reports[0], d)
-    monkeypatch.setitem(compare.BENCHES, "allreduce", ("dpscale.bench.no_such_bench", "Result"))
-    with pytest.raises(ValueError, match=r"needs dpscale.bench.no_such_bench, which cannot be imported"):
-        _run([str(d)])
     unknown = _write_report_json(tmp_path / "unknown", "teleport", {})
     with pytest.raises(ValueError, match=r"'teleport' cannot be re-rendered; known: allreduce"):
         _run([unknown])
@@ -181,11 +183,7 @@ def test_a_report_whose_bench_is_missing_is_refused_with_the_reason(tmp_path, mo
         _run([str(d), "--out", str(tmp_path / "x")])
 
 
-def test_every_dispatch_entry_names_a_from_dict_and_a_write_report():
-    for command, (module_name, _) in compare.BENCHES.items():
-        try:
-            module, result_class = compare._bench(command, "dir")
-        except ValueError as e:  # a bench still being written: the message must say which module
-            assert module_name in str(e)
-            continue
-        assert callable(result_class.from_dict) and callable(module.write_report), command
+def test_every_renderer_entry_reads_results_and_writes_a_report():
+    assert set(rerender.RENDERERS) == set(compare.FIGURES)  # every comparable command re-renders too
+    for command, (from_dict, write_report) in rerender.RENDERERS.items():
+        assert callable(from_dict) and callable(write_report), command

@@ -14,7 +14,7 @@ import types
 
 import pytest
 
-from dpscale.bench import scaling
+from dpscale.bench import commands, scaling
 from dpscale.bench.report import ReportDir
 from dpscale.bench.scaling import (
     POINT_KEYS,
@@ -46,7 +46,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    scaling.add_arguments(parser)
+    commands.add_scaling_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -62,11 +62,12 @@ def cli_run(tmp_path_factory):
             # One core here, so world size 2 must warn; the ranks see the real machine.
             mp.setattr(scaling, "usable_cores", lambda: 1)
             mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "scaling", *flags])
-            rc = scaling.run_from_args(_parse(flags))
+            rc = commands.run_scaling(_parse(flags))
     (report_dir,) = base.iterdir()
     return types.SimpleNamespace(rc=rc, stdout=out.getvalue(), stderr=err.getvalue(), report_dir=report_dir)
 
 
+@pytest.mark.slow
 def test_json_line_has_the_documented_keys_and_consistent_figures(cli_run):
     assert cli_run.rc == 0
     points = json.loads(cli_run.stdout.strip().splitlines()[-1])
@@ -100,6 +101,7 @@ def test_json_line_has_the_documented_keys_and_consistent_figures(cli_run):
     assert f"report: {cli_run.report_dir}" in cli_run.stdout
 
 
+@pytest.mark.slow
 def test_report_directory_has_json_csv_markdown_and_valid_pngs(cli_run):
     d = cli_run.report_dir
     assert d.name.endswith("-scaling")
@@ -125,6 +127,7 @@ def test_report_directory_has_json_csv_markdown_and_valid_pngs(cli_run):
     assert "![throughput vs workers](scaling_throughput.png)" in md
 
 
+@pytest.mark.slow
 def test_results_round_trip_and_re_render_from_json(cli_run, tmp_path):
     doc = json.loads((cli_run.report_dir / "report.json").read_text())
     assert doc["command"] == "scaling" and set(doc["results"]) == {"config", "points", "runs"}
@@ -166,6 +169,7 @@ def test_figures_from_exact_step_times():
     assert only2.efficiency is None and only2.ceiling_fraction is None and only2.overhead_ms is None
 
 
+@pytest.mark.slow
 def test_strong_mode_splits_the_global_batch_and_user_models_load(tmp_path, monkeypatch):
     (tmp_path / "user_scaling_model.py").write_text(
         "import torch, dpscale\n"
@@ -221,7 +225,7 @@ def test_strong_mode_splits_the_global_batch_and_user_models_load(tmp_path, monk
 )
 def test_bad_flags_raise_one_line_value_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        scaling.config_from_args(_parse(argv))
+        commands.scaling_config(_parse(argv))
     assert str(err.value).startswith(flag) and "\n" not in str(err.value)
 
 

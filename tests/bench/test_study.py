@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+
 ROOT = Path(__file__).resolve().parents[2]
 SUMMARY_KEYS = {
     "model",

@@ -13,6 +13,7 @@ from dpscale.check import equivalence, unused
 HERE = Path(__file__).resolve().parent
 
 
+@pytest.mark.slow
 def test_per_sample_loss_is_equivalent():
     r = equivalence.run(
         "check_models:per_sample_loss", world_size=2, accumulation_steps=2, global_batch=8, steps=2
@@ -25,6 +26,7 @@ def test_a_summed_scalar_loss_is_refused_before_anything_runs():
         equivalence.run("check_models:sum_loss", world_size=2, accumulation_steps=4, global_batch=8, steps=2)
 
 
+@pytest.mark.slow
 def test_batch_norm_is_caught():
     r = equivalence.run(
         "check_models:batch_norm", world_size=2, accumulation_steps=2, global_batch=8, steps=2
@@ -32,6 +34,7 @@ def test_batch_norm_is_caught():
     assert not r.ok and "BatchNorm" in r.comparisons[0].hint
 
 
+@pytest.mark.slow
 def test_dict_inputs_are_split_and_fed_like_the_trainer_does():
     r = equivalence.run(
         "check_models:dict_inputs", world_size=2, accumulation_steps=2, global_batch=8, steps=2
@@ -40,6 +43,7 @@ def test_dict_inputs_are_split_and_fed_like_the_trainer_does():
     assert unused.run("check_models:dict_inputs").never_used == []
 
 
+@pytest.mark.slow
 def test_builtin_workload_passes():
     assert equivalence.run("digits", world_size=2, accumulation_steps=2, global_batch=8, steps=1).ok
 
@@ -64,6 +68,7 @@ def test_unused_parameters_are_listed_and_the_flag_recommended_only_when_needed(
     assert "freeze" in unused.run("check_models:never_used").recommendation
 
 
+@pytest.mark.slow
 def test_cli_exit_codes():
     env_path = str(HERE)
     ok = subprocess.run(

@@ -8,7 +8,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.comm import HierarchicalTransport, make_transport
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
 
 
 def hierarchical_sum(rank, world, numels):
@@ -29,6 +29,7 @@ def hierarchical_sum(rank, world, numels):
     return t.describe(), out
 
 
+@pytest.mark.slow
 def test_hierarchical_equals_flat_all_reduce_on_two_emulated_hosts():
     numels = [1, 3, 4, 1001, 1 << 16]  # fewer elements than workers, uneven, large
     results = run_ranks(hierarchical_sum, 4, numels, timeout_s=120)
@@ -42,6 +43,7 @@ def uneven_hosts(rank, world):
     make_transport("hierarchical", None)
 
 
+@pytest.mark.slow
 def test_uneven_hosts_are_refused_with_advice():
     with pytest.raises(MultiRankError, match="same number of workers on every host"):
         run_ranks(uneven_hosts, 3)
@@ -51,6 +53,7 @@ def picked(rank, world, name):
     return make_transport(name, None).name
 
 
+@pytest.mark.slow
 def test_auto_picks_shm_on_one_host_and_gloo_alone():
     assert run_ranks(picked, 2, "auto") == ["shm", "shm"]
     assert run_ranks(picked, 1, "auto") == ["gloo"]
@@ -77,6 +80,7 @@ def train_10(rank, world, transport):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_engine_parameters_with_shm_equal_gloo_after_10_steps(world):
     shm = run_ranks(train_10, world, "shm")
     gloo = run_ranks(train_10, world, "gloo")
@@ -92,6 +96,7 @@ def hierarchical_engine(rank, world):
     return train_10(rank, world, "auto")
 
 
+@pytest.mark.slow
 def test_engine_on_hierarchical_transport_matches_gloo():
     hier = run_ranks(hierarchical_engine, 4, timeout_s=120)
     gloo = run_ranks(train_10, 4, "gloo", timeout_s=120)

@@ -17,7 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpscale.comm import PeerTimeoutError, SharedMemoryTransport, chunk_bounds
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 DTYPES = {
     "float32": torch.float32,

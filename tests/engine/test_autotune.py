@@ -6,7 +6,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS
-from dpscale.testing.multirank import run_ranks
+from dpscale.multirank import run_ranks
 
 SCHEDULE = len(CANDIDATES_MB) * (WARMUP_STEPS + MEASURED_STEPS)
 
@@ -37,6 +37,7 @@ def train(rank, world, cap, steps, accumulate):
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.slow
 def test_auto_tries_every_candidate_then_keeps_one_and_matches_a_fixed_size(accumulate):
     steps = SCHEDULE + 3
     auto = run_ranks(train, 2, "auto", steps, accumulate)

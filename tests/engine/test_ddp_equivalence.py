@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.testing.multirank import run_ranks
+from dpscale.multirank import run_ranks
 
 RTOL, ATOL = 1e-6, 1e-7
 
@@ -39,6 +39,7 @@ def grads_one_step(rank, world, per_rank, bucket_cap_mb):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_gradients_equal_single_process_on_concatenated_batch(world):
     per_rank = 6
     # tiny buckets so that several reductions are in flight at once
@@ -68,6 +69,7 @@ def train_10_steps(rank, world, engine):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_parameters_after_10_sgd_momentum_steps_equal_torch_ddp(world):
     ours = run_ranks(train_10_steps, world, "dpscale")
     theirs = run_ranks(train_10_steps, world, "torch")
@@ -103,6 +105,7 @@ def accumulate(rank, world, k, mode):
 
 
 @pytest.mark.parametrize("mode", ["no_sync", "toggle"])
+@pytest.mark.slow
 def test_accumulation_equals_k_times_larger_batch(mode):
     world, k = 2, 3
     results = run_ranks(accumulate, world, k, mode)
@@ -124,6 +127,7 @@ def no_sync_restores_on_error(rank, world):
     return model.require_backward_grad_sync
 
 
+@pytest.mark.slow
 def test_no_sync_restores_state_when_body_raises():
     assert run_ranks(no_sync_restores_on_error, 1) == [True]
 
@@ -141,6 +145,7 @@ def grads_after_zero_grad_without_none(rank, world):
     return out
 
 
+@pytest.mark.slow
 def test_in_place_zeroed_grads_give_same_result_each_step():
     res = run_ranks(grads_after_zero_grad_without_none, 2)
     ref = make_model()
@@ -159,6 +164,7 @@ def state_dict_keys(rank, world):
     return list(ours), list(theirs)
 
 
+@pytest.mark.slow
 def test_state_dict_keys_match_torch_ddp():
     ((ours, theirs),) = run_ranks(state_dict_keys, 1)
     assert ours == theirs
@@ -174,6 +180,7 @@ def world_is_initialized(rank, world):
     return dist.is_initialized()
 
 
+@pytest.mark.slow
 def test_harness_gives_a_process_group():
     assert run_ranks(world_is_initialized, 2) == [True, True]
 
@@ -202,6 +209,7 @@ def mixed_bucket(rank, world, transport):
 
 
 @pytest.mark.parametrize("transport", ["gloo", "shm"])
+@pytest.mark.slow
 def test_bucket_mixing_accumulated_and_fresh_gradients_is_averaged_once(transport):
     (a0, b0), (a1, b1) = run_ranks(mixed_bucket, 2, transport)
     # a: 2 micro-batches of x = r + 1 on rank r -> 2, 4; mean 3.  b: one of x -> 1, 2; mean 1.5

@@ -7,7 +7,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine import bf16_compress_hook, fp16_compress_hook
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
 
 
 class Branchy(nn.Module):
@@ -36,6 +36,7 @@ def unused_allowed(rank, world):
     return first, second
 
 
+@pytest.mark.slow
 def test_unused_parameters_reduced_as_zeros_when_allowed():
     (f0, s0), (f1, s1) = run_ranks(unused_allowed, 2)
     ref = Branchy()
@@ -52,6 +53,7 @@ def unused_forbidden(rank, world):
     model(torch.ones(2, 4), use_extra=False).sum().backward()
 
 
+@pytest.mark.slow
 def test_unused_parameter_without_flag_raises_naming_it():
     with pytest.raises(MultiRankError) as err:
         run_ranks(unused_forbidden, 2, timeout_s=60)
@@ -64,6 +66,7 @@ def mismatched(rank, world):
     DistributedDataParallel(nn.Sequential(nn.Linear(4, width), nn.Linear(width, 2)))
 
 
+@pytest.mark.slow
 def test_shape_mismatch_names_parameter_and_ranks():
     with pytest.raises(MultiRankError) as err:
         run_ranks(mismatched, 2, timeout_s=60)
@@ -93,6 +96,7 @@ def hooked_grads(rank, world, hook_name):
 @pytest.mark.parametrize(
     "hook,rtol,atol", [("fp16", 2e-3, 1e-5), ("bf16", 1.6e-2, 1e-4), ("torch_fp16", 2e-3, 1e-5)]
 )
+@pytest.mark.slow
 def test_compression_hooks_within_documented_tolerance(hook, rtol, atol):
     exact = run_ranks(hooked_grads, 2, None)
     compressed = run_ranks(hooked_grads, 2, hook)
@@ -113,6 +117,7 @@ def batchnorm_buffers(rank, world):
     return after_init, ddp.module[1].running_mean.clone(), ddp.module[1].num_batches_tracked.clone()
 
 
+@pytest.mark.slow
 def test_buffers_are_broadcast_from_rank_0():
     (init0, mean0, n0), (init1, mean1, n1) = run_ranks(batchnorm_buffers, 2)
     assert init0.eq(0).all() and init1.eq(0).all()
@@ -134,6 +139,7 @@ def batchnorm_buffers_synced_before_forward(rank, world):
     return seen[0]
 
 
+@pytest.mark.slow
 def test_every_rank_enters_forward_with_rank0_buffers():
     a, b = run_ranks(batchnorm_buffers_synced_before_forward, 2)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -149,6 +155,7 @@ def stats_step(rank, world):
     return s.to_dict(), s.comm_bytes, sum(p.numel() * 4 for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_step_stats_cover_every_bucket():
     (stats, comm_bytes, param_bytes), _ = run_ranks(stats_step, 2)
     assert comm_bytes == param_bytes
@@ -196,6 +203,7 @@ def torch_ddp_with_our_hooks(rank, world):
     return out
 
 
+@pytest.mark.slow
 def test_builtin_hooks_register_on_torch_ddp_too():
     (a16, ab16), (b16, bb16) = run_ranks(torch_ddp_with_our_hooks, 2)
     torch.testing.assert_close(a16, b16, rtol=0, atol=0)

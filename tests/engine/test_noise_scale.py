@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
+from dpscale.testing.multirank import run_ranks
 from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine.noise_scale import NoiseScaleEstimator
-from dpscale.testing.multirank import run_ranks
 
 # A linear regression whose per-sample gradients are cheap to compute one by one: at fixed
 # weights w, sample i's gradient is (w.x_i - y_i) x_i, and tr(Sigma) / |G|^2 over the whole

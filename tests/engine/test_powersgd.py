@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.engine.hooks import GradBucket
-from dpscale.engine.powersgd import COMPRESSIONS, PowerSGDState, compression_hook, powersgd_hook
-from dpscale.testing.multirank import run_ranks
+from dpscale.engine.hooks import COMPRESSIONS, GradBucket, compression_hook
+from dpscale.engine.powersgd import PowerSGDState, powersgd_hook
+from dpscale.multirank import run_ranks
 
 REL = 1e-5
 # a matrix, a vector, a 3-D tensor (viewed as 6 x 12) and a matrix too small to gain from rank 2
@@ -106,6 +106,7 @@ def hook_runs():
     return run_ranks(hook_properties, 2, 6)
 
 
+@pytest.mark.slow
 def test_error_feedback_makes_the_sum_of_updates_plus_residual_the_sum_of_true_averages(hook_runs):
     for r in hook_runs:
         fed = r[True]
@@ -117,6 +118,7 @@ def test_error_feedback_makes_the_sum_of_updates_plus_residual_the_sum_of_true_a
     assert torch.equal(hook_runs[0][True]["out"], hook_runs[1][True]["out"])
 
 
+@pytest.mark.slow
 def test_vectors_and_small_matrices_are_averaged_uncompressed(hook_runs):
     fed = hook_runs[0][True]
     vector = slice(192, 192 + 12)  # the (12,) parameter
@@ -126,17 +128,20 @@ def test_vectors_and_small_matrices_are_averaged_uncompressed(hook_runs):
         assert not fed["residual"][part].any()
 
 
+@pytest.mark.slow
 def test_an_average_of_rank_at_most_r_passes_exactly(hook_runs):
     for r in hook_runs:
         assert rel_err(r["low_rank"]["out"], r["low_rank"]["mean"]) <= REL
 
 
+@pytest.mark.slow
 def test_bytes_are_the_low_rank_factors_and_the_uncompressed_rest(hook_runs):
     fed = hook_runs[0][True]
     assert fed["uncompressed_bytes"] == 4 * UNCOMPRESSED_NUMBERS
     assert fed["bytes"] == 4 * COMPRESSED_NUMBERS < fed["uncompressed_bytes"]
 
 
+@pytest.mark.slow
 def test_the_first_start_iter_steps_are_plain_averages(hook_runs):
     r = hook_runs[0]["start_iter"]
     torch.testing.assert_close(r["plain"], r["mean"], rtol=1e-6, atol=1e-7)
@@ -188,6 +193,7 @@ def engine_runs(rank, world, steps):
     }
 
 
+@pytest.mark.slow
 def test_trains_through_the_dpscale_and_torch_engines_at_world_2():
     runs = run_ranks(engine_runs, 2, 10)
     plain = runs[0]["plain"]["params"]
@@ -245,6 +251,7 @@ def train_compressed(rank, world):
     return result.final_loss, state.iteration, state.last_step_bytes, state.last_step_uncompressed_bytes
 
 
+@pytest.mark.slow
 def test_train_config_compression_registers_the_hook():
     # (torch's engine takes the same register_comm_hook call; the hook itself is tested with it above)
     loss, iteration, sent, uncompressed = run_ranks(train_compressed, 2)[0]

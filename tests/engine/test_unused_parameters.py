@@ -5,10 +5,10 @@ synced step; every rank must then get the averaged gradient, or the replicas dri
 """
 
 import torch
+from dpscale.testing.multirank import run_ranks
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.testing.multirank import run_ranks
 
 
 class Switchboard(nn.Module):

@@ -73,10 +73,11 @@ def kill_tagged(tag: str) -> None:
 def start_cli(args: list[str], *, faults: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
     """Start `python -m dpscale.cli ARGS` (DPSCALE_FAULTS=`faults`); returns it and its process tag."""
     tag = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if k != "DPSCALE_FAULTS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("DPSCALE_FAULTS", "DPSCALE_CALLBACKS")}
     env[TAG] = tag
-    if faults:
+    if faults:  # the faults reach the workers' trainers through a callback the workers build
         env["DPSCALE_FAULTS"] = faults
+        env["DPSCALE_CALLBACKS"] = "dpscale.testing.faults:FaultInjector"
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
     proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli", *args], cwd=ROOT, env=env, **popen)
     return proc, tag

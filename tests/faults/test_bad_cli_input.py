@@ -100,6 +100,7 @@ def read_only_dir(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--checkpoint-dir", "--metrics-dir"])
 @pytest.mark.parametrize("below", ["", "sub"])
+@pytest.mark.slow
 def test_a_read_only_mount_is_refused_before_training(tmp_path, capsys, read_only_dir, flag, below):
     target = read_only_dir / below if below else read_only_dir
     code = main(["train", "--workload", "synthetic", "--max-steps", "2", flag, str(target)])
@@ -116,6 +117,7 @@ def test_resume_with_nothing_to_resume_from_says_so(tmp_path, capsys):
     assert f"dpscale: --resume: no checkpoint in {ckpt} yet; starting from step 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_input_from_a_shell(tmp_path):
     p = run_cli(["train", "--nproc", "4", "--global-batch", "2", "--checkpoint-dir", str(tmp_path / "c")])
     assert p.returncode == 2

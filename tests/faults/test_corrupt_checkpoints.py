@@ -16,6 +16,8 @@ import pytest
 
 from conftest import TRAIN, last_json, run_cli
 
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+
 
 def _copy_checkpoints(reference, tmp_path):
     ckpt = tmp_path / "ckpt"

@@ -5,12 +5,15 @@ loss and exit code 0. Now `--max-skipped-steps` (default 10) steps in a row stop
 and one line that names the step and the cause.
 """
 
+import pytest
+
 from conftest import TRAIN, last_json, run_cli
 from dpscale.cli import main
 
 DIVERGE = ["--workload", "synthetic", "--max-steps", "30", "--lr", "1e6", "--progress", "none"]
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_with_exit_3_naming_the_step(tmp_path):
     p = run_cli(TRAIN + ["--lr", "1e6", "--checkpoint-dir", str(tmp_path / "ckpt")])
     assert p.returncode == 3, p.stderr

@@ -7,7 +7,11 @@ rank 0, which had only timed out waiting for the rank that hung.
 
 import re
 
+import pytest
+
 from conftest import TRAIN, TRAIN_NO_CHECKPOINTS, run_cli
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 def _headline(stderr: str) -> str:

@@ -11,9 +11,12 @@ import time
 import pytest
 import torch.distributed as dist
 
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.testing.faults import FaultInjector
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 TIMEOUT_S = 2
 
@@ -28,7 +31,7 @@ def train_with_own_group(rank, world, cfg, store_path):
         timeout=datetime.timedelta(seconds=cfg["collective_timeout_s"]),
     )
     try:
-        return Trainer(TrainConfig(**cfg)).fit().steps
+        return Trainer(TrainConfig(**cfg), callbacks=[FaultInjector()]).fit().steps
     finally:
         dist.destroy_process_group()
 

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import TRAIN, StderrWatch, kill_tagged, shm_paths_in_use, start_cli, tagged, wait_until_gone
 
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+
 # PR_SET_PDEATHSIG ends a running worker at once; one still importing torch when its launcher
 # dies ends when it reaches the check, a few seconds later on a busy host
 GONE_WITHIN_S = 15

@@ -11,7 +11,9 @@ from torch import nn
 
 from dpscale.engine import DistributedDataParallel, fp16_compress_hook
 from dpscale.engine.collective_log import CollectiveLog
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 def build_model(rank, world, hidden_by_rank, bucket_cap_mb_by_rank):

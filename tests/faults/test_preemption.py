@@ -11,6 +11,8 @@ import pytest
 
 from conftest import TRAIN, StderrWatch, last_json, run_cli, start_cli, wait_until_gone
 
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+
 STEPS = "200"
 # long enough that the signal arrives well before the end, short enough for a few seconds' run
 RUN = [a if a != "30" else STEPS for a in TRAIN] + ["--log-every", "10"]

@@ -8,7 +8,11 @@ import ipaddress
 import os
 from pathlib import Path
 
+import pytest
+
 from conftest import TRAIN_NO_CHECKPOINTS, StderrWatch, kill_tagged, start_cli, tagged
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 _LISTEN = "0A"  # TCP state in /proc/net/tcp
 

@@ -6,13 +6,16 @@ rank, naming the parameter and the rank that differs.
 
 import pytest
 
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.testing.faults import FaultInjector
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+
 
 def fit(rank, world, cfg):
-    return Trainer(TrainConfig(**cfg)).fit().steps
+    return Trainer(TrainConfig(**cfg), callbacks=[FaultInjector()]).fit().steps
 
 
 def test_perturbed_parameter_stops_the_run_within_one_check_interval():

@@ -6,12 +6,15 @@ steps, keeping the micro-batch) finishes. Per step, the samples of the global ba
 order must equal the uninterrupted run's, so no sample is repeated or skipped across the resume.
 """
 
+import pytest
 import torch
 
-from dpscale.testing.multirank import run_ranks
-from dpscale.testing.recording import record_batches
+from dpscale.multirank import run_ranks
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
+from support.recording import record_batches
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 # synthetic: 8192 training samples; 512 per global batch gives 16 steps per epoch
 BASE = dict(workload="synthetic", global_batch=512, progress="none", seed=5)

@@ -8,6 +8,8 @@ is gone is tested beside it, in tests/train/test_checkpoint.py.)
 import os
 import time
 
+import pytest
+
 from conftest import TRAIN, StderrWatch, kill_tagged, run_cli, start_cli
 from dpscale.cli import main
 from dpscale.train import dir_lock
@@ -25,6 +27,7 @@ def test_a_second_job_on_a_held_directory_is_refused_in_process(tmp_path, capsys
     assert main(["train", "--workload", "synthetic", "--max-steps", "2", "--checkpoint-dir", str(ckpt)]) == 0
 
 
+@pytest.mark.slow
 def test_a_second_dpscale_train_is_refused_while_the_first_runs(tmp_path):
     ckpt = tmp_path / "ckpt"
     long_run = [a if a != "30" else "100000" for a in TRAIN]

@@ -5,13 +5,16 @@ gradient reduction until the timeout. `iterate_in_lockstep` stops every rank aft
 rank's last batch, so each trains the same steps with the engine and the replicas stay equal.
 """
 
+import pytest
 import torch
 from torch import nn
 
 from dpscale.engine import DistributedDataParallel
-from dpscale.testing.multirank import run_ranks
+from dpscale.multirank import run_ranks
 from dpscale.train.drift import fingerprint
 from dpscale.train.uneven import LockstepStats, iterate_in_lockstep
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 def train_uneven(rank, world, lengths):

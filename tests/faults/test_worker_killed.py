@@ -7,7 +7,11 @@ streams restored from the checkpoint, so the resumed run repeats the lost steps 
 
 import math
 
+import pytest
+
 from conftest import TRAIN, last_json, run_cli
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 def test_killed_worker_restarts_and_matches_the_uninterrupted_run(tmp_path, reference):

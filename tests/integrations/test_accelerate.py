@@ -7,9 +7,8 @@ import os
 
 import pytest
 import torch
-from torch import nn
-
 from dpscale.testing.multirank import run_ranks
+from torch import nn
 
 pytest.importorskip("accelerate")
 

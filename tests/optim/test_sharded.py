@@ -14,8 +14,8 @@ import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
+from dpscale.multirank import run_ranks
 from dpscale.optim import ShardedOptimizer, local_gradients_hook, state_bytes
-from dpscale.testing.multirank import run_ranks
 from dpscale.train.checkpoint import load_checkpoint, save_checkpoint, step_dir_name
 
 ATOL = 1e-6
@@ -89,6 +89,7 @@ def sharded_vs_ddp(rank, world, steps):
 
 
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_parameters_equal_ddp_and_each_rank_holds_1_over_w_of_the_state(world):
     results = run_ranks(sharded_vs_ddp, world, 5)
     for name in [*OPTIMIZERS, "adam_in_ddp"]:
@@ -131,6 +132,7 @@ def load_and_train(rank, world, root):
     return flat_params(model)
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_at_two_ranks_resumes_at_three_and_one_like_an_unsharded_run(tmp_path):
     run_ranks(train_and_save, 2, str(tmp_path))
     resumed = {w: run_ranks(load_and_train, w, str(tmp_path)) for w in (3, 1)}

@@ -28,6 +28,7 @@ def _run(command: str, argv: list[str], monkeypatch) -> tuple[int, str]:
     return rc, out.getvalue()
 
 
+@pytest.mark.slow
 def test_json_is_the_last_line_with_the_documented_keys_and_a_report_is_written(tmp_path, monkeypatch):
     argv = [*EXPLICIT, "--preset", "dgx-a100", "--json", "--report-dir", str(tmp_path)]
     rc, out = _run("predict", argv, monkeypatch)
@@ -51,6 +52,7 @@ def test_json_is_the_last_line_with_the_documented_keys_and_a_report_is_written(
         assert last["bottleneck"] == max(last["losses_ms"], key=last["losses_ms"].get)
 
 
+@pytest.mark.slow
 def test_nodes_alone_is_one_world_size_and_flags_override_the_preset(tmp_path, monkeypatch):
     argv = [*EXPLICIT, "--preset", "pcie3-x16+eth-25g", "--workers-per-node", "4", "--nodes", "32"]
     argv += ["--inter-bw-Gbps", "100", "--algorithm", "ring", "--json", "--report-dir", str(tmp_path)]
@@ -95,6 +97,7 @@ def test_explicit_numbers_need_both(tmp_path, monkeypatch):
         _run("predict", ["--params", "1e6", "--report-dir", str(tmp_path)], monkeypatch)
 
 
+@pytest.mark.slow
 def test_profile_command_writes_a_profile_that_predict_reads(tmp_path, monkeypatch):
     path = tmp_path / "digits.json"
     argv = ["--model", "digits", "--per-worker-batch", "16", "--steps", "3", "--warmup", "1"]
@@ -114,6 +117,7 @@ def test_help_shows_worked_examples(capsys):
     assert "--no-stragglers" in help_text and "--preset pcie3-x16+roce-25g" in help_text
 
 
+@pytest.mark.slow
 def test_each_term_switches_off_and_the_bottleneck_names_the_dominant(tmp_path, monkeypatch):
     # VGG-16-like on 4-GPU PCIe servers over 25 GbE RoCE at 512 GPUs: bandwidth-bound
     base = ["--params", "138.4e6", "--step-compute-ms", "416", "--per-worker-batch", "64"]
@@ -142,6 +146,7 @@ def test_each_term_switches_off_and_the_bottleneck_names_the_dominant(tmp_path, 
     assert row["bottleneck"].startswith("stragglers")
 
 
+@pytest.mark.slow
 def test_a_cpu_profile_on_a_gpu_preset_warns(tmp_path, monkeypatch, capsys):
     prof = replace(cli.profiles.explicit(
         params=1000, bytes_per_param=4, step_compute_ms=5, backward_fraction=0.5, per_worker_batch=8

@@ -13,7 +13,10 @@ from predict_lab.emulate_validate import EMULATION_TARGET, validate_emulation
 from dpscale.predict.profile import measure
 
 WHY = emulate.unavailable()
-pytestmark = pytest.mark.skipif(WHY is not None, reason=f"cannot create network namespaces: {WHY}")
+pytestmark = [
+    pytest.mark.slow,  # starts processes (spawned ranks in network namespaces)
+    pytest.mark.skipif(WHY is not None, reason=f"cannot create network namespaces: {WHY}"),
+]
 
 
 def _namespaces() -> set[str]:

@@ -54,6 +54,7 @@ def test_json_round_trip(tmp_path):
         ModelProfile.load(tmp_path / "bad.json")
 
 
+@pytest.mark.slow
 def test_measure_a_small_workload():
     p = measure("digits", 16, steps=4, warmup=1, co_located=2)
     assert p.source == "measured" and p.threads == 1

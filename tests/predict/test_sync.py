@@ -113,6 +113,7 @@ def test_profile_json_round_trip_keeps_the_sync_costs(tmp_path):
     assert loaded.sync_cost("shm", 1) is None
 
 
+@pytest.mark.slow
 def test_measure_on_two_ranks():
     # the real thing, small: digits (sub-ms steps), both local transports, few rounds
     costs = sync.measure("digits", 16, [26_122 * 4], 2, rounds=2)

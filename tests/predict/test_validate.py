@@ -138,6 +138,7 @@ def test_without_calibration_the_presets_are_used():
     assert all(r.predicted_step_ms > 0 for r in result.rows)
 
 
+@pytest.mark.slow
 def test_benchmark_validate_reads_report_directories(tmp_path):
     for name, results in (("scaling", _scaling()), ("allreduce", _allreduce())):
         (tmp_path / name).mkdir()

@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from dpscale.engine.telemetry import TelemetryDDP, TorchTelemetryDDP
+from dpscale.multirank import run_ranks
 from dpscale.predict.profile import ModelProfile
-from dpscale.testing.multirank import run_ranks
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = str(ROOT / "examples" / "nanogpt_style.py")

@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
+from dpscale.testing.multirank import run_ranks
 from torch import nn
 
 from dpscale import Task
-from dpscale.testing.multirank import run_ranks
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 from dpscale.workloads.datasets import TensorData

@@ -8,6 +8,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from dpscale.train.process_life import StopRequest, signal_exit_code
 
 
@@ -19,6 +21,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_a_child_that_calls_die_with_parent_ends_when_its_parent_is_killed(tmp_path):
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen(
@@ -69,6 +72,7 @@ def test_the_first_signal_is_a_request_and_the_second_is_passed_on():
     assert (signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")) == (143, 130)
 
 
+@pytest.mark.slow
 def test_exit_now_flushes_and_keeps_the_exit_code():
     code = "import sys; from dpscale.train.process_life import exit_now; print('done', end=''); exit_now(3)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

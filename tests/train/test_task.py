@@ -8,7 +8,8 @@ import user_tasks
 
 from dpscale import Task, TrainConfig, Trainer
 from dpscale.data import GlobalBatchSampler
-from dpscale.testing.multirank import run_ranks
+from dpscale.multirank import run_ranks
+from dpscale.testing.faults import FaultInjector
 from dpscale.workloads.task import probe
 
 ONE_SGD_STEP = dict(
@@ -38,6 +39,7 @@ def _reference_step(task, seed):
 
 
 @pytest.mark.parametrize("task_name", ["dict_task", "tuple_task"])
+@pytest.mark.slow
 def test_two_workers_with_accumulation_take_the_full_batch_step(task_name):
     """Dict inputs through default_collate, tuple inputs through the task's collate_fn: 2 workers
     x 2 accumulation steps give the single-process full-batch step (fp32 tolerance)."""
@@ -48,6 +50,7 @@ def test_two_workers_with_accumulation_take_the_full_batch_step(task_name):
             torch.testing.assert_close(params[n], p, rtol=1e-5, atol=1e-6, msg=n)
 
 
+@pytest.mark.slow
 def test_eval_means_are_over_every_eval_sample_once_whatever_the_world_size():
     """7 eval samples over 2 ranks (4 + 3): the gathered means equal the one-process means."""
     results = run_ranks(fit, 2, "dict_task", ONE_SGD_STEP)
@@ -64,12 +67,14 @@ def test_eval_means_are_over_every_eval_sample_once_whatever_the_world_size():
     assert r0["test_accuracy"] == r0["eval"]["accuracy"]
 
 
+@pytest.mark.slow
 def test_task_optimizer_factory_is_used_and_training_learns():
     (r, _), _ = run_ranks(fit, 2, "tensor_task", dict(global_batch=32, epochs=5, progress="none"))
     assert r["eval"]["accuracy"] > 0.9
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.slow
 def test_mixed_precision_on_cpu_trains(precision):
     (r, _), _ = run_ranks(
         fit, 2, "tensor_task", dict(global_batch=32, epochs=5, progress="none", precision=precision)
@@ -77,6 +82,7 @@ def test_mixed_precision_on_cpu_trains(precision):
     assert r["skipped_steps"] == 0 and r["eval"]["accuracy"] > 0.9
 
 
+@pytest.mark.slow
 def test_data_workers_give_the_same_run_as_loading_in_process():
     """The DataLoader reads ahead from a copy of the sampler: same batches, same weights."""
     base = dict(global_batch=32, epochs=2, progress="none")
@@ -118,12 +124,15 @@ def test_task_checks_its_fields():
 
 def fit_fp16(rank, world):
     trainer = Trainer(
-        TrainConfig(global_batch=32, max_steps=4, progress="none", precision="fp16"), user_tasks.tensor_task()
+        TrainConfig(global_batch=32, max_steps=4, progress="none", precision="fp16"),
+        user_tasks.tensor_task(),
+        callbacks=[FaultInjector()],  # DPSCALE_FAULTS below
     )
     result = trainer.fit()
     return result.skipped_steps, trainer.precision.scaler.get_scale(), result.param_sha256
 
 
+@pytest.mark.slow
 def test_fp16_skips_an_overflowed_step_on_every_rank_and_backs_off_the_scale_alike():
     """A non-finite gradient on rank 1 only (after the reduction): both ranks skip step 2 and
     halve the loss scale, so weights and scales stay identical."""

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from dpscale.data import GlobalBatchSampler
-from dpscale.testing.multirank import run_ranks
+from dpscale.multirank import run_ranks
+from dpscale.testing.faults import FaultInjector
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer, param_sha256
 from dpscale.workloads import WORKLOADS, Workload
@@ -35,6 +36,7 @@ def fit_tiny(rank, world, cfg):
     return {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
 
 
+@pytest.mark.slow
 def test_accumulated_gradient_equals_full_batch_gradient_with_short_last_batch():
     """10 samples, G=8, W=2, k=2, tail=keep: step 1 is full, step 2 has 2 samples, so one rank's
     last micro-batch is empty and the other's holds one sample. Plain SGD with lr=1 makes the
@@ -76,6 +78,7 @@ def fit_digits(rank, world, cfg):
     return result.to_dict(), {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
 
 
+@pytest.mark.slow
 def test_world1_with_2_accumulation_steps_equals_world2():
     base = dict(workload="digits", global_batch=64, max_steps=20, progress="none")
     ((r1, p1),) = run_ranks(fit_digits, 1, {**base, "accumulation_steps": 2})
@@ -86,6 +89,7 @@ def test_world1_with_2_accumulation_steps_equals_world2():
         torch.testing.assert_close(p1[n], p2[n], rtol=1e-5, atol=1e-5, msg=n)
 
 
+@pytest.mark.slow
 def test_resume_is_bit_exact(tmp_path):
     base = dict(
         workload="digits",
@@ -109,7 +113,7 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def nan_on_one_rank(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg))
+    trainer = Trainer(TrainConfig(**cfg), callbacks=[FaultInjector()])
     before = {}
 
     step_fn = trainer._train_step
@@ -129,6 +133,7 @@ def nan_on_one_rank(rank, world, cfg):
     return result.to_dict(), before["unchanged"]
 
 
+@pytest.mark.slow
 def test_non_finite_gradient_on_one_rank_makes_every_rank_skip(tmp_path, monkeypatch):
     cfg = dict(workload="digits", max_steps=6, progress="none", metrics_dir=str(tmp_path))
     (r0, same0), (r1, same1) = run_ranks(
@@ -141,6 +146,7 @@ def test_non_finite_gradient_on_one_rank_makes_every_rank_skip(tmp_path, monkeyp
     assert [m["skipped"] for m in lines] == [False, False, True, False, False, False]
 
 
+@pytest.mark.slow
 def test_metrics_lines_have_the_documented_fields(tmp_path):
     cfg = dict(workload="digits", max_steps=3, progress="none", metrics_dir=str(tmp_path))
     run_ranks(fit_digits, 2, cfg)

@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpscale.testing.forge import replace_checkpoint_file
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
 from dpscale.train.checkpoint import CheckpointError
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
+from support.forge import replace_checkpoint_file
 
 BASE = dict(workload="synthetic", max_steps=2, progress="none", drift_check_every=0)
 
@@ -24,6 +24,7 @@ def fit(rank, world, cfg):
     return Trainer(TrainConfig(**cfg)).fit().steps
 
 
+@pytest.mark.slow
 def test_a_checkpoint_rank_0_cannot_write_stops_every_rank(tmp_path):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")

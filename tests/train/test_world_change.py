@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpscale.testing.forge import replace_checkpoint_file
-from dpscale.testing.multirank import MultiRankError, run_ranks
-from dpscale.testing.recording import record_batches
+from dpscale.multirank import MultiRankError, run_ranks
 from dpscale.train.checkpoint import CheckpointError
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
+from support.forge import replace_checkpoint_file
+from support.recording import record_batches
 
 # digits: 1,438 training samples; 64 per global batch gives 22 steps per epoch
 BASE = dict(
@@ -55,6 +55,7 @@ def two_then_one(tmp_path_factory):
     return root, early, first, rest
 
 
+@pytest.mark.slow
 def test_the_global_batch_follows_the_workers_and_the_sample_budget_is_kept(two_then_one):
     _, _, first, rest = two_then_one
     ((resumed, _),) = rest
@@ -69,6 +70,7 @@ def test_the_global_batch_follows_the_workers_and_the_sample_budget_is_kept(two_
     assert {epoch for _, seen in first + rest for epoch, _ in seen} == {0}
 
 
+@pytest.mark.slow
 def test_the_lr_ramps_to_the_linear_rule(two_then_one):
     root, *_ = two_then_one
     lines = [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines()]
@@ -79,6 +81,7 @@ def test_the_lr_ramps_to_the_linear_rule(two_then_one):
     assert {s: pytest.approx(lrs[s]) for s in expected} == expected
 
 
+@pytest.mark.slow
 def test_a_second_resume_at_the_new_size_continues_bit_exactly(two_then_one):
     """Stop the 1-worker part in the middle of its LR ramp (budget 11 x 64 ends at step 12; the ramp
     runs from step 11 to 14) and resume it: the same parameters as the uninterrupted 1-worker part,
@@ -98,6 +101,7 @@ def test_a_second_resume_at_the_new_size_continues_bit_exactly(two_then_one):
     assert end["param_sha256"] == whole["param_sha256"]
 
 
+@pytest.mark.slow
 def test_a_world_the_configured_batch_does_not_split_over_takes_the_saved_per_worker_batch(two_then_one):
     """64 does not split over 3 workers; scale-lr keeps 32 per worker, so the global batch is 96."""
     root, early, _, _ = two_then_one
@@ -119,6 +123,7 @@ def world_of_one():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_keep_global_batch_refuses_a_checkpoint_whose_batch_scale_lr_changed(two_then_one, world_of_one):
     root, *_ = two_then_one
     cfg = TrainConfig(
@@ -131,6 +136,7 @@ def test_keep_global_batch_refuses_a_checkpoint_whose_batch_scale_lr_changed(two
         Trainer(cfg).fit()
 
 
+@pytest.mark.slow
 def test_without_a_checkpoint_the_configured_batch_must_split(tmp_path):
     """Nothing to resume from: 3 workers cannot split 64, and every rank says so."""
     cfg = {**BASE, "max_steps": 1, "checkpoint_dir": str(tmp_path), "resume": True}
@@ -139,6 +145,7 @@ def test_without_a_checkpoint_the_configured_batch_must_split(tmp_path):
     assert str(err.value).count("global_batch 64 is not divisible by the world size 3") == 3
 
 
+@pytest.mark.slow
 def test_a_second_change_keeps_the_sample_budget(two_then_one):
     """2 workers to step 10, 1 to step 16, 2 again to the end: the budget (20 x 64 samples) holds
     although the batch is back at the configured 64 (the run now counts samples, not steps)."""
@@ -153,6 +160,7 @@ def test_a_second_change_keeps_the_sample_budget(two_then_one):
     assert end["steps"] == 16 + (1280 - 832) // 64
 
 
+@pytest.mark.slow
 def test_epochs_are_not_exceeded_after_a_regroup_at_the_end(tmp_path):
     """A finished 1-epoch run resumed on fewer workers has nothing left to do, under either policy."""
     ckpt = tmp_path / "ckpt"
@@ -200,6 +208,7 @@ def fit(rank, world, cfg):
     return Trainer(TrainConfig(**cfg)).fit().to_dict()
 
 
+@pytest.mark.slow
 def test_a_powersgd_run_resumes_with_its_hook_state(tmp_path):
     """PowerSGD compresses from step 11; stopping at 12 and resuming must equal the run that never
     stopped: the Qs, the per-rank errors and the step count come back (without them the resumed run

@@ -22,8 +22,6 @@ JSON (`AllReduceResult.to_dict()`; the `--json` line is the "points" list alone)
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import statistics
@@ -36,9 +34,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..testing.multirank import run_ranks
+from ..errors import ConfigError
+from ..flags import flag_spec
+from ..multirank import run_ranks
 from .args import parse_int_list, parse_name_list, parse_size_list
-from .report import ReportDir
 
 DEFAULT_SIZES_BYTES = [4 * 4**k for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 BUSBW_CONVENTION = (
@@ -151,30 +150,52 @@ def available_transports(world_size: int = 2) -> list[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class AllReduceConfig:
-    transports: list[str] = field(default_factory=lambda: ["gloo"])  # --transport: names in TRANSPORTS
-    world_sizes: list[int] = field(default_factory=lambda: [1, 2])  # --world-sizes: ranks per sweep
-    # --sizes: message sizes; a size is rounded down to whole float32 elements (at least one)
-    sizes_bytes: list[int] = field(default_factory=lambda: list(DEFAULT_SIZES_BYTES))
-    iters: int | None = None  # --iters: timed iterations per point; None = adaptive (~0.3 s a point)
+    transports: list[str] = field(
+        default_factory=lambda: ["gloo"],
+        metadata=flag_spec(
+            name="--transport",
+            parse=lambda s: parse_name_list(s, flag="--transport"),
+            help="comma-separated (default: every transport available here) from "
+            + "; ".join(f"{name}: {spec.description}" for name, spec in TRANSPORTS.items()),
+        ),
+    )
+    """Transports to sweep, names in TRANSPORTS (the API's default: gloo)."""
+    world_sizes: list[int] = field(
+        default_factory=lambda: [1, 2],
+        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
+    )
+    """Comma-separated rank counts, one sweep each."""
+    sizes_bytes: list[int] = field(
+        default_factory=lambda: list(DEFAULT_SIZES_BYTES),
+        metadata=flag_spec(
+            name="--sizes",
+            parse=lambda s: parse_size_list(s, flag="--sizes"),
+            help="comma-separated message sizes, binary K/M/G, each rounded down to whole float32 "
+            "elements (default 4,16,64,...,64M)",
+        ),
+    )
+    """Message sizes in bytes."""
+    iters: int | None = None
+    """Timed iterations per point (default: adaptive, about 0.3 s a point)."""
 
     def __post_init__(self) -> None:
         for flag, values in (("--transport", self.transports), ("--world-sizes", self.world_sizes)):
             if not values:
-                raise ValueError(f"{flag}: the list is empty; give at least one value")
+                raise ConfigError(f"{flag}: the list is empty; give at least one value")
             dupes = sorted({v for v in values if values.count(v) > 1})
             if dupes:
-                raise ValueError(f"{flag}: {', '.join(map(str, dupes))} listed more than once")
+                raise ConfigError(f"{flag}: {', '.join(map(str, dupes))} listed more than once")
         parse_name_list(",".join(self.transports), flag="--transport", choices=list(TRANSPORTS))
         if any(n < 1 for n in self.world_sizes):
-            raise ValueError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
+            raise ConfigError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
         for t in self.transports:
             for n in self.world_sizes:
                 if why := TRANSPORTS[t].unavailable(n):
-                    raise ValueError(f"--transport: {t} cannot run at world size {n}: {why}")
+                    raise ConfigError(f"--transport: {t} cannot run at world size {n}: {why}")
         if not self.sizes_bytes or any(s < 1 for s in self.sizes_bytes):
-            raise ValueError(f"--sizes: give at least one size, each >= 1 byte; got {self.sizes_bytes}")
+            raise ConfigError(f"--sizes: give at least one size, each >= 1 byte; got {self.sizes_bytes}")
         if self.iters is not None and self.iters < 1:
-            raise ValueError(f"--iters: must be >= 1 (or omitted for adaptive), got {self.iters}")
+            raise ConfigError(f"--iters: must be >= 1 (or omitted for adaptive), got {self.iters}")
 
     def message_numels(self) -> list[int]:
         """float32 element counts to sweep, ascending; sizes that round alike are measured once."""
@@ -339,7 +360,7 @@ def fit_latency_bandwidth(
     """
     b, t = np.asarray(sizes_bytes, dtype=np.float64), np.asarray(times_us, dtype=np.float64)
     if len(b) < 2 or len(set(b.tolist())) < 2:
-        raise ValueError("a latency-bandwidth fit needs points at two or more different sizes")
+        raise ConfigError("a latency-bandwidth fit needs points at two or more different sizes")
     design = np.column_stack([np.ones_like(b), b]) / t[:, None]
     (alpha_us, us_per_byte), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
     rms = float(np.sqrt(np.mean(((alpha_us + b * us_per_byte - t) / t) ** 2)))
@@ -365,55 +386,3 @@ def fit_all(points: Sequence[AllReducePoint]) -> list[LatencyBandwidthFit]:
             alpha, beta, rms = fit_latency_bandwidth([p.bytes for p in group], [p.time_us for p in group])
             fits.append(LatencyBandwidthFit(transport, n, alpha, beta, len(group), rms))
     return fits
-
-
-# ---- command line -------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    choices = "; ".join(f"{name}: {spec.description}" for name, spec in TRANSPORTS.items())
-    # argparse %-formats help text; a transport's description must not break --help
-    add(
-        "--transport",
-        default=None,
-        help=f"comma-separated (default: every transport available here) from {choices}".replace("%", "%%"),
-    )
-    add("--world-sizes", default="1,2", help="comma-separated rank counts (default 1,2)")
-    add("--sizes", default=None, help="comma-separated, binary K/M/G (default 4,16,64,...,64M)")
-    add("--iters", type=int, default=None, help="timed iterations per point (default: adaptive)")
-    add("--json", action="store_true", help="print the points as JSON on the last line of stdout")
-    add("--report-dir", default="reports", help="base directory of the report (default reports)")
-
-
-def config_from_args(args: argparse.Namespace) -> AllReduceConfig:
-    return AllReduceConfig(
-        transports=(
-            parse_name_list(args.transport, flag="--transport", choices=list(TRANSPORTS))
-            if args.transport
-            else available_transports()
-        ),
-        world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
-        sizes_bytes=parse_size_list(args.sizes, flag="--sizes") if args.sizes else list(DEFAULT_SIZES_BYTES),
-        iters=args.iters,
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    from .allreduce_report import (  # rendering lives beside, and imports, this module
-        format_fits,
-        format_table,
-        write_report,
-    )
-
-    config = config_from_args(args)
-    result = run(config)
-    print(format_table(result))
-    print(BUSBW_CONVENTION)
-    print(format_fits(result))
-    report = ReportDir.create(args.report_dir, "allreduce")
-    write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps([p.to_dict() for p in result.points]))
-    return 0

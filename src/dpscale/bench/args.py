@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from ..errors import ConfigError
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # "16M", "16MiB", "16MB", "4096", "4096B": one integer, an optional binary unit, an optional "B".
 # "MB" is read as binary too: in a size sweep nobody means 10**6, and refusing it would only annoy.
@@ -19,13 +21,13 @@ def parse_size(text: str, *, flag: str = "size") -> int:
     """Read "16M" as 16 * 2**20 bytes; `flag` names the option in the error message."""
     m = _SIZE_RE.match(text)
     if m is None:
-        raise ValueError(
+        raise ConfigError(
             f"{flag}: cannot read {text!r} as a size; use an integer with an optional K, M or G "
             f"suffix (binary: 4K = 4096 bytes), e.g. 4K,16M"
         )
     value = int(m.group(1)) * _UNITS[(m.group(2) or "").upper()]
     if value < 1:
-        raise ValueError(f"{flag}: size {text!r} is zero; sizes must be at least 1 byte")
+        raise ConfigError(f"{flag}: size {text!r} is zero; sizes must be at least 1 byte")
     return value
 
 
@@ -41,7 +43,7 @@ def format_size(num_bytes: int) -> str:
 def _items(text: str, flag: str) -> list[str]:
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
-        raise ValueError(f"{flag}: {text!r} has an empty entry; give a comma-separated list like 1,2,4")
+        raise ConfigError(f"{flag}: {text!r} has an empty entry; give a comma-separated list like 1,2,4")
     return items
 
 
@@ -57,9 +59,9 @@ def parse_int_list(text: str, *, flag: str, minimum: int | None = None) -> list[
         try:
             value = int(item)
         except ValueError:
-            raise ValueError(f"{flag}: {item!r} is not an integer; give a list like 1,2,4") from None
+            raise ConfigError(f"{flag}: {item!r} is not an integer; give a list like 1,2,4") from None
         if minimum is not None and value < minimum:
-            raise ValueError(f"{flag}: {value} is too small; every value must be >= {minimum}")
+            raise ConfigError(f"{flag}: {value} is too small; every value must be >= {minimum}")
         values.append(value)
     return values
 
@@ -70,5 +72,5 @@ def parse_name_list(text: str, *, flag: str, choices: list[str] | None = None) -
     if choices is not None:
         unknown = [n for n in names if n not in choices]
         if unknown:
-            raise ValueError(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+            raise ConfigError(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
     return names

@@ -1,8 +1,6 @@
-"""`dpscale report DIR [DIR...]`: re-render one bench report from its report.json, or compare several.
+"""`dpscale report DIR DIR [DIR...]`: compare bench reports (one DIR is re-rendered: rerender.py).
 
-One directory: its report.md and plots are rendered again from report.json alone, through the bench's
-own `from_dict` and `write_report` (after a change to the rendering, or to restore deleted files).
-Two or more: an A/B table of each bench's headline figures. The first directory is the baseline A;
+Two or more directories: an A/B table of each bench's headline figures. The first directory is the baseline A;
 every ratio is (that report's value) / (A's value). A comparison reads report.json as plain JSON, so
 it needs no bench module and works on reports from other machines and older versions.
 
@@ -25,9 +23,7 @@ A comparison prints the table and writes compare-<UTC>/ under the first director
 
 from __future__ import annotations
 
-import argparse
 import csv
-import importlib
 import json
 import string
 import time
@@ -35,69 +31,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .report import ReportDir, markdown_table
+from ..errors import ConfigError
+from .report import markdown_table
 from .sysinfo import describe_system
 
-# command -> (module, result class): imported only when a report of that command is re-rendered, so
-# a missing or broken bench costs only its own reports. `<module>_report` holds its write_report.
-BENCHES: dict[str, tuple[str, str]] = {
-    "allreduce": ("dpscale.bench.allreduce", "AllReduceResult"),
-    "scaling": ("dpscale.bench.scaling", "ScalingResult"),
-    "convergence": ("dpscale.bench.convergence", "ConvergenceResult"),
-    "scale": ("dpscale.bench.script_scaling", "ScaleResult"),
-}
 # Which way is better, for the note under the table; every other metric: higher is better.
 LOWER_IS_BETTER = ("time_us", "final_loss")
 
 
-# ---- reading and re-rendering -------------------------------------------------------------------
+# ---- reading -------------------------------------------------------------------
 
 
 def load_report(directory: str | Path) -> dict:
     """report.json of a report directory; ValueError naming the directory when it is not one."""
     path = Path(directory) / "report.json"
     if not path.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"{directory}: no report.json there; give a directory written by a `dpscale bench` command"
         )
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read it as JSON ({e})") from None
+        raise ConfigError(f"{path}: cannot read it as JSON ({e})") from None
     missing = [k for k in ("command", "results") if not (isinstance(doc, dict) and k in doc)]
     if missing:
-        raise ValueError(f"{path}: not a bench report, it lacks {', '.join(missing)}")
+        raise ConfigError(f"{path}: not a bench report, it lacks {', '.join(missing)}")
     return doc
-
-
-def _bench(command: str, directory: str | Path):
-    """(module, result class) that re-render reports of `command`."""
-    if command not in BENCHES:
-        raise ValueError(
-            f"{directory}: report command {command!r} cannot be re-rendered; known: {', '.join(BENCHES)}"
-        )
-    module_name, class_name = BENCHES[command]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(
-            f"{directory}: a {command} report needs {module_name}, which cannot be imported here ({e}); "
-            "re-render it with a dpscale that has that bench"
-        ) from None
-    return importlib.import_module(module_name + "_report"), getattr(module, class_name)
-
-
-def rerender(directory: str | Path) -> Path:
-    """Write `directory`'s report.md, plots and CSV again from its report.json; returns report.md's path."""
-    doc = load_report(directory)
-    module, result_class = _bench(doc["command"], directory)
-    result = result_class.from_dict(doc["results"])
-    # The original command line and system, not this process's: the report describes that run.
-    report = ReportDir(
-        path=Path(directory), command=doc["command"], argv=list(doc.get("argv") or []), system=doc["system"]
-    )
-    module.write_report(result, report)
-    return report.path / "report.md"
 
 
 # ---- comparing ----------------------------------------------------------------------------------
@@ -199,17 +158,17 @@ def _ratio(value: object, base: object) -> float | None:
 def compare(directories: Sequence[str | Path]) -> Comparison:
     """Match the reports' rows on their key columns and put each metric side by side with its ratio to A."""
     if len(directories) < 2:
-        raise ValueError("dirs: a comparison needs two or more report directories")
+        raise ConfigError("dirs: a comparison needs two or more report directories")
     docs = [load_report(d) for d in directories]
     command = docs[0]["command"]
     for d, doc in zip(directories[1:], docs[1:], strict=True):
         if doc["command"] != command:
-            raise ValueError(
+            raise ConfigError(
                 f"cannot compare a {command} report ({directories[0]}) with a {doc['command']} report "
                 f"({d}); compare reports of the same command"
             )
     if command not in FIGURES:
-        raise ValueError(
+        raise ConfigError(
             f"{directories[0]}: {command} reports cannot be compared; known: {', '.join(FIGURES)}"
         )
     figures = FIGURES[command]
@@ -218,7 +177,7 @@ def compare(directories: Sequence[str | Path]) -> Comparison:
         try:
             row_sets.append(list(figures.rows(doc["results"])))
         except (KeyError, TypeError) as e:
-            raise ValueError(f"{d}: its report.json results are not a {command} result ({e!r})") from None
+            raise ConfigError(f"{d}: its report.json results are not a {command} result ({e!r})") from None
     key_columns = _key_columns(figures, row_sets)
     by_key: list[dict[tuple, dict]] = [
         {tuple(r.get(c) for c in key_columns): r for r in rows} for rows in row_sets
@@ -277,11 +236,11 @@ def _note(comparison: Comparison) -> str:
     return "; ".join([matched, ratio, *parts]) + "."
 
 
-def _output_dir(first: str | Path, out: str | Path | None) -> Path:
+def output_dir(first: str | Path, out: str | Path | None) -> Path:
     if out is not None:
         path = Path(out)
         if path.exists() and not path.is_dir():
-            raise ValueError(f"--out: {path} is a file; give a directory")
+            raise ConfigError(f"--out: {path} is a file; give a directory")
         path.mkdir(parents=True, exist_ok=True)
         return path
     base = Path(first).resolve().parent
@@ -317,31 +276,3 @@ def write_comparison(comparison: Comparison, directory: Path) -> Path:
     path = directory / "report.md"
     path.write_text("\n".join(lines))
     return path
-
-
-# ---- command line -------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "dirs",
-        nargs="+",
-        metavar="DIR",
-        help="one report directory to re-render, or two or more to compare (the first is the baseline A)",
-    )
-    parser.add_argument(
-        "--out", default=None, help="where a comparison goes (default: compare-<UTC> next to the first DIR)"
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    if len(args.dirs) == 1:
-        if args.out is not None:
-            raise ValueError("--out: only a comparison (two or more DIRs) writes a new directory")
-        print(f"re-rendered {rerender(args.dirs[0])}")
-        return 0
-    comparison = compare(args.dirs)
-    print(format_comparison(comparison))
-    path = write_comparison(comparison, _output_dir(args.dirs[0], args.out))
-    print(f"report: {path.parent}")
-    return 0

@@ -36,7 +36,6 @@ Losses are per-step means over the global batch (metrics.jsonl's "loss"); null m
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -47,13 +46,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cores import usable_cores
-from ..engine.powersgd import COMPRESSIONS
-from ..testing.multirank import run_ranks
+from ..engine.hooks import COMPRESSIONS
+from ..errors import ConfigError
+from ..flags import flag_spec
+from ..multirank import run_ranks
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
 from ..workloads import WORKLOADS, get_workload
 from .args import parse_int_list
-from .report import ReportDir
 
 DEFAULT_EPOCHS = 5
 DEFAULT_TOLERANCE = 0.05
@@ -71,25 +71,43 @@ SUMMARY_KEYS = (
 
 @dataclass(kw_only=True)
 class ConvergenceConfig:
-    workload: str = "digits"  # --workload: a built-in workload
-    world_sizes: list[int] = field(default_factory=lambda: [1, 2])  # --world-sizes: each divides the largest
-    global_batch: int | None = None  # --global-batch: samples per optimizer step (default: the workload's)
-    samples: int | None = None  # --samples: samples to train on (default: 5 epochs of the training set)
-    seed: int = 0  # --seed: model init and data order, the same for every world size
-    tolerance: float = DEFAULT_TOLERANCE  # --tolerance: largest max_rel_gap that is still "ok"
-    compression: str = "none"  # --compression: gradient compression of the non-reference runs
+    workload: str = field(
+        default="digits", metadata=flag_spec(help=f"one of {', '.join(WORKLOADS)} (default digits)")
+    )
+    """A built-in workload."""
+    world_sizes: list[int] = field(
+        default_factory=lambda: [1, 2],
+        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
+    )
+    """Comma-separated world sizes, each dividing the largest."""
+    global_batch: int | None = None
+    """Samples per optimizer step (default: the workload's)."""
+    samples: int | None = None
+    """Samples to train on (default: 5 epochs of the training set)."""
+    seed: int = 0
+    """Model init and data order, the same for every world size."""
+    tolerance: float = DEFAULT_TOLERANCE
+    """Largest relative loss gap (max_rel_gap) that is still ok (0.05 = 5%)."""
+    compression: str = field(
+        default="none",
+        metadata=flag_spec(
+            help=f"{', '.join(COMPRESSIONS)}: gradient compression of every world size but the "
+            "(uncompressed) reference (default none)"
+        ),
+    )
+    """Gradient compression of the non-reference runs."""
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
-            raise ValueError(f"--workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+            raise ConfigError(f"--workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
         if not self.world_sizes:
-            raise ValueError("--world-sizes: the list is empty; give at least one world size, e.g. 1,2")
+            raise ConfigError("--world-sizes: the list is empty; give at least one world size, e.g. 1,2")
         if any(w < 1 for w in self.world_sizes) or len(set(self.world_sizes)) != len(self.world_sizes):
-            raise ValueError(f"--world-sizes: need distinct values >= 1, got {self.world_sizes}")
+            raise ConfigError(f"--world-sizes: need distinct values >= 1, got {self.world_sizes}")
         largest = max(self.world_sizes)
         if uneven := [w for w in self.world_sizes if largest % w]:
             divisors = ",".join(str(d) for d in range(1, largest + 1) if largest % d == 0)
-            raise ValueError(
+            raise ConfigError(
                 f"--world-sizes: {', '.join(map(str, uneven))} does not divide the largest world size "
                 f"{largest}, so it cannot take the same micro-batches with whole accumulation steps; "
                 f"use divisors of {largest} ({divisors})"
@@ -98,7 +116,7 @@ class ConvergenceConfig:
             self.global_batch = get_workload(self.workload).global_batch
         if self.global_batch < 1 or self.global_batch % largest:
             up = max(largest, math.ceil(self.global_batch / largest) * largest)
-            raise ValueError(
+            raise ConfigError(
                 f"--global-batch: {self.global_batch} does not split into {largest} equal micro-batches "
                 f"(the largest world size); use a multiple of {largest}, e.g. {up}"
             )
@@ -106,17 +124,17 @@ class ConvergenceConfig:
             train, _ = get_workload(self.workload).build_data(self.seed)
             self.samples = DEFAULT_EPOCHS * len(train)
         if self.samples < 2 * self.global_batch:
-            raise ValueError(
+            raise ConfigError(
                 f"--samples: {self.samples} is fewer than two steps of global batch {self.global_batch}; "
                 f"the comparison needs a second half of training: use at least {2 * self.global_batch}"
             )
         if self.seed < 0:
-            raise ValueError(f"--seed: must be >= 0, got {self.seed}")
+            raise ConfigError(f"--seed: must be >= 0, got {self.seed}")
         if self.compression not in COMPRESSIONS:
             choices = ", ".join(COMPRESSIONS)
-            raise ValueError(f"--compression: unknown {self.compression!r}; choose one of {choices}")
+            raise ConfigError(f"--compression: unknown {self.compression!r}; choose one of {choices}")
         if not (self.tolerance > 0 and math.isfinite(self.tolerance)):
-            raise ValueError(f"--tolerance: must be a positive fraction (0.05 = 5%), got {self.tolerance}")
+            raise ConfigError(f"--tolerance: must be a positive fraction (0.05 = 5%), got {self.tolerance}")
 
     @property
     def steps(self) -> int:
@@ -230,7 +248,7 @@ def compare_curves(
 ) -> CurveGap:
     """The gap of `other`'s loss curve to `reference`'s (same steps), as described in the module doc."""
     if len(reference) != len(other) or not reference:
-        raise ValueError(f"curves need the same, non-zero number of steps: {len(reference)} vs {len(other)}")
+        raise ConfigError(f"curves need the same, non-zero number of steps: {len(reference)} vs {len(other)}")
     compared = gaps(reference, other, smoothing_window(len(reference)))[compared_from(len(reference)) :]
     if not all(math.isfinite(rel) for _, rel in compared):
         return CurveGap(None, None, False)  # diverged: no number to report, and not "ok"
@@ -305,57 +323,3 @@ def verdict(run: ConvergenceRun, reference_world_size: int) -> str:
     if run.max_rel_gap is None:
         return "DEPARTS (non-finite loss)"
     return "ok" if run.within_tolerance else "DEPARTS beyond tolerance"
-
-
-# ---- command line -------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--workload", default="digits", help=f"one of {', '.join(WORKLOADS)} (default digits)")
-    add("--world-sizes", default="1,2", help="comma-separated, each dividing the largest (default 1,2)")
-    add("--global-batch", type=int, default=None, help="samples per step (default: the workload's)")
-    add("--samples", type=int, default=None, help=f"samples to train on (default {DEFAULT_EPOCHS} epochs)")
-    add("--seed", type=int, default=0, help="model init and data order (default 0)")
-    tolerance_help = f"largest relative loss gap still ok (default {DEFAULT_TOLERANCE:g} = 5%%)"
-    add("--tolerance", type=float, default=DEFAULT_TOLERANCE, help=tolerance_help)
-    compression_help = "gradient compression of every world size but the (uncompressed) reference"
-    add("--compression", default="none", help=f"{', '.join(COMPRESSIONS)}: {compression_help} (default none)")
-    add("--json", action="store_true", help="print one object per world size as JSON on the last line")
-    add("--report-dir", default="reports", help="base directory of the report (default reports)")
-
-
-def config_from_args(args: argparse.Namespace) -> ConvergenceConfig:
-    return ConvergenceConfig(
-        workload=args.workload,
-        world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
-        global_batch=args.global_batch,
-        samples=args.samples,
-        seed=args.seed,
-        tolerance=args.tolerance,
-        compression=args.compression,
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    from .convergence_report import (  # rendering lives beside, and imports, this module
-        format_table,
-        largest_gap_text,
-        write_report,
-    )
-
-    """Exit code 0 when every world size is within tolerance, 1 when one departs."""
-    result = run(config_from_args(args))
-    print(format_table(result))
-    if result.config.compression != "none":
-        ref = result.reference.world_size
-        print(
-            f"compression: {result.config.compression} at every world size but {ref} (uncompressed reference)"
-        )
-    print(largest_gap_text(result))
-    report = ReportDir.create(args.report_dir, "convergence")
-    write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps(result.summary()))
-    return 0 if all(r.within_tolerance for r in result.runs) else 1

@@ -9,16 +9,54 @@ by torch DDP's in the same round, with the spread of those ratios.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from ..engine.registry import BENCH_ENGINES, DEFAULT_BENCH_ENGINES, parse_engines
+from ..errors import ConfigError
+from ..flags import flag_spec
 from ..workloads.recipe import load_recipe
 from . import scaling
-from .engines import ENGINES, parse_engines
-from .report import ReportDir
-from .scaling_report import write_report
+
+
+def _names(text: str) -> list[str]:
+    return [m for m in text.split(",") if m]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineBenchConfig:
+    """`dpscale bench engine`: every model at one world size, each engine in alternating rounds."""
+
+    models: list[str] = field(
+        default_factory=lambda: ["mlp", "transformer"], metadata=flag_spec(parse=_names)
+    )
+    """Comma-separated built-in workloads or module:callable specs returning a dpscale.Task."""
+    world_size: int = 2
+    """Workers."""
+    per_worker_batch: int = 64
+    """Samples per worker and step."""
+    steps: int = 60
+    """Timed steps per engine."""
+    engines: list[str] = field(
+        default_factory=lambda: list(DEFAULT_BENCH_ENGINES),
+        metadata=flag_spec(
+            parse=lambda s: parse_engines(s, BENCH_ENGINES),
+            help=f"comma-separated: {', '.join(BENCH_ENGINES)} (default: {','.join(DEFAULT_BENCH_ENGINES)})",
+        ),
+    )
+    """Engines to compare."""
+
+    def __post_init__(self) -> None:
+        for m in self.models:
+            load_recipe(m, "--models", check=True)  # unknown or broken ones fail before anything starts
+        parse_engines(",".join(self.engines), BENCH_ENGINES)
+        for flag, value in (
+            ("--world-size", self.world_size),
+            ("--per-worker-batch", self.per_worker_batch),
+            ("--steps", self.steps),
+        ):
+            if value < 1:
+                raise ConfigError(f"{flag} must be >= 1, got {value}")
 
 
 @dataclass
@@ -58,7 +96,7 @@ def run(
         model=model,
         world_sizes=[world_size],
         per_worker_batch=per_worker_batch,
-        engines=list(engines or ENGINES),
+        engines=list(engines or DEFAULT_BENCH_ENGINES),
         steps=steps,
     )
     result = scaling.run(config)
@@ -117,55 +155,3 @@ def format_result(res: EngineBenchResult) -> str:
     for e, (med, p10, p90) in res.ratios_vs_torch.items():
         lines.append(f"{e}/torch step-time ratio: {med:.3f} (p10 {p10:.3f}, p90 {p90:.3f} over rounds)")
     return "\n".join(lines)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--models",
-        default="mlp,transformer",
-        help="comma-separated built-in workloads or module:callable specs returning a dpscale.Task",
-    )
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--per-worker-batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=60, help="timed steps per engine")
-    p.add_argument(
-        "--engines", default=",".join(ENGINES), help="comma-separated: dpscale, dpscale-gloo, torch, local"
-    )
-    p.add_argument("--json", action="store_true", help="print the results as a JSON list on the last line")
-    p.add_argument("--report-dir", default="reports", help="base directory of the reports (default reports)")
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    models = [m for m in args.models.split(",") if m]
-    for m in models:
-        load_recipe(m, "--models", check=True)  # unknown or broken ones fail before anything starts
-    engines = parse_engines(args.engines)
-    for flag, value in (
-        ("--world-size", args.world_size),
-        ("--per-worker-batch", args.per_worker_batch),
-        ("--steps", args.steps),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
-    results = []
-    for m in models:
-        res, measured = run(m, args.world_size, args.per_worker_batch, engines, args.steps)
-        print(format_result(res), flush=True)
-        # the per-step measurements, as a scaling report: `dpscale report` re-renders and compares it
-        report = ReportDir.create(args.report_dir, "scaling")
-        write_report(measured, report)
-        print(f"report: {report.path}", flush=True)
-        results.append(res.to_dict())
-    if args.json:
-        print(json.dumps(results))
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_from_args(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

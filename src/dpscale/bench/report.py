@@ -30,6 +30,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
+from ..errors import ConfigError
 from .args import format_size
 from .sysinfo import collect_system_info, describe_system
 
@@ -81,7 +82,7 @@ def markdown_table(
     formats, headers = formats or {}, headers or {}
     unknown = [c for c in (*formats, *headers) if c not in columns]
     if unknown:
-        raise ValueError(f"formats/headers name columns {unknown} that are not in columns {list(columns)}")
+        raise ConfigError(f"formats/headers name columns {unknown} that are not in columns {list(columns)}")
 
     def cell(column: str, value: object) -> str:
         if value is None:
@@ -140,7 +141,7 @@ class ReportDir:
         its name only, e.g. `dpscale bench allreduce --sizes 4K`).
         """
         if not _NAME_RE.match(command):
-            raise ValueError(f"command {command!r} cannot name a directory; use letters, digits, _ . -")
+            raise ConfigError(f"command {command!r} cannot name a directory; use letters, digits, _ . -")
         if argv is None:
             argv = [Path(sys.argv[0]).name, *sys.argv[1:]]
         base = Path(base)
@@ -163,7 +164,7 @@ class ReportDir:
 
     def _file(self, name: str, suffix: str) -> Path:
         if not _NAME_RE.match(name):
-            raise ValueError(f"file name {name!r} must be a plain name (letters, digits, _ . -)")
+            raise ConfigError(f"file name {name!r} must be a plain name (letters, digits, _ . -)")
         return self.path / (name if name.endswith(suffix) else name + suffix)
 
     def write_json(self, results: object, *, config: Mapping | None = None) -> Path:
@@ -219,7 +220,7 @@ class ReportDir:
         if isinstance(block, Image):
             # A broken image link in a report is easy to miss; refuse it while it is easy to fix.
             if not (self.path / block.file).is_file():
-                raise ValueError(f"image {block.file!r} is not in {self.path}; save_figure it first")
+                raise ConfigError(f"image {block.file!r} is not in {self.path}; save_figure it first")
             return f"![{block.alt}]({block.file})"
         if isinstance(block, str):
             return block.rstrip()
@@ -237,7 +238,7 @@ def read_report(location: str | Path, *, flag: str) -> dict:
     try:
         doc = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{flag}: cannot read a report at {path}: {e}") from None
+        raise ConfigError(f"{flag}: cannot read a report at {path}: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict | list):
-        raise ValueError(f"{flag}: {path} is not a dpscale report (it has no results)")
+        raise ConfigError(f"{flag}: {path} is not a dpscale report (it has no results)")
     return doc

@@ -31,8 +31,6 @@ JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
 import sys
@@ -44,13 +42,15 @@ import torch.distributed as dist
 from torch import nn
 
 from ..cores import usable_cores
-from ..testing.multirank import run_ranks
+from ..engine.registry import BENCH_ENGINES, DEFAULT_BENCH_ENGINES, wrap
+from ..errors import ConfigError
+from ..flags import flag_spec
+from ..multirank import run_ranks
 from ..workloads import WORKLOADS
 from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 from ..workloads.task import call_model
 from .args import parse_int_list, parse_name_list
-from .engines import ALL_ENGINES, ENGINES, wrap
-from .report import ReportDir
+from .rounds import fixed_round_sizes, run_rounds
 
 MODES = ("weak", "strong")
 DEFAULT_PER_WORKER_BATCH = 64
@@ -61,47 +61,68 @@ STEPS_PER_ROUND = 5
 
 @dataclass(frozen=True, kw_only=True)
 class ScalingConfig:
-    model: str = "mlp"  # --model: a built-in workload or module:callable returning a Task
-    mode: str = "weak"  # --mode: weak keeps the per-worker batch fixed, strong the global batch
-    per_worker_batch: int | None = None  # --per-worker-batch: weak mode only; None means 64
-    global_batch: int | None = None  # --global-batch: strong mode only (required); split G/N per worker
-    world_sizes: list[int] = field(default_factory=lambda: [1, 2])  # --world-sizes: workers per launch
-    engines: list[str] = field(default_factory=lambda: list(ENGINES))  # --engines: names in ENGINES
-    steps: int = 30  # --steps: timed steps per engine and world size, split in alternating rounds
-    warmup: int = 3  # --warmup: untimed steps per engine first (allocator, caches, first buckets)
-    threads_per_worker: int = 1  # --threads-per-worker: intra-op threads; N workers use N x this cores
+    model: str = field(default="mlp", metadata=flag_spec(help=TASK_CONVENTION))
+    """A built-in workload or module:callable returning a Task."""
+    mode: str = "weak"
+    """weak keeps the per-worker batch fixed, strong the global batch."""
+    per_worker_batch: int | None = None
+    """Weak mode only (default 64)."""
+    global_batch: int | None = None
+    """Strong mode only (required): split G/N over N workers."""
+    world_sizes: list[int] = field(
+        default_factory=lambda: [1, 2],
+        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
+    )
+    """Comma-separated worker counts, one launch each."""
+    engines: list[str] = field(
+        default_factory=lambda: list(DEFAULT_BENCH_ENGINES),
+        metadata=flag_spec(
+            parse=lambda s: parse_name_list(s, flag="--engines", choices=list(BENCH_ENGINES)),
+            help=f"comma-separated from {', '.join(BENCH_ENGINES)} "
+            f"(default: {','.join(DEFAULT_BENCH_ENGINES)})",
+        ),
+    )
+    """Engines to compare (engine/registry.py's BENCH_ENGINES)."""
+    steps: int = 30
+    """Timed steps per engine and world size, split in alternating rounds."""
+    warmup: int = 3
+    """Untimed steps per engine first (allocator, caches, first buckets)."""
+    threads_per_worker: int = 1
+    """Intra-op threads per worker; N workers use N x this many cores."""
 
     def __post_init__(self) -> None:
         if not is_task_spec(self.model):
-            raise ValueError(
+            raise ConfigError(
                 f"--model: unknown {self.model!r}; choose from {', '.join(WORKLOADS)} or give module:callable"
             )
         if self.mode not in MODES:
-            raise ValueError(f"--mode: {self.mode!r} is not a mode; choose weak or strong")
+            raise ConfigError(f"--mode: {self.mode!r} is not a mode; choose weak or strong")
         for flag, values in (("--world-sizes", self.world_sizes), ("--engines", self.engines)):
             if not values or len(set(values)) != len(values):
-                raise ValueError(f"{flag}: give a non-empty list without repeats, got {values}")
-        parse_name_list(",".join(self.engines), flag="--engines", choices=list(ALL_ENGINES))
+                raise ConfigError(f"{flag}: give a non-empty list without repeats, got {values}")
+        parse_name_list(",".join(self.engines), flag="--engines", choices=list(BENCH_ENGINES))
         if any(n < 1 for n in self.world_sizes):
-            raise ValueError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
+            raise ConfigError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
         if self.mode == "weak":
             if self.global_batch is not None:
-                raise ValueError("--global-batch: only for --mode strong; weak mode fixes --per-worker-batch")
+                raise ConfigError(
+                    "--global-batch: only for --mode strong; weak mode fixes --per-worker-batch"
+                )
             if self.per_worker_batch is None:
                 object.__setattr__(self, "per_worker_batch", DEFAULT_PER_WORKER_BATCH)
             if self.per_worker_batch < 1:
-                raise ValueError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
+                raise ConfigError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
         else:
             if self.per_worker_batch is not None:
-                raise ValueError(
+                raise ConfigError(
                     "--per-worker-batch: only for --mode weak; strong mode splits --global-batch"
                 )
             if self.global_batch is None or self.global_batch < 1:
-                raise ValueError("--global-batch: --mode strong needs a global batch >= 1, e.g. 128")
+                raise ConfigError("--global-batch: --mode strong needs a global batch >= 1, e.g. 128")
             bad = [n for n in self.world_sizes if self.global_batch % n]
             if bad:
                 multiple = math.lcm(*self.world_sizes)
-                raise ValueError(
+                raise ConfigError(
                     f"--global-batch: {self.global_batch} is not divisible by world size {bad[0]}; "
                     f"use a multiple of {multiple}"
                 )
@@ -111,7 +132,7 @@ class ScalingConfig:
             ("--threads-per-worker", self.threads_per_worker, 1),
         ):
             if value < minimum:
-                raise ValueError(f"{flag}: must be >= {minimum}, got {value}")
+                raise ConfigError(f"{flag}: must be >= {minimum}, got {value}")
 
     def batches(self, world_size: int) -> tuple[int, int]:
         """(per-worker batch, global batch) at `world_size`."""
@@ -212,10 +233,6 @@ def split_rounds(per_step: list[float]) -> list[list[float]]:
     return [per_step[i : i + STEPS_PER_ROUND] for i in range(0, len(per_step), STEPS_PER_ROUND)]
 
 
-def _round_sizes(steps: int) -> list[int]:
-    return [min(STEPS_PER_ROUND, steps - s) for s in range(0, steps, STEPS_PER_ROUND)]
-
-
 def _rank_measure(
     rank: int, world_size: int, spec: str, batch: int, engines: list[str], steps: int, warmup: int, path: list
 ) -> dict:
@@ -229,23 +246,19 @@ def _rank_measure(
         model = wrap(workload.build_model(), e)
         # A small lr keeps weights finite over the run; the update costs the same whatever the lr.
         runs[e] = (model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9))
-    times: dict[str, list[float]] = {e: [] for e in engines}
-    comm: dict[str, list[tuple[float, float]]] = {e: [] for e in engines}
 
-    def step(e: str) -> float:
+    def step(e: str) -> tuple[float, tuple[float, float] | None]:
         model, opt = runs[e]
-        return timed_step(model, opt, workload.loss, x, y, batch)
+        ms = timed_step(model, opt, workload.loss, x, y, batch)
+        stats = getattr(model, "last_step_stats", None)
+        return ms, (stats.comm_ms, stats.exposed_comm_ms) if stats is not None else None
 
     for e in engines:
         for _ in range(warmup):
             step(e)
-    for r, size in enumerate(_round_sizes(steps)):
-        for e in engines[r % len(engines) :] + engines[: r % len(engines)]:
-            for _ in range(size):
-                times[e].append(step(e))
-                stats = getattr(runs[e][0], "last_step_stats", None)
-                if stats is not None:
-                    comm[e].append((stats.comm_ms, stats.exposed_comm_ms))
+    rounds = run_rounds(engines, step, fixed_round_sizes(steps, STEPS_PER_ROUND))
+    times = {e: [ms for rnd in rounds[e] for ms, _ in rnd] for e in engines}
+    comm = {e: [c for rnd in rounds[e] for _, c in rnd if c is not None] for e in engines}
     return {"times": times, "comm": comm, "transport": {e: _transport_name(runs[e][0], e) for e in engines}}
 
 
@@ -320,52 +333,3 @@ def summarize(config: ScalingConfig, runs: list[EngineRun]) -> list[ScalingPoint
             )
         )
     return points
-
-
-# ---- command line -------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
-        "--model",
-        default="mlp",
-        help=TASK_CONVENTION.replace("%", "%%"),
-    )
-    add("--mode", default="weak", help="weak: per-worker batch fixed (default); strong: global batch fixed")
-    add("--per-worker-batch", type=int, default=None, help=f"weak mode (default {DEFAULT_PER_WORKER_BATCH})")
-    add("--global-batch", type=int, default=None, help="strong mode: split G/N over N workers")
-    add("--world-sizes", default="1,2", help="comma-separated worker counts (default 1,2)")
-    add("--engines", default=",".join(ENGINES), help=f"comma-separated from {', '.join(ALL_ENGINES)}")
-    add("--steps", type=int, default=30, help="timed steps per engine and world size (default 30)")
-    add("--warmup", type=int, default=3, help="untimed steps per engine first (default 3)")
-    add("--threads-per-worker", type=int, default=1, help="intra-op threads per worker (default 1)")
-    add("--json", action="store_true", help="print the points as JSON on the last line of stdout")
-    add("--report-dir", default="reports", help="base directory of the report (default reports)")
-
-
-def config_from_args(args: argparse.Namespace) -> ScalingConfig:
-    return ScalingConfig(
-        model=args.model,
-        mode=args.mode,
-        per_worker_batch=args.per_worker_batch,
-        global_batch=args.global_batch,
-        world_sizes=parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1),
-        engines=parse_name_list(args.engines, flag="--engines", choices=list(ALL_ENGINES)),
-        steps=args.steps,
-        warmup=args.warmup,
-        threads_per_worker=args.threads_per_worker,
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    from .scaling_report import format_table, write_report  # rendering lives beside, and imports, this module
-
-    result = run(config_from_args(args))
-    print(format_table(result))
-    report = ReportDir.create(args.report_dir, "scaling")
-    write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps([asdict(p) for p in result.points], allow_nan=False))
-    return 0

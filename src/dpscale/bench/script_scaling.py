@@ -19,19 +19,17 @@ JSON (`ScaleResult.to_dict()`, report.json's "results"):
 
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
 import statistics
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..cores import usable_cores
-from ..run.launch import RUN_ENGINES, check_script, run_script
+from ..engine.registry import RUN_ENGINES
+from ..errors import ConfigError
+from ..flags import flag_spec
+from ..run.launch import run_script
 from .args import parse_int_list, parse_name_list
-from .report import ReportDir
 
 JSON_ROW = ("world_size", "engine", "steps", "step_ms", "samples_per_s", "efficiency", "exposed_comm_ms")
 
@@ -39,23 +37,40 @@ JSON_ROW = ("world_size", "engine", "steps", "step_ms", "samples_per_s", "effici
 @dataclass(frozen=True, kw_only=True)
 class ScaleConfig:
     script: str
+    """Your training script (given after --, not as a flag)."""
     args: list[str] = field(default_factory=list)
-    world_sizes: list[int] = field(default_factory=lambda: [1, 2])
-    engines: list[str] = field(default_factory=lambda: ["dpscale"])
+    """Its arguments."""
+    world_sizes: list[int] = field(
+        default_factory=lambda: [1, 2],
+        metadata=flag_spec(name="--nproc", parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1)),
+    )
+    """Comma-separated world sizes."""
+    engines: list[str] = field(
+        default_factory=lambda: ["dpscale"],
+        metadata=flag_spec(
+            name="--engine", parse=lambda s: parse_name_list(s, flag="--engine", choices=list(RUN_ENGINES))
+        ),
+    )
+    """Comma-separated engines from dpscale, torch."""
     steps: int = 15
+    """Timed synchronized steps per run."""
     warmup: int = 3
-    threads_per_worker: int = 1
+    """Synchronized steps before timing."""
+    threads_per_worker: int = field(
+        default=1, metadata=flag_spec(help="intra-op threads (default: cores / largest N)")
+    )
+    """Intra-op threads per worker."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
-            raise ValueError(f"--steps must be at least 1, got {self.steps}")
+            raise ConfigError(f"--steps must be at least 1, got {self.steps}")
         if self.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+            raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
         if not self.world_sizes or min(self.world_sizes) < 1:
-            raise ValueError(f"--nproc: world sizes must be >= 1, got {self.world_sizes}")
+            raise ConfigError(f"--nproc: world sizes must be >= 1, got {self.world_sizes}")
         for e in self.engines:
             if e not in RUN_ENGINES:
-                raise ValueError(f"--engine: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
+                raise ConfigError(f"--engine: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
 
 
 @dataclass(frozen=True)
@@ -120,7 +135,7 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path) -> list[d
         )
     done = min(len(r["records"]) for r in ranks)
     if done < limit:
-        raise ValueError(
+        raise ConfigError(
             f"{config.script} ran {done} synchronized steps with {n} workers, fewer than --warmup "
             f"{config.warmup} + --steps {config.steps}; lower them or let the script run longer"
         )
@@ -192,60 +207,3 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
         for p in points
     ]
     return ScaleResult(config, points, profile)
-
-
-# ---- command line -------------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--nproc", default="1,2", help="comma-separated world sizes (default 1,2)")
-    add("--steps", type=int, default=15, help="timed synchronized steps per run (default 15)")
-    add("--warmup", type=int, default=3, help="synchronized steps before timing (default 3)")
-    add("--engine", default="dpscale", help="comma-separated from dpscale, torch (default dpscale)")
-    add("--threads-per-worker", type=int, default=None, help="intra-op threads (default: cores / largest N)")
-    add("--json", action="store_true", help="print one list of rows on the last line of stdout")
-    add("--report-dir", default="reports", help="base directory of the report (default reports)")
-    add(
-        "script_command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]", help="your training script"
-    )
-
-
-def config_from_args(args: argparse.Namespace) -> ScaleConfig:
-    command = args.script_command
-    command = command[1:] if command[:1] == ["--"] else command
-    if not command:
-        raise ValueError("give the script after --, e.g. dpscale scale --nproc 1,2 -- train.py --lr 0.1")
-    check_script(command[0])
-    sizes = parse_int_list(args.nproc, flag="--nproc", minimum=1)
-    threads = args.threads_per_worker or max(1, usable_cores() // max(sizes))
-    return ScaleConfig(
-        script=command[0],
-        args=command[1:],
-        world_sizes=sizes,
-        engines=parse_name_list(args.engine, flag="--engine", choices=list(RUN_ENGINES)),
-        steps=args.steps,
-        warmup=args.warmup,
-        threads_per_worker=threads,
-    )
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    from .script_scaling_report import format_table, write_report
-
-    config = config_from_args(args)
-    with tempfile.TemporaryDirectory(prefix="dpscale-scale-logs-") as logs:
-        try:
-            result = measure(config, Path(logs))
-        except ScriptFailed as e:  # the script's own failure: not bad input, so exit 1 with its output
-            print(f"dpscale scale: error: {e}", file=sys.stderr, flush=True)
-            return 1
-        report = ReportDir.create(args.report_dir, "scale")  # only now: nothing half-written
-        for log in Path(logs).glob("*.log"):
-            shutil.copy(log, report.path / log.name)
-    print(format_table(result))
-    write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps(result.rows(), allow_nan=False))
-    return 0

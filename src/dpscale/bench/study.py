@@ -9,13 +9,15 @@ the key plots. `--quick` shrinks every bench to fit a test's budget.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..errors import ConfigError
+from ..flags import flag_spec
+from ..workloads.recipe import load_recipe
 from . import allreduce, allreduce_report, convergence, convergence_report, scaling, scaling_report
+from .args import parse_int_list
 from .report import Image, ReportDir, Section, Table
 
 TRANSPORTS = ["shm", "gloo"]
@@ -25,13 +27,26 @@ MiB = 1 << 20
 @dataclass(kw_only=True, frozen=True)
 class StudyConfig:
     quick: bool = False
-    """Small sizes and few steps: under 90 s on 2 cores (for tests and a first look)."""
-    models: tuple[str, ...] = ("mlp", "transformer")
-    """Built-in models for the weak-scaling comparison (--quick uses the first only)."""
-    world_sizes: tuple[int, ...] = (1, 2)
+    """Small sizes, few steps (under 90 s)."""
+    models: tuple[str, ...] = field(
+        default=("mlp", "transformer"),
+        metadata=flag_spec(parse=lambda s: tuple(m for m in s.split(",") if m)),
+    )
+    """Models for weak scaling: built-in workloads or module:callable returning a dpscale.Task
+    (--quick uses the first only)."""
+    world_sizes: tuple[int, ...] = field(
+        default=(1, 2),
+        metadata=flag_spec(parse=lambda s: tuple(parse_int_list(s, flag="--world-sizes", minimum=1))),
+    )
     """Worker counts to compare."""
     report_dir: str = "reports"
-    """Where the combined report directory goes."""
+    """Base directory for the report."""
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ConfigError("--models: name at least one built-in model, e.g. mlp")
+        for m in self.models:
+            load_recipe(m, "--models", check=True)  # a broken task fails before the study starts
 
     def allreduce_config(self) -> allreduce.AllReduceConfig:
         sizes = [4, 4096, MiB, 16 * MiB] if self.quick else [4 * 4**i for i in range(13)]  # 4 B .. 64 MiB
@@ -232,33 +247,3 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
             Section("Details", [details]),
         ],
     )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="small sizes, few steps (under 90 s)")
-    parser.add_argument(
-        "--models",
-        default="mlp,transformer",
-        help="models for weak scaling: built-in workloads or module:callable returning a dpscale.Task",
-    )
-    parser.add_argument("--report-dir", default="reports", help="base directory for the report")
-    parser.add_argument("--json", action="store_true", help="print the summary rows as JSON on the last line")
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    from ..workloads.recipe import load_recipe
-
-    models = tuple(m for m in args.models.split(",") if m)
-    if not models:
-        raise ValueError("--models: name at least one built-in model, e.g. mlp")
-    for m in models:
-        load_recipe(m, "--models", check=True)  # a broken task fails before the study starts
-    config = StudyConfig(quick=args.quick, models=models, report_dir=args.report_dir)
-    result = run(config)
-    report = ReportDir.create(config.report_dir, "study")
-    write_report(result, report)
-    print(format_summary(result))
-    print(f"report: {report.path / 'report.md'}  ({result.wall_s:.0f} s)")
-    if args.json:
-        print(json.dumps(result.summary()))
-    return 0

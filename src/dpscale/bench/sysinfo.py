@@ -29,9 +29,8 @@ from pathlib import Path
 import numpy
 import torch
 
-import dpscale
-
 from ..cores import usable_cores
+from ..version import __version__
 
 # git can hang on a network file system or a lock; a report must not.
 _GIT_TIMEOUT_S = 5.0
@@ -51,10 +50,10 @@ def collect_system_info() -> dict:
         "software": {
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "dpscale": dpscale.__version__,
+            "dpscale": __version__,
             "numpy": numpy.__version__,
             "platform": platform.platform(),
-            **_git_state(Path(dpscale.__file__).resolve().parent),
+            **_git_state(Path(__file__).resolve().parents[1]),
         },
     }
 

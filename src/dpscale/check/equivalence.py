@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ..engine import DistributedDataParallel
-from ..testing.multirank import run_ranks
+from ..errors import ConfigError
+from ..flags import add_dataclass_arguments, dataclass_kwargs, flag_spec
+from ..multirank import run_ranks
 from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 
 # fp32 sums in another order differ by a few ulps per step; anything past this is a real difference
@@ -136,7 +138,7 @@ def run(
     spec: str, world_size: int = 2, accumulation_steps: int = 2, global_batch: int = 16, steps: int = 3
 ) -> EquivalenceResult:
     if not is_task_spec(spec):
-        raise ValueError(f"--model: {spec!r} is not {TASK_CONVENTION}")
+        raise ConfigError(f"--model: {spec!r} is not {TASK_CONVENTION}")
     for flag, v in (
         ("--world-size", world_size),
         ("--accumulation-steps", accumulation_steps),
@@ -144,10 +146,10 @@ def run(
         ("--steps", steps),
     ):
         if v < 1:
-            raise ValueError(f"{flag} must be >= 1, got {v}")
+            raise ConfigError(f"{flag} must be >= 1, got {v}")
     for flag, parts in (("--world-size", world_size), ("--accumulation-steps", accumulation_steps)):
         if global_batch % parts:
-            raise ValueError(f"--global-batch {global_batch} must be divisible by {flag} {parts}")
+            raise ConfigError(f"--global-batch {global_batch} must be divisible by {flag} {parts}")
     load_recipe(spec, check=True)  # fails here, once, for a task that cannot load or breaks the contract
     torch.manual_seed(0)
     initial = _flat(load_recipe(spec).build_model())
@@ -189,23 +191,33 @@ def format_result(r: EquivalenceResult) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        "--workload",
-        dest="model",
+@dataclass(frozen=True, kw_only=True)
+class EquivalenceCheckConfig:
+    """`dpscale check equivalence`'s flags, one per field (checked by `run`)."""
+
+    model: str = field(
         default="digits",
-        help=TASK_CONVENTION.replace("%", "%%"),
+        metadata=flag_spec(aliases=("--workload",), help=TASK_CONVENTION),
     )
-    p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--accumulation-steps", type=int, default=2)
-    p.add_argument("--global-batch", type=int, default=16)
-    p.add_argument("--steps", type=int, default=3)
+    """The model to check."""
+    world_size: int = 2
+    """Ranks of the data-parallel run."""
+    accumulation_steps: int = 2
+    """Micro-batches per step and rank."""
+    global_batch: int = 16
+    """Samples per optimizer step."""
+    steps: int = 3
+    """Optimizer steps compared."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(p, EquivalenceCheckConfig)
     p.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    r = run(args.model, args.world_size, args.accumulation_steps, args.global_batch, args.steps)
+    c = EquivalenceCheckConfig(**dataclass_kwargs(args, EquivalenceCheckConfig))
+    r = run(c.model, c.world_size, c.accumulation_steps, c.global_batch, c.steps)
     print(format_result(r))
     if args.json:
         print(json.dumps(r.to_dict()))

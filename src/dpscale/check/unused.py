@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ..errors import ConfigError
+from ..flags import add_dataclass_arguments, dataclass_kwargs, flag_spec
 from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 
 
@@ -40,9 +42,9 @@ class UnusedResult:
 
 def run(spec: str, steps: int = 2, batch: int = 8) -> UnusedResult:
     if not is_task_spec(spec):
-        raise ValueError(f"--model: {spec!r} is not {TASK_CONVENTION}")
+        raise ConfigError(f"--model: {spec!r} is not {TASK_CONVENTION}")
     if steps < 1 or batch < 1:
-        raise ValueError("--steps and --batch must be >= 1")
+        raise ConfigError("--steps and --batch must be >= 1")
     recipe = load_recipe(spec, check=True)
     torch.manual_seed(0)
     model = recipe.build_model()
@@ -82,19 +84,29 @@ def format_result(r: UnusedResult) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
+@dataclass(frozen=True, kw_only=True)
+class UnusedCheckConfig:
+    """`dpscale check unused`'s flags, one per field (checked by `run`)."""
+
+    model: str = field(
         default="digits",
-        help=TASK_CONVENTION.replace("%", "%%"),
+        metadata=flag_spec(help=TASK_CONVENTION),
     )
-    p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--batch", type=int, default=8)
+    """The model to check."""
+    steps: int = 2
+    """Steps to watch which parameters get gradients."""
+    batch: int = 8
+    """Samples per step."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(p, UnusedCheckConfig)
     p.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    r = run(args.model, args.steps, args.batch)
+    c = UnusedCheckConfig(**dataclass_kwargs(args, UnusedCheckConfig))
+    r = run(c.model, c.steps, c.batch)
     print(format_result(r))
     if args.json:
         print(json.dumps(r.to_dict()))

@@ -20,6 +20,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from ..errors import ConfigError
 from .base import is_registered
 from .hierarchical import HierarchicalTransport
 from .process_group import ProcessGroupTransport
@@ -55,14 +56,16 @@ def make_transport(
 ):
     """Build the transport `name` over `process_group` (collective: every rank must call it)."""
     if name not in TRANSPORT_NAMES:
-        raise ValueError(f"transport: unknown {name!r}; choose one of {', '.join(TRANSPORT_NAMES)}")
+        raise ConfigError(f"transport: unknown {name!r}; choose one of {', '.join(TRANSPORT_NAMES)}")
     is_cuda = device is not None and torch.device(device).type == "cuda"
     if name in ("gloo", "nccl") or is_cuda:
         if is_cuda and name in ("shm", "hierarchical"):
-            raise ValueError(f"transport {name!r} reduces CPU tensors; use 'auto' or 'nccl' for a CUDA model")
+            raise ConfigError(
+                f"transport {name!r} reduces CPU tensors; use 'auto' or 'nccl' for a CUDA model"
+            )
         return ProcessGroupTransport(process_group)
     if name == "shm" and not shm_is_safe():
-        raise ValueError(
+        raise ConfigError(
             f"transport 'shm' relies on x86-64 memory ordering and Linux memfds; this is "
             f"{platform.machine()} {sys.platform}: use 'gloo'"
         )
@@ -71,7 +74,7 @@ def make_transport(
         # nothing to reduce with anyone; or a group built by hand, whose members shm cannot find
         return ProcessGroupTransport(process_group)
     if not is_registered(process_group):
-        raise ValueError(
+        raise ConfigError(
             f"transport {name!r} needs a group made by torch.distributed (init_process_group or "
             "new_group); for a ProcessGroup built by hand use 'auto' or 'gloo'"
         )
@@ -79,7 +82,7 @@ def make_transport(
     dist.all_gather_object(hosts, host_id(), group=process_group)
     one_host = len(set(hosts)) == 1
     if name == "shm" and not one_host:
-        raise ValueError(
+        raise ConfigError(
             f"transport 'shm' needs every worker on one host, but they run on {len(set(hosts))}; "
             "use 'auto' or 'hierarchical'"
         )

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ConfigError
+
 TAIL_POLICIES = ("drop", "pad", "keep")
 
 
@@ -89,35 +91,35 @@ class GlobalBatchSampler:
         tail: str = "drop",
     ):
         if dataset_size < 1:
-            raise ValueError(f"dataset_size {dataset_size} must be at least 1; the dataset is empty")
+            raise ConfigError(f"dataset_size {dataset_size} must be at least 1; the dataset is empty")
         if global_batch < 1:
-            raise ValueError(f"global_batch {global_batch} must be at least 1")
+            raise ConfigError(f"global_batch {global_batch} must be at least 1")
         if world_size < 1:
-            raise ValueError(f"world_size {world_size} must be at least 1")
+            raise ConfigError(f"world_size {world_size} must be at least 1")
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} must be in [0, {world_size}) for world_size {world_size}")
+            raise ConfigError(f"rank {rank} must be in [0, {world_size}) for world_size {world_size}")
         if accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps {accumulation_steps} must be at least 1")
+            raise ConfigError(f"accumulation_steps {accumulation_steps} must be at least 1")
         if seed < 0:
-            raise ValueError(f"seed {seed} must be non-negative (it seeds numpy's SeedSequence)")
+            raise ConfigError(f"seed {seed} must be non-negative (it seeds numpy's SeedSequence)")
         if tail not in TAIL_POLICIES:
-            raise ValueError(f"tail {tail!r} is not one of {', '.join(map(repr, TAIL_POLICIES))}")
+            raise ConfigError(f"tail {tail!r} is not one of {', '.join(map(repr, TAIL_POLICIES))}")
         parts = world_size * accumulation_steps
         if global_batch < parts:
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch {global_batch} is smaller than world_size {world_size} "
                 f"x accumulation_steps {accumulation_steps} = {parts}, so micro-batches would be empty; "
                 f"use a global batch of at least {parts} or fewer ranks / accumulation steps"
             )
         if global_batch % parts:
             lower = global_batch // parts * parts
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch {global_batch} is not divisible by world_size {world_size} "
                 f"x accumulation_steps {accumulation_steps} = {parts}; "
                 f"choose a global batch that is a multiple of {parts} (e.g. {lower} or {lower + parts})"
             )
         if tail == "drop" and global_batch > dataset_size:
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch {global_batch} > dataset_size {dataset_size} leaves no complete global batch "
                 f"with tail='drop'; use global_batch <= {dataset_size} or tail='pad' / tail='keep'"
             )
@@ -176,7 +178,7 @@ class GlobalBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         """Move to the start of `epoch`. Not needed right after `load_state_dict`, which would be undone."""
         if epoch < 0:
-            raise ValueError(f"epoch {epoch} must be non-negative")
+            raise ConfigError(f"epoch {epoch} must be non-negative")
         self._epoch = epoch
         self._next_step = 0
         self._offset = 0
@@ -244,21 +246,21 @@ class GlobalBatchSampler:
         names = ("dataset_size", "seed", "shuffle", "tail") + (() if regroup else ("global_batch",))
         for name in names:
             if state[name] != getattr(self, name):
-                raise ValueError(
+                raise ConfigError(
                     f"saved {name} {state[name]!r} differs from this sampler's {getattr(self, name)!r}; "
                     f"construct the sampler with {name}={state[name]!r} to resume this position"
                 )
         epoch, step, offset = state["epoch"], state["step_in_epoch"], state.get("sample_offset", 0)
         saved_g = state["global_batch"]
         if not all(type(v) is int for v in (saved_g, epoch, step, offset)) or saved_g < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"saved global_batch {saved_g!r}, epoch {epoch!r}, step_in_epoch {step!r} or sample_offset "
                 f"{offset!r} is not a valid count; the state is corrupt"
             )
         n = self.dataset_size
         saved_steps = _steps(n - offset, saved_g, self.tail) if 0 <= offset <= n else 0
         if epoch < 0 or not 0 <= offset <= n or not 0 <= step <= saved_steps:
-            raise ValueError(
+            raise ConfigError(
                 f"saved position epoch {epoch}, step_in_epoch {step}, sample_offset {offset} is outside "
                 f"epoch >= 0, 0 <= sample_offset <= {n} and 0 <= step_in_epoch <= {saved_steps}; "
                 "the state is corrupt"

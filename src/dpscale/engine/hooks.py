@@ -5,7 +5,9 @@ ddp_comm_hooks`) run here unchanged and ours run there: `hook(state, bucket)` re
 `GradBucket` whose `buffer()` holds this rank's *summed, undivided* gradients and returns a
 `torch.futures.Future` whose value is the tensor of *averaged* gradients, shaped like the buffer.
 `state` is whatever was passed to `register_comm_hook`; for the built-ins it is the process group
-(None for the default group).
+(None for the default group). `compression_hook(name, group)` picks a built-in by the name
+`TrainConfig.compression` and `dpscale bench convergence --compression` use (PowerSGD's own
+algorithm lives in powersgd.py).
 
 Each built-in divides by the world size *before* the reduction: the sum of W already-averaged
 values cannot overflow a low-precision type when the individual values do not, and it keeps
@@ -19,6 +21,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ..errors import ConfigError
+from .powersgd import PowerSGDState, powersgd_hook
 
 
 class GradBucket:
@@ -106,3 +111,21 @@ def _compress_hook(dtype: torch.dtype) -> CommHook:
 
 fp16_compress_hook = _compress_hook(torch.float16)
 bf16_compress_hook = _compress_hook(torch.bfloat16)
+
+
+# -- choosing a hook by name (TrainConfig.compression, `dpscale bench convergence --compression`) --
+
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+
+
+def compression_hook(name: str, process_group: dist.ProcessGroup | None) -> tuple[object, CommHook] | None:
+    """(state, hook) to pass to `register_comm_hook` for compression `name`; None for "none"."""
+    if name not in COMPRESSIONS:
+        raise ConfigError(f"compression: unknown {name!r}; choose one of {', '.join(COMPRESSIONS)}")
+    if name == "fp16":
+        return process_group, fp16_compress_hook
+    if name == "bf16":
+        return process_group, bf16_compress_hook
+    if name == "powersgd":
+        return PowerSGDState(process_group), powersgd_hook
+    return None

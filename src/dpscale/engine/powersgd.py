@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from ..comm.base import completed
-from .hooks import CommHook, GradBucket, bf16_compress_hook, fp16_compress_hook
 
 
 class PowerSGDState:
@@ -154,7 +153,7 @@ class PowerSGDState:
     def _initial_q(self, m: int, r: int, like: torch.Tensor) -> torch.Tensor:
         return torch.randn(m, r, generator=self._generator).to(device=like.device, dtype=like.dtype)
 
-    def _record(self, bucket: GradBucket, sent_bytes: int) -> None:
+    def _record(self, bucket, sent_bytes: int) -> None:  # bucket: a hooks.GradBucket
         buffer = bucket.buffer()
         self._step_bytes += sent_bytes
         self._step_uncompressed_bytes += buffer.numel() * buffer.element_size()
@@ -258,21 +257,3 @@ def _orthonormal(p: torch.Tensor) -> torch.Tensor:
     if p.dtype in (torch.float32, torch.float64):
         return torch.linalg.qr(p).Q
     return torch.linalg.qr(p.float()).Q.to(p.dtype)  # no QR kernels for half types
-
-
-# -- choosing a hook by name (TrainConfig.compression, `dpscale bench convergence --compression`) --
-
-COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
-
-
-def compression_hook(name: str, process_group: dist.ProcessGroup | None) -> tuple[object, CommHook] | None:
-    """(state, hook) to pass to `register_comm_hook` for compression `name`; None for "none"."""
-    if name not in COMPRESSIONS:
-        raise ValueError(f"compression: unknown {name!r}; choose one of {', '.join(COMPRESSIONS)}")
-    if name == "fp16":
-        return process_group, fp16_compress_hook
-    if name == "bf16":
-        return process_group, bf16_compress_hook
-    if name == "powersgd":
-        return PowerSGDState(process_group), powersgd_hook
-    return None

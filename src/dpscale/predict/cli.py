@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from ..bench.args import parse_int_list
 from ..bench.report import ReportDir
+from ..errors import ConfigError
 from . import goodput, render
 from . import profile as profiles
 from .cluster import (
@@ -221,7 +222,7 @@ def scale_terms(args: argparse.Namespace) -> ScaleTerms:
     cv = args.compute_cv
     if args.compute_tail is not None:
         if cv is not None:
-            raise ValueError("--compute-tail: give --compute-cv or --compute-tail, not both")
+            raise ConfigError("--compute-tail: give --compute-cv or --compute-tail, not both")
         cv = cv_from_tail(args.compute_tail)
     return ScaleTerms(
         stragglers=not args.no_stragglers,
@@ -253,7 +254,7 @@ def _profile(args: argparse.Namespace):
         f for f, on in (("--profile", args.profile), ("--model", args.model), ("--params", explicit)) if on
     ]
     if len(given) > 1:
-        raise ValueError(
+        raise ConfigError(
             f"{given[1]}: give one of --profile, --model or the explicit numbers, not {' and '.join(given)}"
         )
     batch = args.per_worker_batch or DEFAULT_BATCH
@@ -261,7 +262,7 @@ def _profile(args: argparse.Namespace):
         return profiles.ModelProfile.load(args.profile)
     if explicit:
         if args.params is None or args.step_compute_ms is None:
-            raise ValueError("--params: explicit numbers need both --params and --step-compute-ms")
+            raise ConfigError("--params: explicit numbers need both --params and --step-compute-ms")
         return profiles.explicit(
             params=round(args.params),
             bytes_per_param=args.bytes_per_param,
@@ -271,7 +272,7 @@ def _profile(args: argparse.Namespace):
         )
     model = args.model
     if model is None:
-        raise ValueError("--profile: give --profile FILE, --model NAME, or --params and --step-compute-ms")
+        raise ConfigError("--profile: give --profile FILE, --model NAME, or --params and --step-compute-ms")
     print(f"profiling {model} at batch {batch} on one worker ...", flush=True)
     return profiles.measure(model, batch)
 
@@ -286,7 +287,7 @@ def _cluster(args: argparse.Namespace) -> Cluster:
         transport = args.transport or ("shm" if "shm" in have else have[0])
         cluster = calibrated(cluster, results, transport)
     elif args.transport:
-        raise ValueError("--transport: only meaningful with --calibrate")
+        raise ConfigError("--transport: only meaningful with --calibrate")
     intra, inter = cluster.intra, cluster.inter
     if any(v is not None for v in (args.intra_bw_GBps, args.intra_lat_us, args.intra_efficiency)):
         intra = replace(
@@ -316,19 +317,19 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 
 def _fraction(flag: str, value: float | None, default: float) -> float:
     if value is not None and not 0 < value <= 1:
-        raise ValueError(f"{flag}: an achieved fraction of the nominal rate, in (0, 1], got {value}")
+        raise ConfigError(f"{flag}: an achieved fraction of the nominal rate, in (0, 1], got {value}")
     return default if value is None else value
 
 
 def _positive(flag: str, value: float | None, default: float) -> float:
     if value is not None and not value > 0:
-        raise ValueError(f"{flag}: must be > 0, got {value}")
+        raise ConfigError(f"{flag}: must be > 0, got {value}")
     return default if value is None else value
 
 
 def _nonnegative(flag: str, value: float | None, default: float) -> float:
     if value is not None and value < 0:
-        raise ValueError(f"{flag}: must be >= 0, got {value}")
+        raise ConfigError(f"{flag}: must be >= 0, got {value}")
     return default if value is None else value
 
 
@@ -337,9 +338,9 @@ def world_sizes_for(args: argparse.Namespace, cluster: Cluster) -> list[int]:
     g = cluster.workers_per_node
     if args.nodes is not None:
         if args.world_sizes:
-            raise ValueError("--nodes: give --nodes or --world-sizes, not both")
+            raise ConfigError("--nodes: give --nodes or --world-sizes, not both")
         if args.nodes < 1:
-            raise ValueError(f"--nodes: must be >= 1, got {args.nodes}")
+            raise ConfigError(f"--nodes: must be >= 1, got {args.nodes}")
         return [args.nodes * g]
     if args.world_sizes:
         return parse_int_list(args.world_sizes, flag="--world-sizes", minimum=1)

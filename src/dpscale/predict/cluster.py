@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..bench.report import read_report
+from ..errors import ConfigError
 
 INTRA, INTER = "intra-node", "inter-node"
 
@@ -35,13 +36,13 @@ class Link:
 
     def __post_init__(self) -> None:
         if not self.bandwidth_GBps > 0:
-            raise ValueError(f"{self.name} bandwidth must be > 0 GB/s, got {self.bandwidth_GBps}")
+            raise ConfigError(f"{self.name} bandwidth must be > 0 GB/s, got {self.bandwidth_GBps}")
         if not self.latency_us >= 0:
-            raise ValueError(f"{self.name} latency must be >= 0 us, got {self.latency_us}")
+            raise ConfigError(f"{self.name} latency must be >= 0 us, got {self.latency_us}")
         if not 0 < self.efficiency <= 1:
-            raise ValueError(f"{self.name} efficiency must be in (0, 1], got {self.efficiency}")
+            raise ConfigError(f"{self.name} efficiency must be in (0, 1], got {self.efficiency}")
         if not self.congestion >= 1:
-            raise ValueError(f"{self.name} congestion must be >= 1, got {self.congestion}")
+            raise ConfigError(f"{self.name} congestion must be >= 1, got {self.congestion}")
 
     @property
     def bandwidth_Bps(self) -> float:
@@ -218,18 +219,18 @@ class Cluster:
 
     def __post_init__(self) -> None:
         if self.workers_per_node < 1:
-            raise ValueError(f"--workers-per-node: must be >= 1, got {self.workers_per_node}")
+            raise ConfigError(f"--workers-per-node: must be >= 1, got {self.workers_per_node}")
         if self.per_message_overhead_us < 0:
-            raise ValueError(f"--per-message-overhead-us: must be >= 0, got {self.per_message_overhead_us}")
+            raise ConfigError(f"--per-message-overhead-us: must be >= 0, got {self.per_message_overhead_us}")
 
     def layout(self, world_size: int) -> Layout:
         if world_size < 1:
-            raise ValueError(f"--world-sizes: every world size must be >= 1, got {world_size}")
+            raise ConfigError(f"--world-sizes: every world size must be >= 1, got {world_size}")
         g = self.workers_per_node
         if world_size <= g:
             return Layout(world_size, 1, world_size)
         if world_size % g:
-            raise ValueError(
+            raise ConfigError(
                 f"--world-sizes: {world_size} does not fill nodes of {g} workers (--workers-per-node); "
                 f"use a multiple of {g}"
             )
@@ -260,7 +261,7 @@ def _link(spec: str, name: str, flag: str) -> tuple[Link, LinkPreset]:
     m = _MULTI_RE.match(spec)
     count, key = (int(m.group(1)), m.group(2)) if m else (1, spec)
     if key not in LINK_PRESETS or count < 1:
-        raise ValueError(
+        raise ConfigError(
             f"{flag}: unknown link {spec!r}; choose from {', '.join(LINK_PRESETS)} "
             "(optionally K links in parallel: 'Kx', e.g. 8xib-hdr200)"
         )
@@ -282,7 +283,7 @@ def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
         per_node, extra = _DEFAULT_WORKERS_PER_NODE.get(intra_spec, 4), ""
     else:
         if not _MULTI_RE.match(spec) and spec not in LINK_PRESETS:
-            raise ValueError(
+            raise ConfigError(
                 f"{flag}: unknown preset {spec!r}; choose a cluster ({', '.join(CLUSTER_PRESETS)}), a link "
                 f"({', '.join(LINK_PRESETS)}) or INTRA+INTER, e.g. pcie4-x16+4xeth-100g"
             )
@@ -307,7 +308,7 @@ def load_allreduce_report(report_dir: str | Path, *, flag: str = "--calibrate") 
     """The "results" of a `dpscale bench allreduce` report directory (or its report.json)."""
     results = read_report(report_dir, flag=flag)["results"]
     if not isinstance(results, dict) or "points" not in results or "fits" not in results:
-        raise ValueError(f"{flag}: {report_dir} is not a `dpscale bench allreduce` report (no points/fits)")
+        raise ConfigError(f"{flag}: {report_dir} is not a `dpscale bench allreduce` report (no points/fits)")
     return results
 
 
@@ -318,7 +319,7 @@ def measured_allreduce(
     points = [p for p in results["points"] if p["transport"] == transport]
     if not points:
         have = sorted({p["transport"] for p in results["points"]})
-        raise ValueError(f"{flag}: the report has no {transport!r} points; it measured {', '.join(have)}")
+        raise ConfigError(f"{flag}: the report has no {transport!r} points; it measured {', '.join(have)}")
     fits = {f["world_size"]: f for f in results["fits"] if f["transport"] == transport}
     out = {}
     for n in sorted({p["world_size"] for p in points}):

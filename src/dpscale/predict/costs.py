@@ -25,6 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from .cluster import INTER, INTRA, Cluster, Layout, Link
 
 ALGORITHMS = ("ring", "tree", "halving-doubling", "hierarchical")
@@ -211,9 +212,9 @@ def all_reduce_cost(
     runs its own); world size 1 moves nothing and costs nothing otherwise.
     """
     if algorithm not in ALGORITHM_CHOICES:
-        raise ValueError(f"--algorithm: unknown {algorithm!r}; choose from {', '.join(ALGORITHM_CHOICES)}")
+        raise ConfigError(f"--algorithm: unknown {algorithm!r}; choose from {', '.join(ALGORITHM_CHOICES)}")
     if nbytes < 0:
-        raise ValueError(f"message size must be >= 0 bytes, got {nbytes}")
+        raise ConfigError(f"message size must be >= 0 bytes, got {nbytes}")
     lay = cluster.layout(world_size)
     if world_size in cluster.measured:
         return measured(nbytes, lay, cluster)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
 
+from ..errors import ConfigError
+
 STRAGGLERS = "stragglers (waiting for the slowest worker)"
 INTERFERENCE = "overlap interference (backward slowed by the reductions)"
 # Gaussian quantile of the p99 tail: p99 = mean + 2.326 sigma, for --compute-tail
@@ -45,7 +47,7 @@ def expected_max_normal(n: int) -> float:
     """E[max of n independent standard normal variables] (0 for n = 1), by the midpoint rule on
     [-10, 10] in steps of 0.002: exact to 1e-6 for any n up to millions."""
     if n < 1:
-        raise ValueError(f"world size must be >= 1, got {n}")
+        raise ConfigError(f"world size must be >= 1, got {n}")
     if n == 1:
         return 0.0
     nd, h = NormalDist(), 0.002
@@ -59,7 +61,7 @@ def expected_max_normal(n: int) -> float:
 def cv_from_tail(p99_over_median: float) -> float:
     """The coefficient of variation of a Gaussian step time whose p99 is `p99_over_median` x its median."""
     if not p99_over_median >= 1:
-        raise ValueError(f"--compute-tail: p99 / median must be >= 1, got {p99_over_median}")
+        raise ConfigError(f"--compute-tail: p99 / median must be >= 1, got {p99_over_median}")
     return (p99_over_median - 1) / _P99_Z
 
 
@@ -83,19 +85,19 @@ class ScaleTerms:
 
     def __post_init__(self) -> None:
         if self.compute_cv is not None and not 0 <= self.compute_cv < 1:
-            raise ValueError(f"--compute-cv: must be in [0, 1), got {self.compute_cv}")
+            raise ConfigError(f"--compute-cv: must be in [0, 1), got {self.compute_cv}")
         if not self.oversubscription >= 1:
-            raise ValueError(
+            raise ConfigError(
                 f"--oversubscription: must be >= 1 (1 = non-blocking), got {self.oversubscription}"
             )
         if self.nodes_per_switch is not None and self.nodes_per_switch < 1:
-            raise ValueError(f"--nodes-per-switch: must be >= 1, got {self.nodes_per_switch}")
+            raise ConfigError(f"--nodes-per-switch: must be >= 1, got {self.nodes_per_switch}")
         if self.congestion_per_doubling is not None and not 0 <= self.congestion_per_doubling < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"--congestion-per-doubling: must be in [0, 1), got {self.congestion_per_doubling}"
             )
         if self.interference is not None and not 0 <= self.interference <= 1:
-            raise ValueError(f"--interference: must be in [0, 1], got {self.interference}")
+            raise ConfigError(f"--interference: must be in [0, 1], got {self.interference}")
 
     def straggler_factor(self, cv: float, world_size: int) -> float:
         """Slowest-of-N compute over one worker's mean compute."""

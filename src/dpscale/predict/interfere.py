@@ -23,6 +23,8 @@ import statistics
 import threading
 import time
 
+from ..bench.rounds import run_rounds
+from ..errors import ConfigError
 from .bare import bare_model
 from .sync import steps_per_round
 
@@ -59,11 +61,8 @@ def _rank_interference(
     for variant in (False, True):
         for _ in range(2):
             step(variant)
-    out: dict[str, list[list[tuple[float, float]]]] = {"free": [], "overlap": []}
-    for r in range(rounds):
-        for name in ("free", "overlap") if r % 2 == 0 else ("overlap", "free"):  # drift hits both alike
-            out[name].append([step(name == "overlap") for _ in range(per_round)])
-    return out
+    # alternating rounds (bench/rounds.py): drift hits both alike
+    return run_rounds(["free", "overlap"], lambda name: step(name == "overlap"), [per_round] * rounds)
 
 
 def summarize(per_rank: list[dict]) -> float:
@@ -95,10 +94,10 @@ def measure(
     compute_ms: float,
 ) -> float:
     """The interference factor of `world_size` workers reducing `bucket_bytes` on gloo beside the model."""
-    from ..testing.multirank import run_ranks
+    from ..multirank import run_ranks
 
     if world_size < 2:
-        raise ValueError(f"--co-located: interference needs >= 2 workers, got {world_size}")
+        raise ConfigError(f"--co-located: interference needs >= 2 workers, got {world_size}")
     numels = [max(1, b // 4) for b in bucket_bytes]  # float32, as the engine's buckets
     per_round = steps_per_round(compute_ms)
     per_rank = run_ranks(

@@ -35,10 +35,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
+from ..engine.registry import DPSCALE_ON_SHM, PROFILE_ENGINES
+from ..errors import ConfigError
 from .cluster import Cluster
 from .costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
 from .degrade import INTERFERENCE, STRAGGLERS, ScaleTerms
-from .profile import DPSCALE_ON_SHM, PROFILE_ENGINES, ModelProfile
+from .profile import ModelProfile
 from .sync import SyncCost
 from .timeline import BucketSpan, ReadyBucket, simulate
 
@@ -80,21 +82,21 @@ class PredictConfig:
 
     def __post_init__(self) -> None:
         if not self.world_sizes or any(n < 1 for n in self.world_sizes):
-            raise ValueError(f"--world-sizes: give world sizes >= 1, got {self.world_sizes}")
+            raise ConfigError(f"--world-sizes: give world sizes >= 1, got {self.world_sizes}")
         if self.per_worker_batch is not None and self.per_worker_batch < 1:
-            raise ValueError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
+            raise ConfigError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
         if not self.bucket_mb > 0 or not self.first_bucket_mb > 0:
-            raise ValueError(f"--bucket-mb: must be > 0, got {self.bucket_mb}")
+            raise ConfigError(f"--bucket-mb: must be > 0, got {self.bucket_mb}")
         if not self.compression >= 1:
-            raise ValueError(f"--compression: must be >= 1 (2 for fp16 gradients), got {self.compression}")
+            raise ConfigError(f"--compression: must be >= 1 (2 for fp16 gradients), got {self.compression}")
         if self.algorithm not in ALGORITHM_CHOICES:
-            raise ValueError(
+            raise ConfigError(
                 f"--algorithm: unknown {self.algorithm!r}; choose from {', '.join(ALGORITHM_CHOICES)}"
             )
         if self.engine not in ENGINE_CHOICES:
-            raise ValueError(f"--engine: unknown {self.engine!r}; choose from {', '.join(ENGINE_CHOICES)}")
+            raise ConfigError(f"--engine: unknown {self.engine!r}; choose from {', '.join(ENGINE_CHOICES)}")
         if self.contention is not None and not self.contention > 0:
-            raise ValueError(f"--contention: must be > 0 (1 = none), got {self.contention}")
+            raise ConfigError(f"--contention: must be > 0 (1 = none), got {self.contention}")
 
 
 @dataclass(frozen=True)

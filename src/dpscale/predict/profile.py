@@ -46,17 +46,19 @@ from pathlib import Path
 
 import torch
 
+from ..bench.rounds import run_rounds, timed_round_sizes
+from ..engine import DistributedDataParallel
 from ..engine.buckets import MB, assign_buckets
+from ..engine.registry import DPSCALE_ON_SHM, PROFILE_ENGINES, wrap
+from ..errors import ConfigError
 from . import interfere
 from . import sync as syncs
 from .bare import bare_model
 from .sync import SyncCost
 from .timeline import ReadyBucket
 
-PROFILE_ENGINES = ("dpscale", "torch")
-# dpscale's engine also timed on a one-worker shm transport (where shm runs): its bookkeeping without
-# gloo's thread hand-offs, the base for predicting dpscale on shm (model.py)
-DPSCALE_ON_SHM = "dpscale@shm"
+# DPSCALE_ON_SHM: dpscale's engine also timed on a one-worker shm transport (where shm runs): its
+# bookkeeping without gloo's thread hand-offs, the base for predicting dpscale on shm (model.py)
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,9 @@ class ModelProfile:
     def __post_init__(self) -> None:
         for name in ("forward_ms", "backward_ms", "optimizer_ms"):
             if getattr(self, name) < 0:
-                raise ValueError(f"profile: {name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"profile: {name} must be >= 0, got {getattr(self, name)}")
         if self.per_worker_batch < 1:
-            raise ValueError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
+            raise ConfigError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
 
     @property
     def compute_ms(self) -> float:
@@ -115,7 +117,7 @@ class ModelProfile:
     def buckets(self, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0) -> list[ReadyBucket]:
         """The engine's bucket layout (engine/buckets.py) and when each bucket is ready."""
         if bucket_mb <= 0 or first_bucket_mb <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"--bucket-mb: bucket sizes must be > 0 MiB, got {bucket_mb} / {first_bucket_mb}"
             )
         if not self.params:
@@ -181,7 +183,7 @@ class ModelProfile:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError, TypeError, KeyError) as e:
-            raise ValueError(f"{flag}: cannot read a profile from {path}: {e}") from None
+            raise ConfigError(f"{flag}: cannot read a profile from {path}: {e}") from None
 
 
 def step_to_step_cv(steps_ms: list[float], per_round: int) -> float:
@@ -221,13 +223,13 @@ def explicit(
 ) -> ModelProfile:
     """A profile from numbers: `step_compute_ms` split into backward (`backward_fraction`) and forward."""
     if params < 1:
-        raise ValueError(f"--params: must be >= 1, got {params}")
+        raise ConfigError(f"--params: must be >= 1, got {params}")
     if not bytes_per_param > 0:
-        raise ValueError(f"--bytes-per-param: must be > 0, got {bytes_per_param}")
+        raise ConfigError(f"--bytes-per-param: must be > 0, got {bytes_per_param}")
     if not step_compute_ms > 0:
-        raise ValueError(f"--step-compute-ms: must be > 0, got {step_compute_ms}")
+        raise ConfigError(f"--step-compute-ms: must be > 0, got {step_compute_ms}")
     if not 0 < backward_fraction <= 1:
-        raise ValueError(f"--backward-fraction: must be in (0, 1], got {backward_fraction}")
+        raise ConfigError(f"--backward-fraction: must be in (0, 1], got {backward_fraction}")
     return ModelProfile(
         model=model,
         source="explicit",
@@ -250,9 +252,7 @@ MAX_ROUNDS = 1000
 
 
 def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps: int, warmup: int) -> dict:
-    from ..bench.engines import wrap
     from ..comm.select import shm_is_safe
-    from ..engine import DistributedDataParallel
     from ..workloads.recipe import load_recipe
 
     workload = load_recipe(model_name)
@@ -260,12 +260,7 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
 
     def build(engine: str):
         torch.manual_seed(0)  # the same initial weights for every variant
-        if engine == "local":
-            model = workload.build_model()
-        elif engine == DPSCALE_ON_SHM:
-            model = DistributedDataParallel(workload.build_model(), transport="shm")
-        else:
-            model = wrap(workload.build_model(), engine)
+        model = wrap(workload.build_model(), engine)
         return model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
 
     local, local_opt = build("local")
@@ -298,24 +293,21 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
     # ones and hides most of a small model's engine overhead (digits: 0.30 ms per-step alternation
     # vs 0.45 ms in rounds of 10, which is what a training run pays).
     per_round = syncs.steps_per_round((t3 - t0) * 1e3)
-    order = list(variants)
-    start = time.perf_counter()
-    for r in range(MAX_ROUNDS):
-        if r * per_round >= steps and time.perf_counter() - start >= MIN_TIMED_S:
-            break
-        for name in order[r % len(order) :] + order[: r % len(order)]:  # rotate: drift hits all alike
-            times = []
-            for _ in range(per_round):
-                t0, t1, t2, t3 = step(*variants[name])
-                times.append((t3 - t0) * 1e3)
-                if name == "local":
-                    phases.append(
-                        ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, [(t - t1) * 1e3 for t in stamps])
-                    )
-            # the rounds pair the variants in time: the engines' overheads are medians of per-round
-            # differences, which a slow drift or a burst of load shifts far less than it shifts a
-            # difference of medians
-            totals[name].append(statistics.median(times))
+
+    def timed(name: str) -> float:
+        t0, t1, t2, t3 = step(*variants[name])
+        if name == "local":
+            phases.append(
+                ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, [(t - t1) * 1e3 for t in stamps])
+            )
+        return (t3 - t0) * 1e3
+
+    sizes = timed_round_sizes(per_round, min_steps=steps, min_s=MIN_TIMED_S, max_rounds=MAX_ROUNDS)
+    for name, rounds in run_rounds(list(variants), timed, sizes).items():
+        # the rounds pair the variants in time: the engines' overheads are medians of per-round
+        # differences, which a slow drift or a burst of load shifts far less than it shifts a
+        # difference of medians
+        totals[name] = [statistics.median(times) for times in rounds]
     for model, _ in engines.values():
         if isinstance(model, DistributedDataParallel):
             model.close()  # the shm transport's segments and the hooks, now rather than at exit
@@ -371,7 +363,7 @@ def measure(
     """Profile `model` (a built-in workload or module:callable returning a Task) on one worker in a
     fresh process (see the module docstring)."""
     from ..bench.sysinfo import collect_system_info
-    from ..testing.multirank import run_ranks
+    from ..multirank import run_ranks
     from ..workloads.recipe import load_recipe
 
     load_recipe(model, check=True)  # a broken task fails here with one line, not in the rank
@@ -383,7 +375,7 @@ def measure(
         ("--co-located", co_located, 1),
     ):
         if value < minimum:
-            raise ValueError(f"{flag}: must be >= {minimum}, got {value}")
+            raise ConfigError(f"{flag}: must be >= {minimum}, got {value}")
     timeout_s = 120 + 10 * (steps + warmup)
     (raw,) = run_ranks(
         _rank_measure, 1, model, per_worker_batch, steps, warmup, threads=threads, timeout_s=timeout_s

@@ -36,6 +36,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from ..bench.rounds import run_rounds
+from ..errors import ConfigError
 from .bare import bare_model
 
 SYNC_TRANSPORTS = ("gloo", "shm")
@@ -109,11 +111,7 @@ def _rank_sync(
         for name in names:
             for _ in range(3):
                 run(name)
-        out: dict[str, list[list[tuple[float, float]]]] = {n: [] for n in names}
-        for r in range(rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:  # rotate: drift hits all alike
-                out[name].append([run(name) for _ in range(per_round)])
-        return out
+        return run_rounds(names, run, [per_round] * rounds)
     finally:
         for tr in opened.values():
             tr.close()
@@ -165,12 +163,12 @@ def measure(
 
     `rounds` defaults to what fits about BUDGET_S given one step's `compute_ms`, within ROUNDS.
     """
-    from ..testing.multirank import run_ranks
+    from ..multirank import run_ranks
 
     if world_size < 1:
-        raise ValueError(f"--co-located: must be >= 1, got {world_size}")
+        raise ConfigError(f"--co-located: must be >= 1, got {world_size}")
     if not bucket_bytes:
-        raise ValueError("sync: the model has no gradient buckets to reduce")
+        raise ConfigError("sync: the model has no gradient buckets to reduce")
     per_round = steps_per_round(compute_ms)
     if rounds is None:
         per_round_s = (1 + len(transports)) * per_round * compute_ms / 1e3  # the computing variants

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ReadyBucket:
@@ -68,11 +70,11 @@ def simulate(
 ) -> Timeline:
     """Schedule `buckets` (in bucket order) on one link; `reduce_ms(nbytes)` is one reduction's time."""
     if backward_ms < 0:
-        raise ValueError(f"backward time must be >= 0 ms, got {backward_ms}")
+        raise ConfigError(f"backward time must be >= 0 ms, got {backward_ms}")
     spans, link_free_ms = [], 0.0
     for b in buckets:
         if not 0 <= b.ready_ms <= backward_ms + 1e-9:
-            raise ValueError(
+            raise ConfigError(
                 f"bucket {b.index} is ready at {b.ready_ms} ms, outside backward [0, {backward_ms}]"
             )
         ready = b.ready_ms if overlap else backward_ms

@@ -12,15 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..engine.registry import RUN_ENGINES
+from ..errors import ConfigError
 from .child import ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
-
-RUN_ENGINES = ("dpscale", "torch")
 
 
 def check_script(script: str) -> Path:
     path = Path(script)
     if not path.is_file():
-        raise ValueError(f"SCRIPT: {script} is not a file; give the path of your training script")
+        raise ConfigError(f"SCRIPT: {script} is not a file; give the path of your training script")
     return path
 
 
@@ -43,9 +43,9 @@ def run_script(
     the workers' output goes there instead of this terminal.
     """
     if nproc < 1:
-        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
     if engine not in RUN_ENGINES:
-        raise ValueError(f"--engine: unknown {engine!r}; choose one of {', '.join(RUN_ENGINES)}")
+        raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(RUN_ENGINES)}")
     check_script(script)
     env = dict(os.environ, **{ENGINE_ENV: engine})
     for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):

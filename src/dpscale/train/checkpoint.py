@@ -19,7 +19,7 @@ import secrets
 import shutil
 import warnings
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..faults import injected, kill_self
+from ..errors import ConfigError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -43,7 +43,7 @@ _CONTAINERS = (dict, OrderedDict, list, tuple, torch.Size)
 _LEAVES = (int, float, str, bool, type(None))
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """No usable checkpoint: the message names each rejected file and why."""
 
 
@@ -70,23 +70,30 @@ def step_dir_name(step: int) -> str:
 
 
 def save_checkpoint(
-    root: str | os.PathLike[str], step: int, payload: dict[str, Any], *, keep_last: int = 3
+    root: str | os.PathLike[str],
+    step: int,
+    payload: dict[str, Any],
+    *,
+    keep_last: int = 3,
+    on_file: Callable[[int, str], None] | None = None,
 ) -> Path:
     """Write `payload` (stem -> weights_only-safe object) as checkpoint `step` under `root`; returns its path.
 
     Keeps `keep_last` checkpoints: this one and the `keep_last - 1` others with the highest steps.
     Also removes `.tmp-*` directories left by a writer that was killed: a writer holds a lock on
     its temporary directory while it writes, so one still being written is never taken for a leftover.
+    `on_file(step, stem)` is called after each file is written into the temporary directory
+    (trainer callbacks: tests kill the writer there).
     """
     if keep_last < 1:
-        raise ValueError(f"keep_last must be >= 1 (got {keep_last}); it is how many checkpoints to keep")
+        raise ConfigError(f"keep_last must be >= 1 (got {keep_last}); it is how many checkpoints to keep")
     if type(step) is not int or step < 0:
-        raise ValueError(f"step must be a non-negative int (got {step!r})")
+        raise ConfigError(f"step must be a non-negative int (got {step!r})")
     if not payload:
-        raise ValueError("payload is empty; pass at least one entry such as {'model': model.state_dict()}")
+        raise ConfigError("payload is empty; pass at least one entry such as {'model': model.state_dict()}")
     for stem, obj in payload.items():
         if not isinstance(stem, str) or not _STEM.fullmatch(stem):
-            raise ValueError(f"payload key {stem!r} is not a file stem; use letters, digits, '_' or '-'")
+            raise ConfigError(f"payload key {stem!r} is not a file stem; use letters, digits, '_' or '-'")
         _check_weights_only_safe(obj, stem)
 
     root = Path(root)
@@ -100,14 +107,21 @@ def save_checkpoint(
     final = root / step_dir_name(step)
     with contextlib.ExitStack() as held:
         tmp = _locked_tmp_dir(root, step, held)  # released when the write is done, or by the writer's death
-        _write(root, tmp, final, step, payload)
+        _write(root, tmp, final, step, payload, on_file)
     older = sorted((s, p) for s, p in _step_entries(root) if p != final)
     for old_step, path in older[: max(0, len(older) - (keep_last - 1))]:
         _discard(path, old_step)
     return final
 
 
-def _write(root: Path, tmp: Path, final: Path, step: int, payload: dict[str, Any]) -> None:
+def _write(
+    root: Path,
+    tmp: Path,
+    final: Path,
+    step: int,
+    payload: dict[str, Any],
+    on_file: Callable[[int, str], None] | None,
+) -> None:
     aside = None
     try:
         files = []
@@ -118,8 +132,8 @@ def _write(root: Path, tmp: Path, final: Path, step: int, payload: dict[str, Any
                 f.flush()
                 os.fsync(f.fileno())
             files.append({"name": path.name, "size_bytes": path.stat().st_size, "sha256": _sha256(path)})
-            if injected("kill_in_checkpoint", step=step, file=stem):
-                kill_self()  # test-only: a writer killed between files (see dpscale.faults)
+            if on_file is not None:
+                on_file(step, stem)
         # the manifest goes last: a directory without one is by definition incomplete
         manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files}
         with open(tmp / MANIFEST_NAME, "w") as f:
@@ -215,7 +229,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     """Inverse of `capture_rng_state`: the next numbers drawn equal those drawn after the capture."""
     for key in ("torch", "numpy", "python"):
         if key not in state:
-            raise ValueError(f"RNG state has no {key!r} entry; pass a dict from capture_rng_state()")
+            raise ConfigError(f"RNG state has no {key!r} entry; pass a dict from capture_rng_state()")
     torch.set_rng_state(state["torch"])
     np_state = state["numpy"]
     np.random.set_state(
@@ -238,7 +252,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
                 stacklevel=2,
             )
         elif len(state["cuda"]) != torch.cuda.device_count():
-            raise ValueError(
+            raise ConfigError(
                 f"RNG state has {len(state['cuda'])} CUDA generators but {torch.cuda.device_count()} devices "
                 "are visible; set CUDA_VISIBLE_DEVICES as in the run that saved it"
             )
@@ -311,7 +325,7 @@ def _check_weights_only_safe(obj: Any, where: str) -> None:
     # checked at save time: a checkpoint that weights_only loading refuses would only fail at resume
     if isinstance(obj, torch.Tensor):
         if type(obj) not in (torch.Tensor, torch.nn.Parameter):
-            raise ValueError(f"payload[{where}] is a {type(obj).__name__}; save a plain tensor instead")
+            raise ConfigError(f"payload[{where}] is a {type(obj).__name__}; save a plain tensor instead")
     elif type(obj) in _CONTAINERS:
         items = obj.items() if isinstance(obj, dict) else enumerate(obj)
         for key, value in items:
@@ -319,7 +333,7 @@ def _check_weights_only_safe(obj: Any, where: str) -> None:
                 _check_weights_only_safe(key, f"{where} key {key!r}")
             _check_weights_only_safe(value, f"{where}[{key!r}]")
     elif type(obj) not in _LEAVES:
-        raise ValueError(
+        raise ConfigError(
             f"payload[{where}] is a {type(obj).__name__}, which torch.load(weights_only=True) refuses; "
             "convert it to tensors, dicts, lists, tuples, int, float, str, bool or None"
         )

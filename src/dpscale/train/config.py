@@ -13,7 +13,9 @@ from dataclasses import asdict, dataclass, fields
 
 from ..comm.select import TRANSPORT_NAMES
 from ..data.sampler import TAIL_POLICIES
-from ..engine.powersgd import COMPRESSIONS
+from ..engine.hooks import COMPRESSIONS
+from ..engine.registry import TRAIN_ENGINES
+from ..errors import ConfigError
 from ..workloads import WORKLOADS
 from .device import DEVICES, PRECISIONS
 
@@ -25,7 +27,6 @@ MAX_SEED = 2**32 - 1
 # datetime.timedelta (which the process group takes) overflows near 1e14 s
 MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
 WORLD_CHANGES = ("keep-global-batch", "scale-lr")
-ENGINES = ("dpscale", "torch")
 # defaults for a task that is not a built-in workload (a built-in brings its own)
 TASK_DEFAULTS = dict(global_batch=64, lr=0.01, epochs=1, optimizer="sgd")
 
@@ -117,9 +118,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _finite_floats(self)
         if self.workload is not None and self.task is not None:
-            raise ValueError("workload and task: give one (task is your own, workload a built-in)")
+            raise ConfigError("workload and task: give one (task is your own, workload a built-in)")
         if self.workload is not None and self.workload not in WORKLOADS:
-            raise ValueError(f"workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+            raise ConfigError(f"workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
         defaults = TASK_DEFAULTS if self.workload is None else vars(WORKLOADS[self.workload])
         for name in ("global_batch", "lr", "optimizer"):
             if getattr(self, name) is None:
@@ -132,21 +133,21 @@ class TrainConfig:
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
         if self.micro_batch is not None and self.accumulation_steps is not None:
-            raise ValueError("micro_batch and accumulation_steps: give one, the other is derived")
+            raise ConfigError("micro_batch and accumulation_steps: give one, the other is derived")
         if not (self.lr >= 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a number >= 0, got {self.lr}")
+            raise ConfigError(f"lr must be a number >= 0, got {self.lr}")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: unknown {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine: unknown {self.engine!r}; choose one of {', '.join(ENGINES)}")
+            raise ConfigError(f"optimizer: unknown {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.engine not in TRAIN_ENGINES:
+            raise ConfigError(f"engine: unknown {self.engine!r}; choose one of {', '.join(TRAIN_ENGINES)}")
         if self.tail not in TAIL_POLICIES:
-            raise ValueError(f"tail: unknown {self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}")
+            raise ConfigError(f"tail: unknown {self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}")
         if self.world_change not in WORLD_CHANGES:
-            raise ValueError(
+            raise ConfigError(
                 f"world_change: unknown {self.world_change!r}; choose one of {', '.join(WORLD_CHANGES)}"
             )
         if self.progress not in ("auto", "bar", "plain", "none"):
-            raise ValueError(f"progress: unknown {self.progress!r}; choose auto, bar, plain or none")
+            raise ConfigError(f"progress: unknown {self.progress!r}; choose auto, bar, plain or none")
         for name in (
             "warmup_steps",
             "rescale_warmup_steps",
@@ -158,44 +159,44 @@ class TrainConfig:
             "max_skipped_steps",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.seed > MAX_SEED:
-            raise ValueError(f"seed must be at most 2**32 - 1 = {MAX_SEED}, got {self.seed}")
+            raise ConfigError(f"seed must be at most 2**32 - 1 = {MAX_SEED}, got {self.seed}")
         _positive("keep_checkpoints", self.keep_checkpoints)
         if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
-            raise ValueError(f"grad_clip_norm must be > 0, got {self.grad_clip_norm}")
+            raise ConfigError(f"grad_clip_norm must be > 0, got {self.grad_clip_norm}")
         if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.transport not in TRANSPORT_NAMES:
-            raise ValueError(
+            raise ConfigError(
                 f"transport: unknown {self.transport!r}; choose one of {', '.join(TRANSPORT_NAMES)}"
             )
         if self.compression not in COMPRESSIONS:
-            raise ValueError(
+            raise ConfigError(
                 f"compression: unknown {self.compression!r}; choose one of {', '.join(COMPRESSIONS)}"
             )
         # a healthy collective here takes milliseconds; below a second, a busy host would trip it
         if not 1 <= self.collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
-            raise ValueError(
+            raise ConfigError(
                 f"collective_timeout_s must be between 1 and {MAX_COLLECTIVE_TIMEOUT_S:.0f} seconds "
                 f"(a week), got {self.collective_timeout_s}"
             )
         if self.bucket_cap_mb <= 0:
-            raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+            raise ConfigError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
         if self.device not in DEVICES:
-            raise ValueError(f"device: unknown {self.device!r}; choose one of {', '.join(DEVICES)}")
+            raise ConfigError(f"device: unknown {self.device!r}; choose one of {', '.join(DEVICES)}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"precision: unknown {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+            raise ConfigError(f"precision: unknown {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
         if self.data_workers < 0:
-            raise ValueError(f"data_workers must be >= 0, got {self.data_workers}")
+            raise ConfigError(f"data_workers must be >= 0, got {self.data_workers}")
         if self.resume and not self.checkpoint_dir:
-            raise ValueError("resume needs checkpoint_dir: say where the checkpoints are")
+            raise ConfigError("resume needs checkpoint_dir: say where the checkpoints are")
         if self.checkpoint_every and not self.checkpoint_dir:
-            raise ValueError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")
+            raise ConfigError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")
         if self.engine == "torch" and self.transport not in ("auto", "gloo", "nccl"):
-            raise ValueError(
+            raise ConfigError(
                 f"transport {self.transport!r} is dpscale's own; engine 'torch' uses the process group "
                 "(gloo or nccl): drop transport or use engine 'dpscale'"
             )
@@ -204,26 +205,26 @@ class TrainConfig:
         """(micro_batch, accumulation_steps) for `world_size` workers; ValueError when G does not split."""
         g = self.global_batch
         if world_size > g:
-            raise ValueError(
+            raise ConfigError(
                 f"world size {world_size} is larger than global_batch {g}: every worker needs at least "
                 f"one sample per step; use a global batch of at least {world_size} or fewer workers"
             )
         if g % world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch {g} is not divisible by the world size {world_size}; "
                 f"use a multiple of {world_size} (e.g. {g - g % world_size or world_size})"
             )
         per_worker = g // world_size
         if self.micro_batch is not None:
             if per_worker % self.micro_batch:
-                raise ValueError(
+                raise ConfigError(
                     f"micro_batch {self.micro_batch} does not divide the {per_worker} samples each of "
                     f"{world_size} workers gets per step (global_batch {g}); choose a divisor of {per_worker}"
                 )
             return self.micro_batch, per_worker // self.micro_batch
         k = self.accumulation_steps or 1
         if per_worker % k:
-            raise ValueError(
+            raise ConfigError(
                 f"accumulation_steps {k} does not divide the {per_worker} samples each of {world_size} "
                 f"workers gets per step (global_batch {g}); choose a divisor of {per_worker}"
             )
@@ -245,12 +246,12 @@ def _finite_floats(cfg: TrainConfig) -> None:
         value = getattr(cfg, f.name)
         if float in typing.get_args(hints[f.name]) + (hints[f.name],) and isinstance(value, float):
             if not math.isfinite(value):
-                raise ValueError(f"{f.name} must be a finite number, got {value}")
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
 
 
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 def config_file_fields(path: str) -> dict:
@@ -261,15 +262,15 @@ def config_file_fields(path: str) -> dict:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except OSError as e:
-        raise ValueError(f"--config: cannot read {path}: {e.strerror}") from None
+        raise ConfigError(f"--config: cannot read {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--config: {path} is not valid TOML: {e}") from None
+        raise ConfigError(f"--config: {path} is not valid TOML: {e}") from None
     known = {f.name for f in fields(TrainConfig)}
     out = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise ValueError(
+            raise ConfigError(
                 f"--config: {path} sets {key!r}, which is not a TrainConfig field; see dpscale train --help"
             )
         out[name] = value

@@ -14,6 +14,8 @@ import os
 
 import torch
 
+from ..errors import ConfigError
+
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -22,15 +24,15 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     """`auto`: this worker's GPU when CUDA is available, else the CPU; ValueError for cuda without one."""
     if name not in DEVICES:
-        raise ValueError(f"device: unknown {name!r}; choose one of {', '.join(DEVICES)}")
+        raise ConfigError(f"device: unknown {name!r}; choose one of {', '.join(DEVICES)}")
     if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError("device cuda: no CUDA device is visible to this process; use --device cpu or auto")
+        raise ConfigError("device cuda: no CUDA device is visible to this process; use --device cpu or auto")
     index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     count = torch.cuda.device_count()
     if index >= count:
-        raise ValueError(
+        raise ConfigError(
             f"device cuda: worker {index} on this host needs GPU {index} but only {count} are visible; "
             f"use --nproc {count} or fewer"
         )
@@ -46,7 +48,7 @@ class Precision:
 
     def __init__(self, name: str, device: torch.device):
         if name not in PRECISIONS:
-            raise ValueError(f"precision: unknown {name!r}; choose one of {', '.join(PRECISIONS)}")
+            raise ConfigError(f"precision: unknown {name!r}; choose one of {', '.join(PRECISIONS)}")
         self.name = name
         self.device = device
         self.scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None

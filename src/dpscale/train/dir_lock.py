@@ -16,8 +16,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..errors import ConfigError
 
-class DirectoryInUse(ValueError):
+
+class DirectoryInUse(ConfigError):
     """Another process holds the directory; the message names its PID."""
 
 

@@ -37,13 +37,16 @@ import torch.distributed as dist
 from ..comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
 from ..cores import usable_cores
 from ..engine.collective_log import silent_ranks
+from ..errors import ConfigError
 from . import dir_lock, rendezvous
+from .callbacks import callbacks_from_env
 from .config import TrainConfig
 from .device import backend_for, resolve_device
 from .nodes import Nodes
 from .preflight import check_before_start, resume_note
 from .process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
-from .trainer import Trainer, TrainResult
+from .result import TrainResult
+from .trainer import Trainer
 
 # how the launcher hands a worker its task: the environment variable names a JSON file with the
 # config and thread count; rank 0 writes its result next to it
@@ -108,7 +111,7 @@ def parse_nproc(text: str) -> tuple[int, int]:
     except ValueError:
         low = high = 0
     if not 1 <= low <= high:
-        raise ValueError(f"--nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+        raise ConfigError(f"--nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
     return low, high
 
 
@@ -123,7 +126,7 @@ def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
     _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), backend_for(device))
     try:
-        return Trainer(cfg, stop_requested=stop_requested).fit().to_dict()
+        return Trainer(cfg, stop_requested=stop_requested, callbacks=callbacks_from_env()).fit().to_dict()
     finally:
         dist.destroy_process_group()
 
@@ -174,9 +177,9 @@ def launch(
     """
     min_nproc = nproc if min_nproc is None else min_nproc
     if not 1 <= min_nproc <= nproc:
-        raise ValueError(f"nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {min_nproc}:{nproc}")
+        raise ConfigError(f"nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {min_nproc}:{nproc}")
     if max_restarts < 0:
-        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        raise ConfigError(f"max_restarts must be >= 0, got {max_restarts}")
     # fail before starting anything when the batch does not split (resolve_batch names the numbers);
     # a scale-lr resume with a checkpoint splits the checkpoint's per-worker batch instead
     if not _can_start(cfg, nproc):
@@ -184,7 +187,7 @@ def launch(
     if not _splits(cfg, min_nproc):
         cfg.resolve_batch(min_nproc)
     if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1 (intra-op threads per worker), got {threads}")
+        raise ConfigError(f"threads must be >= 1 (intra-op threads per worker), got {threads}")
     check_before_start(cfg)
     if nodes is not None and min_nproc != nproc:
         raise ValueError("--nproc MIN:MAX is for one host; across hosts give --nnodes MIN:MAX and --nproc N")

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..errors import ConfigError
 from .config import TrainConfig
 
 
@@ -67,16 +68,23 @@ class BatchScale:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def state_dict(self) -> dict:
+        return self.to_dict()
+
+    def load_state_dict(self, state: object) -> None:
+        """In place (the scheduler's lambda holds this object); ValueError for a malformed state."""
+        vars(self).update(vars(BatchScale.from_dict(state)))
+
     @classmethod
     def from_dict(cls, d: object) -> BatchScale:
         if not isinstance(d, dict) or set(d) != {"target", "start", "from_step", "steps"}:
-            raise ValueError(f"batch scale {d!r} is not a dict with target, start, from_step, steps")
+            raise ConfigError(f"batch scale {d!r} is not a dict with target, start, from_step, steps")
         multipliers, steps = (d["target"], d["start"]), (d["from_step"], d["steps"])
         if not (
             all(type(m) in (int, float) and 0 < m < math.inf for m in multipliers)
             and all(type(s) is int and s >= 0 for s in steps)
         ):
-            raise ValueError(f"batch scale {d!r}: multipliers must be finite and > 0, steps counts")
+            raise ConfigError(f"batch scale {d!r}: multipliers must be finite and > 0, steps counts")
         return cls(float(d["target"]), float(d["start"]), d["from_step"], d["steps"])
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from ..workloads.task import probe
 from .config import TrainConfig
 from .device import resolve_device
@@ -32,7 +33,7 @@ def preflight(cfg: TrainConfig, world_sizes: list[int]) -> None:
     probe(task)
     # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
     if cfg.tail in ("drop", "pad") and len(task.train_data) < cfg.global_batch:
-        raise ValueError(
+        raise ConfigError(
             f"train_data has {len(task.train_data)} samples, fewer than one global batch of "
             f"{cfg.global_batch}; use --global-batch {len(task.train_data)} or less, or --tail keep"
         )
@@ -41,7 +42,7 @@ def preflight(cfg: TrainConfig, world_sizes: list[int]) -> None:
 def check_before_start(cfg: TrainConfig) -> None:
     """What fails only inside the workers or after training: directories, the transport."""
     if cfg.resume and cfg.checkpoint_dir and not Path(cfg.checkpoint_dir).is_dir():
-        raise ValueError(
+        raise ConfigError(
             f"--resume: checkpoint directory {cfg.checkpoint_dir} does not exist; check --checkpoint-dir"
         )
     if cfg.checkpoint_dir:
@@ -49,23 +50,23 @@ def check_before_start(cfg: TrainConfig) -> None:
     if cfg.metrics_dir:
         check_writable_dir("--metrics-dir", cfg.metrics_dir)
     if cfg.transport == "nccl" and not torch.cuda.is_available():
-        raise ValueError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
+        raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
 
 
 def check_writable_dir(flag: str, path: str) -> None:
     """`path` is a directory this user can write, or can be created as one (nothing is created)."""
     p = Path(path).absolute()
     if p.exists() and not p.is_dir():
-        raise ValueError(f"{flag} {path} is a file, not a directory; name a directory")
+        raise ConfigError(f"{flag} {path} is a file, not a directory; name a directory")
     existing = p
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"{flag} {path} cannot be created: {existing} is a file; name another directory")
+        raise ConfigError(f"{flag} {path} cannot be created: {existing} is a file; name another directory")
     # access() also says no for a read-only mount (EROFS), which a permission check alone would not
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is" if existing == p else f"would be created in {existing}, which is"
-        raise ValueError(
+        raise ConfigError(
             f"{flag} {path} {what} not writable (read-only mount or permissions); name a writable directory"
         )
 

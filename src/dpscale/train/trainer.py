@@ -11,14 +11,12 @@ with the ranks that did not answer and what this rank last issued.
 
 from __future__ import annotations
 
-import hashlib
-import math
-import os
 import random
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,64 +26,31 @@ from torch import nn
 from ..data.sampler import GlobalBatchSampler, StepBatch
 from ..engine import DistributedDataParallel
 from ..engine.collective_log import CollectiveLog, explain_failures
-from ..engine.powersgd import compression_hook
-from ..faults import InjectedFault, active, hang_forever, injected, kill_self
+from ..engine.hooks import compression_hook
+from ..engine.registry import wrap
+from ..errors import ConfigError
 from ..workloads import WORKLOADS
 from ..workloads.load import load_task
 from ..workloads.task import Task, call_model, per_sample, to_device
-from . import trainer_checkpoint
 from .batches import MicroBatches
+from .callbacks import TrainerCallback, checked
+from .checkpoint import CheckpointError
+from .checkpointer import Checkpointer, Stateful, load_into
 from .config import TrainConfig
 from .device import Precision, resolve_device
 from .drift import check_replicas
 from .evaluate import evaluate
-from .metrics import MetricsWriter, Progress, StepMetrics, summary_table
+from .metrics import MetricsWriter, Progress, StepMetrics
 from .noise_scale import NoiseScaleMeter, grad_sq_norm
-from .optim import BatchScale, build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, sync_lr
+from .rank_state import HookState, RngState
+from .result import TrainResult, param_sha256, print_summary
+from .resume import BatchSplit, check_resumable, describe_resplit, plan_split, plan_total_steps
+from .state import TrainState
 
 # How long a rank whose collective failed waits for the others to report theirs: they time out
 # at about the same moment, so a few seconds separate "also failed" from "gone".
 _REPORT_WAIT_S = 10.0
-
-
-@dataclass
-class TrainResult:
-    """What `dpscale train --json` prints; the same on every rank."""
-
-    world_size: int
-    global_batch: int
-    micro_batch: int
-    accumulation_steps: int
-    steps: int
-    samples_seen: int
-    final_loss: float | None
-    test_accuracy: float | None
-    samples_per_s: float
-    param_sha256: str
-    checkpoint: str | None
-    skipped_steps: int
-    resumed_from_step: int | None
-    engine: str
-    transport: str
-    eval: dict[str, float] | None = None  # "loss" and each metric, means over the task's eval_data
-    # why the run ended before its last step: "diverged", or the signal that asked it to stop
-    # ("SIGTERM", "SIGINT"); None when it ran to the end
-    stopped_by: str | None = None
-    stop_message: str | None = None
-    # the run's simple noise scale B_simple in samples, from all its steps (train/noise_scale.py); None
-    # when not measured (one worker without accumulation, torch's engine with W > 1, turned off)
-    gradient_noise_scale: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def param_sha256(module: nn.Module) -> str:
-    """SHA-256 of all parameters in `named_parameters` order, as raw little-endian bytes."""
-    h = hashlib.sha256()
-    for _, p in module.named_parameters():
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def resolve_task(config: TrainConfig) -> Task:
@@ -94,7 +59,7 @@ def resolve_task(config: TrainConfig) -> Task:
         return load_task(config.task, seed=config.seed)
     if config.workload is not None:
         return WORKLOADS[config.workload].task(config.seed)
-    raise ValueError("no task: pass Trainer(config, task), or set config.task or config.workload")
+    raise ConfigError("no task: pass Trainer(config, task), or set config.task or config.workload")
 
 
 class Trainer:
@@ -110,37 +75,48 @@ class Trainer:
         task: Task | None = None,
         *,
         process_group: dist.ProcessGroup | None = None,
+        callbacks: Sequence[TrainerCallback] = (),
         stop_requested: Callable[[], str | None] | None = None,
     ):
         """`stop_requested()` returns why to stop (e.g. "SIGTERM") or None; it is asked once per step
-        and any rank's request stops every rank at the end of that step, after a checkpoint."""
+        and any rank's request stops every rank at the end of that step, after a checkpoint.
+        `callbacks` see the loop's points (see callbacks.py)."""
         if task is not None and not isinstance(task, Task):
-            raise ValueError(f"task must be a dpscale.Task, got {type(task).__name__}")
+            raise ConfigError(f"task must be a dpscale.Task, got {type(task).__name__}")
         self.cfg = config
+        self.callbacks = checked(callbacks)
         self._stop_requested = stop_requested or (lambda: None)
         self.group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         # the configured global batch; with world_change=scale-lr a resume may change it (see
-        # trainer_checkpoint), and the LR follows through `batch_scale`
-        self.global_batch = config.global_batch
+        # resume.py), and the LR follows through the state's `batch_scale`
+        global_batch = config.global_batch
         self._split_error: ValueError | None = None
         try:
-            self.micro_batch, self.accumulation_steps = config.resolve_batch(self.world_size)
+            micro_batch, accumulation_steps = config.resolve_batch(self.world_size)
         except ValueError as e:
             # scale-lr restarts at a world size the configured batch may not split over; the
             # checkpoint's per-worker batch decides, so wait for it (fit raises if there is none)
             if not (config.resume and config.world_change == "scale-lr"):
                 raise
             self._split_error = e
-            self.micro_batch, self.accumulation_steps = max(1, self.global_batch // self.world_size), 1
-            self.global_batch = self.micro_batch * self.world_size
+            micro_batch, accumulation_steps = max(1, global_batch // self.world_size), 1
+            global_batch = micro_batch * self.world_size
+        # the loop's progress: what a checkpoint's trainer.pt holds
+        self.state = TrainState(
+            world_size=self.world_size,
+            global_batch=global_batch,
+            base_global_batch=config.global_batch,
+            micro_batch=micro_batch,
+            accumulation_steps=accumulation_steps,
+        )
         self.task = task if task is not None else resolve_task(config)
         self.train_data = self.task.train_data
-        if len(self.train_data) < self.global_batch and config.tail == "drop":
-            raise ValueError(
+        if len(self.train_data) < global_batch and config.tail == "drop":
+            raise ConfigError(
                 f"train_data has {len(self.train_data)} samples, fewer than one global batch of "
-                f"{self.global_batch}; use a global batch of at most {len(self.train_data)}"
+                f"{global_batch}; use a global batch of at most {len(self.train_data)}"
             )
         self.device = resolve_device(config.device)
         self.precision = Precision(config.precision, self.device)
@@ -149,26 +125,22 @@ class Trainer:
         torch.manual_seed(config.seed)  # identical initial weights everywhere (rank 0's win anyway)
         module = self.task.model()
         if not isinstance(module, nn.Module):
-            raise ValueError(
+            raise ConfigError(
                 f"Task.model() returned {type(module).__name__}; it must return a torch.nn.Module"
             )
         module.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         with self._explained():
-            if config.engine == "torch":
-                self.model = nn.parallel.DistributedDataParallel(
-                    module, device_ids, process_group=process_group, bucket_cap_mb=config.bucket_cap_mb
-                )
-            else:
-                self.model = DistributedDataParallel(
-                    module,
-                    device_ids,
-                    process_group=process_group,
-                    bucket_cap_mb=config.bucket_cap_mb,
-                    transport=config.transport,
-                    collective_timeout_s=config.collective_timeout_s,
-                    collective_log=self.log,
-                )
+            self.model = wrap(
+                module,
+                config.engine,
+                device_ids=device_ids,
+                process_group=process_group,
+                bucket_cap_mb=config.bucket_cap_mb,
+                transport=config.transport,
+                collective_timeout_s=config.collective_timeout_s,
+                collective_log=self.log,
+            )
         every = config.noise_scale_every
         self.noise_scale = NoiseScaleMeter(self.world_size, enabled=not config.no_noise_scale, every=every)
         if isinstance(self.model, DistributedDataParallel):
@@ -182,14 +154,13 @@ class Trainer:
         if self.task.optimizer is not None:
             self.optimizer = self.task.optimizer(self.model.parameters())
             if not isinstance(self.optimizer, torch.optim.Optimizer):
-                raise ValueError(
+                raise ConfigError(
                     f"Task.optimizer(params) returned {type(self.optimizer).__name__}; "
                     "it must return a torch.optim.Optimizer"
                 )
         else:
             self.optimizer = build_optimizer(config, self.model.parameters())
-        self.batch_scale = BatchScale()
-        self.scheduler = build_scheduler(config, self.optimizer, self.batch_scale)
+        self.scheduler = build_scheduler(config, self.optimizer, self.state.batch_scale)
         self.sampler = self._build_sampler()
         self.batches = MicroBatches(
             self.train_data,
@@ -197,17 +168,13 @@ class Trainer:
             workers=config.data_workers,
             pin_memory=self.device.type == "cuda",
         )
-        self.step = 0
-        self.samples_seen = 0
         self.total_steps = self.plan_total_steps()
         # each rank its own stream of randomness for anything stochastic in the user's model
         _seed_all(config.seed * 1000 + self.rank)
-        self.skipped_steps = 0
         self.skipped_in_a_row = 0  # not checkpointed: a resume gives a diverging run its full allowance
         self.stop_agreed = False  # some rank was asked to stop: every rank stops after this step
         self.stopped_by: str | None = None
         self.stop_message: str | None = None
-        self.last_loss: float | None = None
         self.last_checkpoint: str | None = None
         self.resumed_from: int | None = None
         self._steps_iter = None
@@ -216,10 +183,10 @@ class Trainer:
     def _build_sampler(self) -> GlobalBatchSampler:
         return GlobalBatchSampler(
             len(self.train_data),
-            global_batch=self.global_batch,
+            global_batch=self.state.global_batch,
             world_size=self.world_size,
             rank=self.rank,
-            accumulation_steps=self.accumulation_steps,
+            accumulation_steps=self.state.accumulation_steps,
             seed=self.cfg.seed,
             tail=self.cfg.tail,
         )
@@ -230,31 +197,22 @@ class Trainer:
         The global batch becomes W x micro_batch x accumulation_steps; when that differs from the
         current one (world_change=scale-lr), the sampler goes on from the next unused sample.
         """
-        self.micro_batch, self.accumulation_steps = micro_batch, accumulation_steps
-        self.global_batch = micro_batch * accumulation_steps * self.world_size
+        self.state.micro_batch, self.state.accumulation_steps = micro_batch, accumulation_steps
+        self.state.global_batch = micro_batch * accumulation_steps * self.world_size
         state = self.sampler.state_dict()
         self.sampler = self._build_sampler()
         self.sampler.load_state_dict(state, regroup=True)
         self._steps_iter = None
 
     def plan_total_steps(self) -> int:
-        """The step at which training ends, from the configuration and the current position.
+        """The step at which training ends (resume.plan_total_steps on this run's position)."""
+        cfg = self.cfg
+        return plan_total_steps(self.state, max_steps=cfg.max_steps, epochs=cfg.epochs, sampler=self.sampler)
 
-        With the configured global batch this is max_steps, or epochs x steps per epoch. After the
-        global batch changed (world_change=scale-lr) the budget is kept in samples: the epochs, or
-        max_steps x the configured global batch, whatever batch the remaining steps use.
-        """
-        cfg, s = self.cfg, self.sampler
-        if cfg.max_steps is not None:
-            # a run that ever changed its batch (even back to the configured one) counts samples
-            if self.global_batch == cfg.global_batch and self.batch_scale == BatchScale():
-                return cfg.max_steps
-            left = max(0, cfg.max_steps * cfg.global_batch - self.samples_seen)
-            return self.step + -(-left // self.global_batch)
-        if s.epoch >= cfg.epochs:  # the last epoch is over (a regroup at its end moved past it)
-            return self.step
-        left_this_epoch = s.steps_this_epoch - s.step_in_epoch
-        return self.step + left_this_epoch + (cfg.epochs - 1 - s.epoch) * s.steps_per_epoch
+    @property
+    def step(self) -> int:
+        """Optimizer steps done (skipped ones included)."""
+        return self.state.step
 
     def _explained(self):
         return explain_failures(self.log, min(self.cfg.collective_timeout_s, _REPORT_WAIT_S))
@@ -272,12 +230,13 @@ class Trainer:
         progress = Progress(self.total_steps, cfg.progress if lead else "none", cfg.log_every)
         if lead and self.resumed_from is not None:
             progress.note(f"resumed from {self.last_checkpoint} at step {self.step}")
-        t_start, samples_start = time.perf_counter(), self.samples_seen
+        t_start, samples_start = time.perf_counter(), self.state.samples_seen
         try:
             with self._explained():
                 while self.step < self.total_steps:
                     batch = self._next_batch()
-                    self._inject_step_faults()
+                    for c in self.callbacks:
+                        c.on_batch(self, batch)
                     self.log.verify = self._steps_run < cfg.check_collectives_steps
                     m = self._train_step(batch)
                     self._steps_run += 1
@@ -318,17 +277,17 @@ class Trainer:
                 scores = self.evaluate()
         result = TrainResult(
             world_size=self.world_size,
-            global_batch=self.global_batch,
-            micro_batch=self.micro_batch,
-            accumulation_steps=self.accumulation_steps,
+            global_batch=self.state.global_batch,
+            micro_batch=self.state.micro_batch,
+            accumulation_steps=self.state.accumulation_steps,
             steps=self.step,
-            samples_seen=self.samples_seen,
-            final_loss=self.last_loss,
+            samples_seen=self.state.samples_seen,
+            final_loss=self.state.last_loss,
             test_accuracy=scores.get("accuracy") if scores else None,
-            samples_per_s=(self.samples_seen - samples_start) / elapsed if elapsed > 0 else 0.0,
+            samples_per_s=(self.state.samples_seen - samples_start) / elapsed if elapsed > 0 else 0.0,
             param_sha256=param_sha256(self._module),
             checkpoint=self.last_checkpoint,
-            skipped_steps=self.skipped_steps,
+            skipped_steps=self.state.skipped_steps,
             resumed_from_step=self.resumed_from,
             engine=cfg.engine,
             transport=self.model.transport.name if cfg.engine == "dpscale" else dist.get_backend(self.group),
@@ -338,7 +297,7 @@ class Trainer:
             gradient_noise_scale=self.noise_scale.estimator.run_b_simple,
         )
         if lead and cfg.progress != "none":
-            _print_summary(result)
+            print_summary(result)
         return result
 
     def _next_batch(self) -> StepBatch:
@@ -385,8 +344,8 @@ class Trainer:
         )
         self.precision.unscale(self.optimizer)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if injected("nan_grad", step=self.step + 1, rank=self.rank):
-            grads[0].view(-1)[0] = float("nan")  # after the reduction: only this rank sees it
+        for c in self.callbacks:
+            c.after_reduce(self, grads)
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
         # One small collective gives every rank the global loss and the same skip decision: after
         # averaging a non-finite gradient anywhere is non-finite everywhere, but deciding by a
@@ -405,25 +364,26 @@ class Trainer:
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         self.stop_agreed = bool(flags[2] > 0)
         lr = self.optimizer.param_groups[0]["lr"]
+        state = self.state
         if skipped:
-            self.skipped_steps += 1
+            state.skipped_steps += 1
         elif self.cfg.grad_clip_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(model.parameters(), self.cfg.grad_clip_norm, norm)
         self.precision.step(self.optimizer, skipped)
         if not skipped:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        if active():
-            self._inject_drift()
-        self.samples_seen += batch.global_count
-        self.last_loss = float(flags[0] / batch.global_count)
+        state.step += 1
+        state.samples_seen += batch.global_count
+        state.last_loss = float(flags[0] / batch.global_count)
+        for c in self.callbacks:
+            c.after_step(self)
         step_s = time.perf_counter() - t0
         stats = getattr(model, "last_step_stats", None)
         return StepMetrics(
-            step=self.step,
-            samples_seen=self.samples_seen,
-            loss=self.last_loss,
+            step=state.step,
+            samples_seen=state.samples_seen,
+            loss=state.last_loss,
             lr=lr,
             grad_norm=float(norm),
             step_ms=step_s * 1e3,
@@ -458,7 +418,7 @@ class Trainer:
         return evaluate(
             self.task,
             self._module,
-            batch_size=max(self.micro_batch, 256),
+            batch_size=max(self.state.micro_batch, 256),
             device=self.device,
             autocast=self.precision.autocast,
             group=self.group,
@@ -469,56 +429,122 @@ class Trainer:
     def _module(self) -> nn.Module:
         return self.model.module
 
-    # -- test-only fault points (see dpscale.faults) ----------------------------------------
-    def _inject_step_faults(self) -> None:
-        where = dict(step=self.step + 1, rank=self.rank, world=self.world_size)
-        if injected("kill", **where):
-            kill_self()
-        if injected("hang", **where):
-            hang_forever()
-        if injected("raise", **where):
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            raise InjectedFault(f"injected fault: step {self.step + 1}, rank {self.rank}, attempt {attempt}")
+    # -- state and checkpoints (collective; see checkpointer.py) --------------------------------
+    def stateful(self) -> dict[str, Stateful]:
+        """The named objects a checkpoint saves from rank 0, each with state_dict/load_state_dict."""
+        return {
+            "model": self._module,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "sampler": self.sampler,
+            "trainer": self.state,
+        }
 
-    @torch.no_grad()
-    def _inject_drift(self) -> None:
-        for name, p in self._module.named_parameters():
-            if injected("perturb", step=self.step, rank=self.rank, param=name):
-                p.view(-1)[0] += 1e-3
+    def state_dict(self) -> dict:
+        return {name: obj.state_dict() for name, obj in self.stateful().items()}
 
-    # -- checkpoints (collective; see trainer_checkpoint.py) ----------------------------------
+    def _rank_stateful(self) -> dict[str, Stateful]:
+        """Each rank's own states: its RNG streams and (PowerSGD) its hook's error feedback."""
+        states: dict[str, Stateful] = {"rng": RngState()}
+        if self.comm_state is not None:
+            states["comm_hook"] = HookState(self.comm_state, self._module)
+        return states
+
+    def _checkpointer(self) -> Checkpointer:
+        def on_file(step: int, stem: str) -> None:
+            for c in self.callbacks:
+                c.on_checkpoint_file(step, stem)
+
+        return Checkpointer(
+            self.cfg.checkpoint_dir,
+            group=self.group,
+            log=self.log,
+            keep_last=self.cfg.keep_checkpoints,
+            expected_stems=(*self.stateful(), "rng"),  # a hook's state is there only with a hook
+            on_file=on_file,
+        )
+
     def save_checkpoint(self) -> str:
-        """Every rank sends its RNG state; rank 0 writes; all learn the path."""
-        self.last_checkpoint = trainer_checkpoint.save(self)
+        """Collective: rank 0 writes this step's checkpoint; all learn the path."""
+        self.state.grad_scaler = self.precision.state_dict()
+        extra = {"comm_hook": {"compression": self.cfg.compression}}
+        self.last_checkpoint = self._checkpointer().save(
+            self.step, self.stateful(), self._rank_stateful(), extra
+        )
         return self.last_checkpoint
 
     def _resume(self) -> None:
-        trainer_checkpoint.resume(self)
+        """Collective: continue from the newest checkpoint that verifies; a fresh start if there is none."""
+        saved: list[TrainState] = []
+        path = self._checkpointer().resume(
+            lambda ckpt: saved.append(self.load_state_dict(ckpt.payload, ckpt.path))
+        )
+        if path is None:
+            return
+        self.resumed_from, self.last_checkpoint = self.step, path
+        if self.rank == 0 and saved[0].world_size != self.world_size:
+            old, s = saved[0], self.scheduler
+            print(
+                describe_resplit(old, self.state, self.cfg, s.last_epoch, s.base_lrs[0], self.total_steps),
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def load_state_dict(self, payload: dict, where: Path | str = "checkpoint") -> TrainState:
+        """Continue from a checkpoint's states (`stateful()`'s and `_rank_stateful()`'s names), also at
+        another world size (resume.py's plan); returns the saved TrainState."""
+        cfg, where = self.cfg, Path(where)
+        saved = TrainState.from_state_dict(payload["trainer"], where / "trainer.pt")
+        check_resumable(saved, global_batch=cfg.global_batch, world_change=cfg.world_change, where=where)
+        for name in ("model", "optimizer", "scheduler"):
+            load_into(self.stateful()[name].load_state_dict, payload[name], where / f"{name}.pt")
+            if name == "optimizer":  # the loss scale with the optimizer state it scaled
+                load_into(self.precision.load_state_dict, saved.grad_scaler, where / "trainer.pt")
+        state = self.state
+        state.step, state.samples_seen = saved.step, saved.samples_seen
+        state.skipped_steps, state.last_loss = saved.skipped_steps, saved.last_loss
+        state.batch_scale.load_state_dict(saved.batch_scale.state_dict())  # in place: the scheduler holds it
+        current = BatchSplit(state.micro_batch, state.accumulation_steps)
+        split = plan_split(
+            saved,
+            world_size=self.world_size,
+            current=current,
+            global_batch=state.global_batch,
+            configured_global_batch=cfg.global_batch,
+            world_change=cfg.world_change,
+            where=where / "trainer.pt",
+        )
+        if split != current:
+            self.set_batch_split(split.micro_batch, split.accumulation_steps)
+        regroup = state.global_batch != saved.global_batch
+        load_into(
+            lambda s: self.sampler.load_state_dict(s, regroup=regroup),
+            payload["sampler"],
+            where / "sampler.pt",
+        )
+        if regroup:
+            state.batch_scale.retarget(
+                state.global_batch / cfg.global_batch, self.scheduler.last_epoch, cfg.rescale_warmup_steps
+            )
+        sync_lr(self.scheduler)
+        self.total_steps = self.plan_total_steps()
+        if self.comm_state is not None:
+            HookState(self.comm_state, self._module).load_saved(
+                payload.get("comm_hook"),
+                self.cfg.compression,
+                self.rank,
+                self.world_size,
+                where / "comm_hook.pt",
+            )
+        rngs = payload["rng"].get("ranks") if isinstance(payload["rng"], dict) else None
+        if not rngs:
+            raise CheckpointError(f"checkpoint {where / 'rng.pt'} holds no RNG states")
+        # a restart with more workers than before: ranks beyond the old world reuse a saved stream
+        RngState().load_state_dict(rngs[self.rank % len(rngs)])
+        return saved
 
 
 def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def _print_summary(r: TrainResult) -> None:
-    rows = [
-        (
-            "workers x micro-batch x accumulation",
-            f"{r.world_size} x {r.micro_batch} x {r.accumulation_steps} = global batch {r.global_batch}",
-        ),
-        ("steps (skipped)", f"{r.steps} ({r.skipped_steps})"),
-        ("samples seen", f"{r.samples_seen:,}"),
-        ("final loss", "n/a" if r.final_loss is None or math.isnan(r.final_loss) else f"{r.final_loss:.4f}"),
-        ("test accuracy", "n/a" if r.test_accuracy is None else f"{r.test_accuracy:.2%}"),
-        ("eval", ", ".join(f"{k} {v:.4g}" for k, v in r.eval.items()) if r.eval else "n/a"),
-        ("throughput", f"{r.samples_per_s:,.0f} samples/s"),
-        (
-            "gradient noise scale",
-            "n/a" if r.gradient_noise_scale is None else f"{r.gradient_noise_scale:,.1f} samples (B_simple)",
-        ),
-        ("engine / transport", f"{r.engine} / {r.transport}"),
-        ("last checkpoint", r.checkpoint or "none"),
-    ]
-    summary_table(rows)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..cli_fields import add_dataclass_arguments, dataclass_kwargs
+from ..errors import ConfigError
+from ..flags import add_dataclass_arguments, dataclass_kwargs
 from .config import TrainConfig
 from .launch import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, rendezvous_warning, run_worker
 from .process_life import EXIT_DIVERGED, die_with_parent, exit_now
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         if fields.get("task") is None and fields.get("workload") is None:
             fields["workload"] = "digits"
         cfg = TrainConfig(**fields)
-    except ValueError as e:
+    except ConfigError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     if args.threads < 1:
         parser.exit(2, f"{parser.prog}: error: --threads must be >= 1, got {args.threads}\n")

@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from ..errors import ConfigError
 from .registry import WORKLOADS
 from .task import Task
 
@@ -34,7 +35,7 @@ def load_task(spec: str, *, seed: int = 0, flag: str = "--task") -> Task:
     if spec in WORKLOADS:
         return WORKLOADS[spec].task(seed)
     if not TASK_SPEC_RE.match(spec):
-        raise ValueError(f"{flag}: {spec!r} is not {TASK_CONVENTION}")
+        raise ConfigError(f"{flag}: {spec!r} is not {TASK_CONVENTION}")
     module_name, _, attr = spec.partition(":")
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -42,21 +43,21 @@ def load_task(spec: str, *, seed: int = 0, flag: str = "--task") -> Task:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(
+        raise ConfigError(
             f"{flag}: cannot load {spec!r} ({_first_line(e)}); expected {TASK_CONVENTION}"
         ) from None
     if not callable(factory):
-        raise ValueError(f"{flag}: {spec} is not callable; expected {TASK_CONVENTION}")
+        raise ConfigError(f"{flag}: {spec} is not callable; expected {TASK_CONVENTION}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             task = factory()
         except ValueError as e:  # Task's own validation, or the user's
-            raise ValueError(f"{flag}: {spec}() raised ValueError: {_first_line(e)}") from None
+            raise ConfigError(f"{flag}: {spec}() raised ValueError: {_first_line(e)}") from None
         except Exception as e:
-            raise ValueError(f"{flag}: {spec}() raised {type(e).__name__}: {_first_line(e)}") from None
+            raise ConfigError(f"{flag}: {spec}() raised {type(e).__name__}: {_first_line(e)}") from None
     if not isinstance(task, Task):
-        raise ValueError(
+        raise ConfigError(
             f"{flag}: {spec}() returned {type(task).__name__}; it must return a dpscale.Task(model, "
             "train_data, eval_data, loss=..., metrics=...)"
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from . import datasets, models
 from .task import Task
 
@@ -113,4 +114,4 @@ def get_workload(name: str) -> Workload:
     try:
         return WORKLOADS[name]
     except KeyError:
-        raise ValueError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}") from None
+        raise ConfigError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}") from None

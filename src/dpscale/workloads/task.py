@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
+from ..errors import ConfigError
+
 PER_SAMPLE_HINT = 'return one value per sample, shape [batch], e.g. F.cross_entropy(out, y, reduction="none")'
 
 
@@ -44,7 +46,7 @@ class Task:
 
     def __post_init__(self) -> None:
         if not callable(self.model) or isinstance(self.model, nn.Module):
-            raise ValueError(
+            raise ConfigError(
                 "Task.model must be a callable that builds the model (a class or a function), "
                 f"not {type(self.model).__name__}; e.g. Task(model=MyNet, ...)"
             )
@@ -52,19 +54,19 @@ class Task:
         if self.eval_data is not None:
             _check_dataset("eval_data", self.eval_data)
         if self.loss is None or not callable(self.loss):
-            raise ValueError(
+            raise ConfigError(
                 f"Task.loss must be a function loss(output, target) that would {PER_SAMPLE_HINT}"
             )
         if not isinstance(self.metrics, Mapping):
-            raise ValueError("Task.metrics must be a dict of name -> fn(output, target)")
+            raise ConfigError("Task.metrics must be a dict of name -> fn(output, target)")
         for name, fn in self.metrics.items():
             if not isinstance(name, str) or not name or name == "loss" or not callable(fn):
-                raise ValueError(
+                raise ConfigError(
                     f"Task.metrics: {name!r} must map a name other than 'loss' to fn(output, target)"
                 )
         for name in ("optimizer", "collate_fn"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
-                raise ValueError(f"Task.{name} must be callable or None")
+                raise ConfigError(f"Task.{name} must be callable or None")
 
     def collate(self, items: list) -> Any:
         return (self.collate_fn or default_collate)(items)
@@ -72,12 +74,12 @@ class Task:
 
 def _check_dataset(name: str, data: Any) -> None:
     if isinstance(data, IterableDataset) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-        raise ValueError(
+        raise ConfigError(
             f"Task.{name} must be a map-style dataset (with __len__ and __getitem__ returning "
             f"(input, target)), not {type(data).__name__}; e.g. torch.utils.data.TensorDataset(x, y)"
         )
     if len(data) < 1:
-        raise ValueError(f"Task.{name} is empty; give it at least one (input, target) item")
+        raise ConfigError(f"Task.{name} is empty; give it at least one (input, target) item")
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
@@ -103,20 +105,22 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
 def per_sample(what: str, values: Any, batch: int) -> torch.Tensor:
     """`values` as a float tensor of shape [batch]; a one-line ValueError naming the fix otherwise."""
     if not isinstance(values, torch.Tensor):
-        raise ValueError(f"{what} returned {type(values).__name__}, not a tensor; {PER_SAMPLE_HINT}")
+        raise ConfigError(f"{what} returned {type(values).__name__}, not a tensor; {PER_SAMPLE_HINT}")
     if values.dim() == 0:
-        raise ValueError(
+        raise ConfigError(
             f"{what} returned a scalar; dpscale needs per-sample values to weight samples exactly "
             f'across workers: pass reduction="none" (shape [{batch}])'
         )
     if tuple(values.shape) != (batch,):
-        raise ValueError(f"{what} returned shape {list(values.shape)} for {batch} samples; {PER_SAMPLE_HINT}")
+        raise ConfigError(
+            f"{what} returned shape {list(values.shape)} for {batch} samples; {PER_SAMPLE_HINT}"
+        )
     return values
 
 
 def split_item(item: Any, where: str) -> tuple[Any, Any]:
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
-        raise ValueError(f"{where} items must be (input, target) pairs, got {type(item).__name__}")
+        raise ConfigError(f"{where} items must be (input, target) pairs, got {type(item).__name__}")
     return item[0], item[1]
 
 
@@ -126,9 +130,9 @@ def probe(task: Task, samples: int = 2) -> None:
     try:
         model = task.model()
     except Exception as e:
-        raise ValueError(f"Task.model() raised {type(e).__name__}: {e}".splitlines()[0]) from None
+        raise ConfigError(f"Task.model() raised {type(e).__name__}: {e}".splitlines()[0]) from None
     if not isinstance(model, nn.Module):
-        raise ValueError(f"Task.model() returned {type(model).__name__}; it must return a torch.nn.Module")
+        raise ConfigError(f"Task.model() returned {type(model).__name__}; it must return a torch.nn.Module")
     for name in ("train_data", "eval_data"):
         data = getattr(task, name)
         if data is None:

@@ -6,13 +6,14 @@ import time
 import pytest
 import torch.distributed as dist
 
-from dpscale.testing.multirank import MultiRankError, run_ranks
+from dpscale.multirank import MultiRankError, run_ranks
 
 
 def add_rank(rank, world, base):
     return base + rank
 
 
+@pytest.mark.slow
 def test_results_come_back_in_rank_order():
     assert run_ranks(add_rank, 4, 10) == [10, 11, 12, 13]
 
@@ -23,6 +24,7 @@ def one_raises(rank, world):
     dist.barrier()  # rank 0 waits for the peer that died
 
 
+@pytest.mark.slow
 def test_failing_rank_shows_every_ranks_report():
     t0 = time.monotonic()
     with pytest.raises(MultiRankError) as err:
@@ -38,6 +40,7 @@ def sleeps_forever(rank, world):
     return rank
 
 
+@pytest.mark.slow
 def test_hang_is_killed_at_timeout_with_stacks():
     with pytest.raises(MultiRankError) as err:
         run_ranks(sleeps_forever, 2, timeout_s=6)
@@ -51,6 +54,7 @@ def pid_of(rank, world):
     return os.getpid()
 
 
+@pytest.mark.slow
 def test_no_rank_survives():
     pids = run_ranks(pid_of, 3)
     for pid in pids:

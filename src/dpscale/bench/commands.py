@@ -1,0 +1,316 @@
+"""The lab's commands: each bench's flags, how they become its config, and what the command prints.
+
+Measurement modules (allreduce.py, scaling.py, convergence.py, engine.py) hold a Config, a Result
+and `run`; `*_report.py` render a Result; this module wires them to the command line and is the
+only one here that imports both sides, so rendering never reaches back into argument handling.
+`COMMANDS` is the list the CLI registers, in the order `dpscale --help` shows them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..cores import usable_cores
+from ..errors import ConfigError
+from ..flags import add_dataclass_arguments, dataclass_kwargs
+from ..run.launch import check_script
+from . import (
+    allreduce,
+    allreduce_report,
+    compare,
+    convergence,
+    convergence_report,
+    engine,
+    rerender,
+    scaling,
+    scaling_report,
+    script_scaling,
+    script_scaling_report,
+    study,
+)
+from .report import ReportDir
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: `dpscale <group> <name>` (group None: `dpscale <name>`)."""
+
+    group: str | None
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _add_output_flags(parser: argparse.ArgumentParser, json_help: str) -> None:
+    """The flags every bench has besides its config's: where the report goes, JSON on stdout."""
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument(
+        "--report-dir", default="reports", help="base directory of the report (default reports)"
+    )
+
+
+# ---- all-reduce ---------------------------------------------------------------------------------
+
+
+def add_allreduce_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, allreduce.AllReduceConfig)
+    _add_output_flags(parser, "print the points as JSON on the last line of stdout")
+
+
+def allreduce_config(args: argparse.Namespace) -> allreduce.AllReduceConfig:
+    kwargs = dataclass_kwargs(args, allreduce.AllReduceConfig)
+    kwargs.setdefault("transports", allreduce.available_transports())  # not just gloo, as the API's
+    return allreduce.AllReduceConfig(**kwargs)
+
+
+def run_allreduce(args: argparse.Namespace) -> int:
+    result = allreduce.run(allreduce_config(args))
+    print(allreduce_report.format_table(result))
+    print(allreduce.BUSBW_CONVENTION)
+    print(allreduce_report.format_fits(result))
+    report = ReportDir.create(args.report_dir, "allreduce")
+    allreduce_report.write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps([p.to_dict() for p in result.points]))
+    return 0
+
+
+# ---- scaling ------------------------------------------------------------------------------------
+
+
+def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, scaling.ScalingConfig)
+    _add_output_flags(parser, "print the points as JSON on the last line of stdout")
+
+
+def scaling_config(args: argparse.Namespace) -> scaling.ScalingConfig:
+    return scaling.ScalingConfig(**dataclass_kwargs(args, scaling.ScalingConfig))
+
+
+def run_scaling(args: argparse.Namespace) -> int:
+    result = scaling.run(scaling_config(args))
+    print(scaling_report.format_table(result))
+    report = ReportDir.create(args.report_dir, "scaling")
+    scaling_report.write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps([asdict(p) for p in result.points], allow_nan=False))
+    return 0
+
+
+# ---- convergence --------------------------------------------------------------------------------
+
+
+def add_convergence_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, convergence.ConvergenceConfig)
+    _add_output_flags(parser, "print one object per world size as JSON on the last line")
+
+
+def convergence_config(args: argparse.Namespace) -> convergence.ConvergenceConfig:
+    return convergence.ConvergenceConfig(**dataclass_kwargs(args, convergence.ConvergenceConfig))
+
+
+def run_convergence(args: argparse.Namespace) -> int:
+    """Exit code 0 when every world size is within tolerance, 1 when one departs."""
+    result = convergence.run(convergence_config(args))
+    print(convergence_report.format_table(result))
+    if result.config.compression != "none":
+        ref = result.reference.world_size
+        print(
+            f"compression: {result.config.compression} at every world size but {ref} (uncompressed reference)"
+        )
+    print(convergence_report.largest_gap_text(result))
+    report = ReportDir.create(args.report_dir, "convergence")
+    convergence_report.write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps(result.summary()))
+    return 0 if all(r.within_tolerance for r in result.runs) else 1
+
+
+# ---- engine -------------------------------------------------------------------------------------
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, engine.EngineBenchConfig)
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as a JSON list on the last line"
+    )
+    parser.add_argument(
+        "--report-dir", default="reports", help="base directory of the reports (default reports)"
+    )
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    config = engine.EngineBenchConfig(**dataclass_kwargs(args, engine.EngineBenchConfig))
+    results = []
+    for m in config.models:
+        res, measured = engine.run(
+            m, config.world_size, config.per_worker_batch, config.engines, config.steps
+        )
+        print(engine.format_result(res), flush=True)
+        # the per-step measurements, as a scaling report: `dpscale report` re-renders and compares it
+        report = ReportDir.create(args.report_dir, "scaling")
+        scaling_report.write_report(measured, report)
+        print(f"report: {report.path}", flush=True)
+        results.append(res.to_dict())
+    if args.json:
+        print(json.dumps(results))
+    return 0
+
+
+# ---- study and report ---------------------------------------------------------------------------
+
+
+def add_study_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, study.StudyConfig)
+    parser.add_argument("--json", action="store_true", help="print the summary rows as JSON on the last line")
+
+
+def run_study(args: argparse.Namespace) -> int:
+    config = study.StudyConfig(**dataclass_kwargs(args, study.StudyConfig))
+    result = study.run(config)
+    report = ReportDir.create(config.report_dir, "study")
+    study.write_report(result, report)
+    print(study.format_summary(result))
+    print(f"report: {report.path / 'report.md'}  ({result.wall_s:.0f} s)")
+    if args.json:
+        print(json.dumps(result.summary()))
+    return 0
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dirs",
+        nargs="+",
+        metavar="DIR",
+        help="one report directory to re-render, or two or more to compare (the first is the baseline A)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="where a comparison goes (default: compare-<UTC> next to the first DIR)"
+    )
+
+
+def run_report(args: argparse.Namespace) -> int:
+    if len(args.dirs) == 1:
+        if args.out is not None:
+            raise ConfigError("--out: only a comparison (two or more DIRs) writes a new directory")
+        print(f"re-rendered {rerender.rerender(args.dirs[0])}")
+        return 0
+    comparison = compare.compare(args.dirs)
+    print(compare.format_comparison(comparison))
+    path = compare.write_comparison(comparison, compare.output_dir(args.dirs[0], args.out))
+    print(f"report: {path.parent}")
+    return 0
+
+
+# ---- scale (your own torchrun script) ----------------------------------------------------------
+
+
+def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, script_scaling.ScaleConfig, skip=("script", "args"))
+    _add_output_flags(parser, "print one list of rows on the last line of stdout")
+    parser.add_argument(
+        "script_command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]", help="your training script"
+    )
+
+
+def scale_config(args: argparse.Namespace) -> script_scaling.ScaleConfig:
+    command = args.script_command
+    command = command[1:] if command[:1] == ["--"] else command
+    if not command:
+        raise ConfigError("give the script after --, e.g. dpscale scale --nproc 1,2 -- train.py --lr 0.1")
+    check_script(command[0])
+    kwargs = dataclass_kwargs(args, script_scaling.ScaleConfig)
+    sizes = kwargs.get("world_sizes", [1, 2])
+    kwargs.setdefault("threads_per_worker", max(1, usable_cores() // max(sizes)))
+    return script_scaling.ScaleConfig(script=command[0], args=command[1:], **kwargs)
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    config = scale_config(args)
+    with tempfile.TemporaryDirectory(prefix="dpscale-scale-logs-") as logs:
+        try:
+            result = script_scaling.measure(config, Path(logs))
+        except script_scaling.ScriptFailed as e:  # the script's own failure: not bad input, so exit 1
+            print(f"dpscale scale: error: {e}", file=sys.stderr, flush=True)
+            return 1
+        report = ReportDir.create(args.report_dir, "scale")  # only now: nothing half-written
+        for log in Path(logs).glob("*.log"):
+            shutil.copy(log, report.path / log.name)
+    print(script_scaling_report.format_table(result))
+    script_scaling_report.write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps(result.rows(), allow_nan=False))
+    return 0
+
+
+COMMANDS = [
+    Command(
+        "bench",
+        "allreduce",
+        "all-reduce time and bandwidth vs message size, world size and transport",
+        add_allreduce_arguments,
+        run_allreduce,
+    ),
+    Command(
+        "bench",
+        "scaling",
+        "throughput and scaling efficiency: dpscale vs torch DDP vs no synchronization",
+        add_scaling_arguments,
+        run_scaling,
+    ),
+    Command(
+        "bench",
+        "convergence",
+        "loss curves at several world sizes with the same global batch",
+        add_convergence_arguments,
+        run_convergence,
+    ),
+    Command(
+        "bench",
+        "engine",
+        "step time of dpscale vs torch DDP vs no synchronization, alternating",
+        add_engine_arguments,
+        run_engine,
+    ),
+    Command(
+        None,
+        "study",
+        "the main job: all-reduce, weak scaling and convergence, one report",
+        add_study_arguments,
+        run_study,
+    ),
+    Command(
+        None,
+        "report",
+        "re-render one report directory, or compare several (A/B)",
+        add_report_arguments,
+        run_report,
+    ),
+    Command(
+        None,
+        "scale",
+        "measure how your own torchrun script scales: step time, samples/s, efficiency, exposed comm",
+        add_scale_arguments,
+        run_scale,
+    ),
+]
+
+
+def main(argv: list[str] | None = None, *, name: str = "engine") -> int:
+    """Run one bench outside the `dpscale` CLI (benchmarks/engine.py)."""
+    command = next(c for c in COMMANDS if c.name == name)
+    parser = argparse.ArgumentParser(description=command.help)
+    command.add_arguments(parser)
+    return command.run(parser.parse_args(argv))

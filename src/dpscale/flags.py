@@ -1,0 +1,118 @@
+"""Command-line flags generated from a config dataclass, so each flag maps to exactly one field.
+
+The help text of each flag is the docstring under its field in the dataclass source. A field may
+say more through `flag_spec(...)` metadata: another flag name (`--sizes` for `sizes_bytes`), a parser
+from the flag's text (comma-separated lists, sizes like 16M), or help text of its own. A parser's
+ValueError names the flag, so bad input reaches the user as one line, like the config's own checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import math
+import textwrap
+import types
+import typing
+from collections.abc import Callable
+
+_KEY = "dpscale.flag"
+
+
+def flag_spec(
+    *,
+    name: str | None = None,
+    aliases: tuple[str, ...] = (),
+    parse: Callable[[str], object] | None = None,
+    help: str | None = None,
+) -> dict:
+    """Field metadata for `add_dataclass_arguments`: `field(default=..., metadata=flag_spec(parse=...))`."""
+    return {_KEY: {"name": name, "aliases": aliases, "parse": parse, "help": help}}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+        ):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _base_type(annotation) -> type:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return args[0]
+    return annotation
+
+
+def finite_float(text: str) -> float:
+    """argparse type for a float flag: nan and inf are refused while parsing (exit 2)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return (f.metadata.get(_KEY) or {}).get("name") or "--" + f.name.replace("_", "-")
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return ""
+    if value in (None, False):
+        return ""
+    if isinstance(value, list | tuple):
+        value = ",".join(map(str, value))
+    return f" (default: {value})"
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add a flag for each field; unset flags stay None so the dataclass default applies."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        meta = f.metadata.get(_KEY) or {}
+        kind = _base_type(hints[f.name])
+        help_text = meta.get("help") or docs.get(f.name, "")
+        if "default" not in help_text:  # a text that names its default knows it better than the field
+            help_text += _default_text(f)
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help
+        names = (flag_name(f), *meta.get("aliases", ()))
+        if kind is bool:
+            parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=help_text)
+        else:
+            parser.add_argument(
+                *names,
+                dest=f.name,
+                type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
+                default=None,
+                metavar=f.name.upper(),
+                help=help_text,
+            )
+
+
+def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:
+    """The fields whose flags were given, each through its parser when it has one."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name, None)
+        if value is None:
+            continue
+        parse = (f.metadata.get(_KEY) or {}).get("parse")
+        kwargs[f.name] = parse(value) if parse else value
+    return kwargs

@@ -1,0 +1,120 @@
+"""Resume planning without processes: TrainState's round trip and checks, the batch split, the step budget."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from dpscale.train.checkpoint import CheckpointError
+from dpscale.train.optim import BatchScale
+from dpscale.train.resume import BatchSplit, check_resumable, plan_split, plan_total_steps
+from dpscale.train.state import TrainState
+
+
+def state(**kw) -> TrainState:
+    base = dict(world_size=2, global_batch=64, base_global_batch=64, micro_batch=16, accumulation_steps=2)
+    return TrainState(**{**base, **kw})
+
+
+def test_train_state_round_trips_and_loads_in_place():
+    saved = state(
+        step=7, samples_seen=448, skipped_steps=1, last_loss=0.5, batch_scale=BatchScale(2.0, 1.0, 3, 4)
+    )
+    target = state()
+    scale = target.batch_scale
+    target.load_state_dict(saved.state_dict())
+    assert target == saved
+    assert target.batch_scale is scale, "the scheduler holds the batch scale: it must change in place"
+
+
+@pytest.mark.parametrize(
+    "doc, words",
+    [
+        ([1, 2], "holds a list, not a dict"),
+        ({"step": -1}, "step is -1, not a valid count"),
+        ({**state().state_dict(), "world_size": 0}, "world_size is 0"),
+        ({**state().state_dict(), "batch_scale": {"target": 0.0}}, "batch scale"),
+    ],
+)
+def test_a_malformed_train_state_is_refused_naming_the_file(doc, words):
+    with pytest.raises(CheckpointError, match=words):
+        TrainState.from_state_dict(doc, "ckpt/trainer.pt")
+
+
+def test_an_old_train_state_without_base_batch_or_split_loads():
+    doc = {k: v for k, v in state().state_dict().items() if k not in ("base_global_batch", "micro_batch")}
+    old = TrainState.from_state_dict(doc)
+    assert old.base_global_batch == 64 and old.micro_batch is None
+
+
+def test_another_global_batch_cannot_resume():
+    with pytest.raises(ValueError, match="trained with global_batch 64, this run asks for 32"):
+        check_resumable(state(), global_batch=32, world_change="keep-global-batch", where="c")
+    moved = state(global_batch=96)
+    with pytest.raises(ValueError, match="--world-change scale-lr"):
+        check_resumable(moved, global_batch=64, world_change="keep-global-batch", where="c")
+    check_resumable(moved, global_batch=64, world_change="scale-lr", where="c")
+
+
+def split(saved, world_size, current, world_change="keep-global-batch", global_batch=64):
+    return plan_split(
+        saved,
+        world_size=world_size,
+        current=current,
+        global_batch=global_batch,
+        configured_global_batch=64,
+        world_change=world_change,
+        where="c",
+    )
+
+
+def test_same_world_keeps_the_configured_split():
+    assert split(state(), 2, BatchSplit(32, 1)) == BatchSplit(32, 1)
+
+
+def test_keep_global_batch_keeps_the_micro_batch_and_changes_accumulation():
+    assert split(state(), 4, BatchSplit(16, 1)) == BatchSplit(16, 1)
+    assert split(
+        state(world_size=4, micro_batch=8, accumulation_steps=2), 2, BatchSplit(32, 1)
+    ) == BatchSplit(8, 4)
+    # a micro-batch that does not divide: the configuration's split stays
+    assert split(
+        state(micro_batch=32, accumulation_steps=1), 3, BatchSplit(7, 3), global_batch=63
+    ) == BatchSplit(7, 3)
+
+
+def test_scale_lr_keeps_each_workers_batch_and_refuses_an_inconsistent_file():
+    assert split(state(), 3, BatchSplit(21, 1), "scale-lr") == BatchSplit(16, 2)
+    with pytest.raises(CheckpointError, match="the file is corrupt"):
+        split(state(micro_batch=5), 3, BatchSplit(21, 1), "scale-lr")
+    with pytest.raises(CheckpointError, match="the file is corrupt"):
+        split(
+            state(world_size=1, global_batch=128, micro_batch=128, accumulation_steps=1),
+            2,
+            BatchSplit(32, 1),
+            "scale-lr",
+        )
+
+
+def position(epoch=0, step_in_epoch=0, steps_this_epoch=22, steps_per_epoch=22):
+    return SimpleNamespace(
+        epoch=epoch,
+        step_in_epoch=step_in_epoch,
+        steps_this_epoch=steps_this_epoch,
+        steps_per_epoch=steps_per_epoch,
+    )
+
+
+def test_step_budget_by_max_steps_and_by_epochs():
+    assert plan_total_steps(state(step=5), max_steps=30, epochs=3, sampler=position()) == 30
+    assert plan_total_steps(state(step=0), max_steps=None, epochs=3, sampler=position()) == 66
+    assert plan_total_steps(state(step=30), max_steps=None, epochs=3, sampler=position(1, 8)) == 30 + 14 + 22
+    assert plan_total_steps(state(step=66), max_steps=None, epochs=3, sampler=position(3, 0)) == 66
+
+
+def test_after_a_batch_change_the_budget_is_kept_in_samples():
+    # 10 steps at 64 done; now 96 per step: the 20 x 64 samples left take ceil(1280 / 96) = 14 steps
+    moved = state(step=10, samples_seen=640, global_batch=96, batch_scale=BatchScale(1.5, 1.0, 10, 20))
+    assert plan_total_steps(moved, max_steps=30, epochs=1, sampler=position()) == 10 + 14
+    # back at the configured batch but with a ramp behind it: still counted in samples
+    back = state(step=10, samples_seen=640, batch_scale=BatchScale(1.0, 1.5, 10, 20))
+    assert plan_total_steps(back, max_steps=30, epochs=1, sampler=position()) == 30
