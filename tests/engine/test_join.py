@@ -7,13 +7,15 @@ the same setting, and be the same on both ranks.
 
 import pytest
 import torch
-from dpscale.testing.multirank import run_ranks
 from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dpscale import DistributedDataParallel
+from dpscale.multirank import run_ranks
 from dpscale.optim.sharded import ShardedOptimizer, local_gradients_hook
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 def uneven(rank, world, engine_name, optimizer_name):

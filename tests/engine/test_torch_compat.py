@@ -10,12 +10,14 @@ import warnings
 
 import pytest
 import torch
-from dpscale.testing.multirank import run_ranks
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.checkpoint import checkpoint
 
 from dpscale import DistributedDataParallel
+from dpscale.multirank import run_ranks
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 def engine_class(name):

@@ -4,11 +4,14 @@ A parameter that one rank used only in a no_sync micro-step carries a local grad
 synced step; every rank must then get the averaged gradient, or the replicas drift apart silently.
 """
 
+import pytest
 import torch
-from dpscale.testing.multirank import run_ranks
 from torch import nn
 
 from dpscale import DistributedDataParallel
+from dpscale.multirank import run_ranks
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 class Switchboard(nn.Module):

@@ -7,8 +7,9 @@ import os
 
 import pytest
 import torch
-from dpscale.testing.multirank import run_ranks
 from torch import nn
+
+from dpscale.multirank import run_ranks
 
 pytest.importorskip("accelerate")
 

@@ -8,8 +8,9 @@ import os
 
 import pytest
 import torch
-from dpscale.testing.multirank import run_ranks
 from torch import nn
+
+from dpscale.multirank import run_ranks
 
 pytest.importorskip("lightning")
 

@@ -142,6 +142,7 @@ def test_fp16_skips_an_overflowed_step_on_every_rank_and_backs_off_the_scale_ali
     assert skips0 == skips1 == 1 and scale0 == scale1 == 65536.0 / 2 and sha0 == sha1
 
 
+@pytest.mark.slow
 def test_an_fp16_run_resumes_bit_exactly_loss_scale_included(tmp_path):
     """Stopped after 3 steps and resumed to 6 == 6 steps in one go (param_sha256), with one
     overflowed step before the stop, so the resumed run must start from the backed-off scale."""
@@ -155,6 +156,6 @@ def test_an_fp16_run_resumes_bit_exactly_loss_scale_included(tmp_path):
 
 
 def fit_steps(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg), user_tasks.tensor_task())
+    trainer = Trainer(TrainConfig(**cfg), user_tasks.tensor_task(), callbacks=[FaultInjector()])
     result = trainer.fit()
     return result.param_sha256, result.skipped_steps, trainer.precision.scaler.get_scale()
