@@ -24,7 +24,7 @@ import torch
 
 from dpscale import DistributedDataParallel
 from dpscale.engine import reducer as reducer_module
-from dpscale.testing.multirank import run_ranks
+from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
 

@@ -4,11 +4,11 @@ import math
 
 import pytest
 import torch
-from dpscale.testing.multirank import run_ranks
 from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine.noise_scale import NoiseScaleEstimator
+from dpscale.multirank import run_ranks
 
 # A linear regression whose per-sample gradients are cheap to compute one by one: at fixed
 # weights w, sample i's gradient is (w.x_i - y_i) x_i, and tr(Sigma) / |G|^2 over the whole
@@ -75,6 +75,7 @@ def measure_at_fixed_weights(rank, world, steps, decay):
     return stats.gradient_noise_scale * PER_RANK_BATCH, run * PER_RANK_BATCH, stats
 
 
+@pytest.mark.slow
 def test_engine_noise_scale_matches_per_sample_brute_force():
     """The engine's figure is each rank's own (its local norm against the average, no extra
     collective): unbiased but noisier than the training loop's, which averages the local norms
@@ -115,6 +116,7 @@ def one_step_norms(rank, world, with_hook):
 
 
 @pytest.mark.parametrize("with_hook", [False, True])
+@pytest.mark.slow
 def test_engine_norms_equal_local_and_averaged_gradients(with_hook):
     results = run_ranks(one_step_norms, 2, with_hook)
     torch.manual_seed(0)
@@ -146,6 +148,7 @@ def measured_steps(rank, world, every):
     return seen, updates
 
 
+@pytest.mark.slow
 def test_noise_scale_every_measures_the_same_steps_on_every_rank():
     for seen, updates in run_ranks(measured_steps, 2, 2):
         assert seen == [True, False, True, False, True] and updates == 3

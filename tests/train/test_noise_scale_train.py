@@ -4,10 +4,10 @@ import json
 
 import pytest
 import torch
-from dpscale.testing.multirank import run_ranks
 from torch import nn
 
 from dpscale import Task
+from dpscale.multirank import run_ranks
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 from dpscale.workloads.datasets import TensorData
@@ -68,6 +68,7 @@ BASE["noise_scale_every"] = 1  # every step: the steadiest estimate (the default
     [(2, dict(global_batch=128), 400), (1, dict(global_batch=128, accumulation_steps=2), 1600)],
     ids=["2-workers", "1-worker-accumulation"],
 )
+@pytest.mark.slow
 def test_train_noise_scale_matches_per_sample_brute_force(world, extra, steps, tmp_path):
     cfg = BASE | extra | dict(max_steps=steps, metrics_dir=str(tmp_path))
     results = run_ranks(fit, world, cfg, timeout_s=300)
@@ -79,6 +80,7 @@ def test_train_noise_scale_matches_per_sample_brute_force(world, extra, steps, t
     assert len(lines) == steps and lines[-1]["gns"] > 0  # the smoothed figure, logged every step
 
 
+@pytest.mark.slow
 def test_no_noise_scale_and_single_batch_report_none(tmp_path):
     off = run_ranks(fit, 2, BASE | dict(global_batch=8, max_steps=3, no_noise_scale=True))
     assert all(r["gradient_noise_scale"] is None for r in off)
