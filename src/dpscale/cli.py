@@ -111,10 +111,10 @@ def _nodes(args: argparse.Namespace):
     multi = (args.rdzv_endpoint, args.rdzv_id, args.local_addr, args.rdzv_conf)
     if args.nnodes is None:
         if any(v is not None for v in multi):
-            raise UsageError("--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes")
+            raise ConfigError("--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes")
         return None
     if args.rdzv_endpoint is None or args.rdzv_id is None:
-        raise UsageError(
+        raise ConfigError(
             "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME (the same on every host)"
         )
     min_nodes, max_nodes = parse_nnodes(args.nnodes)

@@ -43,6 +43,7 @@ def test_the_host_carrying_the_endpoint_address_serves_the_store():
     }
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_half_a_multi_host_command():
     p = subprocess.run(
         [sys.executable, "-m", "dpscale.cli", "train", "--nnodes", "2", "--max-steps", "1"],

@@ -351,12 +351,12 @@ def world_sizes_for(args: argparse.Namespace, cluster: Cluster) -> list[int]:
 def _goodput_inputs(args: argparse.Namespace) -> tuple[goodput.NoiseScaleSource, float, float]:
     """(noise scale source, steps to target, at global batch), checked before any profiling."""
     if args.noise_scale is None:
-        raise ValueError("--goodput needs --noise-scale: a number, or a `dpscale train --json` summary")
+        raise ConfigError("--goodput needs --noise-scale: a number, or a `dpscale train --json` summary")
     source = goodput.load_noise_scale(args.noise_scale)
     steps = args.target_steps if args.target_steps is not None else source.steps
     batch = args.target_batch if args.target_batch is not None else source.global_batch
     if steps is None or batch is None:
-        raise ValueError(
+        raise ConfigError(
             "--target-steps: say how many steps a run took to the target and at which --target-batch "
             "(a train summary given to --noise-scale supplies both)"
         )

@@ -21,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class NoiseScaleSource:
@@ -41,13 +43,13 @@ def load_noise_scale(text: str) -> NoiseScaleSource:
         pass
     else:
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"--noise-scale: must be a positive number of samples, got {text}")
+            raise ConfigError(f"--noise-scale: must be a positive number of samples, got {text}")
         return NoiseScaleSource(value)
     path = Path(text)
     if path.is_dir():
         path = path / "metrics.jsonl"
     if not path.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"--noise-scale: {text!r} is neither a number nor a file; give B_simple or a run's JSON"
         )
     lines = [line for line in path.read_text().splitlines() if line.strip()]
@@ -64,7 +66,7 @@ def load_noise_scale(text: str) -> NoiseScaleSource:
         steps = records[-1].get("step") if records else None
         batch = None  # metrics lines do not carry the global batch
     if value is None or not value > 0:
-        raise ValueError(
+        raise ConfigError(
             f"--noise-scale: {text} holds no positive noise scale (the run measured none: one worker "
             "without accumulation, or --no-noise-scale); give the number instead"
         )
@@ -84,7 +86,7 @@ def samples_to_target(batch: float, *, s_min: float, noise_scale: float) -> floa
 def s_min_from_run(steps: float, batch: float, noise_scale: float) -> float:
     """The S_min that makes S(batch) equal the measured `steps`."""
     if not (steps > 0 and batch > 0):
-        raise ValueError(f"--target-steps and --target-batch must be > 0, got {steps} and {batch}")
+        raise ConfigError(f"--target-steps and --target-batch must be > 0, got {steps} and {batch}")
     return steps / (1.0 + noise_scale / batch)
 
 

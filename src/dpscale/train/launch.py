@@ -190,7 +190,7 @@ def launch(
         raise ConfigError(f"threads must be >= 1 (intra-op threads per worker), got {threads}")
     check_before_start(cfg)
     if nodes is not None and min_nproc != nproc:
-        raise ValueError("--nproc MIN:MAX is for one host; across hosts give --nnodes MIN:MAX and --nproc N")
+        raise ConfigError("--nproc MIN:MAX is for one host; across hosts give --nnodes MIN:MAX and --nproc N")
     # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
     # so a second job is refused there and the other hosts of one job do not refuse each other
     lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())

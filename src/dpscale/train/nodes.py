@@ -14,6 +14,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
+
 
 @dataclass(kw_only=True)
 class Nodes:
@@ -32,16 +34,16 @@ class Nodes:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
-            raise ValueError(
+            raise ConfigError(
                 f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {self.min_nodes}:{self.max_nodes}"
             )
         host, _, port = self.rdzv_endpoint.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(
+            raise ConfigError(
                 f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {self.rdzv_endpoint!r}"
             )
         if not self.rdzv_id:
-            raise ValueError("--rdzv-id must name the job (the same on every host), got ''")
+            raise ConfigError("--rdzv-id must name the job (the same on every host), got ''")
 
     @property
     def endpoint_host(self) -> str:
@@ -66,7 +68,7 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     except ValueError:
         low = high = 0
     if not 1 <= low <= high:
-        raise ValueError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+        raise ConfigError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
     return low, high
 
 
@@ -76,7 +78,7 @@ def parse_rdzv_conf(text: str | None) -> dict[str, str]:
     for item in filter(None, (s.strip() for s in (text or "").split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ValueError(f"--rdzv-conf takes key=value pairs separated by commas, got {item!r}")
+            raise ConfigError(f"--rdzv-conf takes key=value pairs separated by commas, got {item!r}")
         conf[key.strip()] = value.strip()
     return conf
 
