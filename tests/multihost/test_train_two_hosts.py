@@ -89,7 +89,11 @@ def test_a_killed_worker_on_one_host_recovers_bit_exactly(hosts, tmp_path):
         hosts,
         ["--max-restarts", "1"],
         ["--checkpoint-dir", str(tmp_path / "two"), "--checkpoint-every", "1"],
-        env1={"DPSCALE_FAULTS": "kill@step=3,rank=1,attempt=0"},
+        # the fault reaches host 1's trainers through a callback its workers build
+        env1={
+            "DPSCALE_FAULTS": "kill@step=3,rank=1,attempt=0",
+            "DPSCALE_CALLBACKS": "dpscale.testing.faults:FaultInjector",
+        },
     )
     assert recovered["resumed_from_step"] == 2
     for key in ("steps", "samples_seen", "final_loss", "test_accuracy", "param_sha256"):
