@@ -77,3 +77,13 @@ def test_exit_now_flushes_and_keeps_the_exit_code():
     code = "import sys; from dpscale.train.process_life import exit_now; print('done', end=''); exit_now(3)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stdout) == (3, "done")
+
+
+@pytest.mark.slow
+def test_worker_help_exits_0():
+    # argparse's --help ends main with SystemExit(0); torch's @record turns that into None
+    p = subprocess.run(
+        [sys.executable, "-m", "dpscale.train.worker", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    assert "usage" in p.stdout

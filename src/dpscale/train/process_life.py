@@ -106,8 +106,12 @@ def signal_exit_code(name: str) -> int:
     return 128 + int(signal.Signals[name])
 
 
-def exit_now(code: int) -> None:
-    """Flush stdio and end the process with `code`, skipping interpreter teardown (see module doc)."""
+def exit_now(code: int | None) -> None:
+    """Flush stdio and end the process with `code`, skipping interpreter teardown (see module doc).
+
+    None means success, as for `sys.exit`: torch's `@record` returns None when `main` exits with
+    SystemExit(0), e.g. after `--help`."""
+    code = 0 if code is None else code
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
