@@ -42,7 +42,7 @@ from . import dir_lock, rendezvous
 from .callbacks import callbacks_from_env
 from .config import TrainConfig
 from .device import backend_for, resolve_device
-from .nodes import Nodes
+from .nodes import Nodes, parse_min_max
 from .preflight import check_before_start, resume_note
 from .process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
 from .result import TrainResult
@@ -104,15 +104,8 @@ def rendezvous_warning(addr: str | None) -> str | None:
 
 
 def parse_nproc(text: str) -> tuple[int, int]:
-    """`N` or `MIN:MAX` -> (min_nproc, nproc); ValueError saying what is accepted."""
-    parts = str(text).split(":")
-    try:
-        low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
-    except ValueError:
-        low = high = 0
-    if not 1 <= low <= high:
-        raise ConfigError(f"--nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
-    return low, high
+    """`N` or `MIN:MAX` -> (min_nproc, nproc)."""
+    return parse_min_max("--nproc", text)
 
 
 def run_worker(config: dict, threads: int, stop_requested=None) -> dict:

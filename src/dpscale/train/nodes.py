@@ -60,16 +60,21 @@ class Nodes:
         return {**self.rdzv_conf, "is_host": self.serves_store()}
 
 
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """`N` or `MIN:MAX` -> (min, max); ValueError saying what is accepted."""
+def parse_min_max(flag: str, text: str) -> tuple[int, int]:
+    """`N` or `MIN:MAX` -> (min, max), torchrun's syntax for --nnodes and an elastic --nproc;
+    ConfigError naming `flag` and saying what is accepted."""
     parts = str(text).split(":")
     try:
         low, high = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (0, 0)
     except ValueError:
         low = high = 0
     if not 1 <= low <= high:
-        raise ConfigError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
+        raise ConfigError(f"{flag} must be N or MIN:MAX with 1 <= MIN <= MAX, got {text!r}")
     return low, high
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    return parse_min_max("--nnodes", text)
 
 
 def parse_rdzv_conf(text: str | None) -> dict[str, str]:
