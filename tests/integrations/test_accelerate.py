@@ -13,6 +13,9 @@ from dpscale.multirank import run_ranks
 
 pytest.importorskip("accelerate")
 
+# every test here spawns ranks: not in make test-fast
+pytestmark = pytest.mark.slow
+
 
 def train(rank, world, which, tmp):
     os.environ.update(

@@ -14,6 +14,9 @@ from dpscale.multirank import run_ranks
 
 pytest.importorskip("lightning")
 
+# every test here spawns ranks: not in make test-fast
+pytestmark = pytest.mark.slow
+
 
 def lightning_env(rank, world):
     os.environ.update(
