@@ -121,6 +121,11 @@ class Reducer:
                     p.grad = bucket.views[pos]
         self._futures = [None] * len(buckets)
 
+    def set_synced_steps(self, steps: int) -> None:
+        """Count synced steps from `steps` (a resumed run's position): the noise scale is then
+        measured on the same steps as in a run that was never interrupted."""
+        self._step = steps
+
     def prepare_for_backward(self, outputs=()) -> None:
         """Arm the reducer: the next backward must reduce every bucket.
 

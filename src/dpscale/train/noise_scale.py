@@ -79,3 +79,11 @@ class NoiseScaleMeter:
     @property
     def b_simple(self) -> float | None:
         return self.estimator.b_simple
+
+    def state_dict(self) -> dict:
+        return self.estimator.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint's sums; an empty dict (a checkpoint older than them) starts afresh."""
+        if state:
+            self.estimator.load_state_dict(state)

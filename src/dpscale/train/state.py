@@ -2,10 +2,11 @@
 
 Everything a resume needs besides the model, optimizer, scheduler, sampler, hook and RNG states
 (each of which has its own `state_dict()`): steps taken, samples seen, skipped steps, the last
-loss, how the global batch is split over workers and micro-batches, and the LR multiplier of a
-world-size change (`BatchScale`). The checkpoint manager saves it as one named state among the
-others; `from_state_dict` checks what the loop relies on, since a manifest's checksum proves only
-that a file is what the writer listed, not that the writer was dpscale.
+loss, the noise-scale estimate's sums, how the global batch is split over workers and
+micro-batches, and the LR multiplier of a world-size change (`BatchScale`). The checkpoint
+manager saves it as one named state among the others; `from_state_dict` checks what the loop
+relies on, since a manifest's checksum proves only that a file is what the writer listed, not that
+the writer was dpscale.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class TrainState:
     # fp16's loss scale and growth count (Precision.state_dict(), the same on every rank): kept in
     # trainer.pt, where checkpoints have held it since fp16 resumes were made exact
     grad_scaler: dict = field(default_factory=dict)
+    # the gradient noise scale's smoothed sums (NoiseScaleMeter.state_dict(), the same on every
+    # rank), so a resumed run continues the estimate exactly; empty in older checkpoints
+    noise_scale: dict = field(default_factory=dict)
 
     def state_dict(self) -> dict:
         return {
@@ -50,6 +54,7 @@ class TrainState:
             "accumulation_steps": self.accumulation_steps,
             "last_loss": self.last_loss,
             "grad_scaler": self.grad_scaler,
+            "noise_scale": self.noise_scale,
         }
 
     def load_state_dict(self, state: object) -> None:
@@ -88,4 +93,5 @@ class TrainState:
             last_loss=state.get("last_loss"),
             batch_scale=scale,
             grad_scaler=state.get("grad_scaler", {}),
+            noise_scale=state.get("noise_scale", {}),
         )

@@ -467,6 +467,7 @@ class Trainer:
     def save_checkpoint(self) -> str:
         """Collective: rank 0 writes this step's checkpoint; all learn the path."""
         self.state.grad_scaler = self.precision.state_dict()
+        self.state.noise_scale = self.noise_scale.state_dict()
         extra = {"comm_hook": {"compression": self.cfg.compression}}
         self.last_checkpoint = self._checkpointer().save(
             self.step, self.stateful(), self._rank_stateful(), extra
@@ -504,6 +505,9 @@ class Trainer:
         state.step, state.samples_seen = saved.step, saved.samples_seen
         state.skipped_steps, state.last_loss = saved.skipped_steps, saved.last_loss
         state.batch_scale.load_state_dict(saved.batch_scale.state_dict())  # in place: the scheduler holds it
+        load_into(self.noise_scale.load_state_dict, saved.noise_scale, where / "trainer.pt")
+        if isinstance(self.model, DistributedDataParallel):  # one synced backward per step
+            self.model.reducer.set_synced_steps(saved.step)
         current = BatchSplit(state.micro_batch, state.accumulation_steps)
         split = plan_split(
             saved,
