@@ -157,6 +157,10 @@ _DLE_BERT = (
     "NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md (2020), 'Pre-training on "
     "multiple NVIDIA DGX-{node}' table, BERT-large, mixed precision, sequence length {seq}"
 )
+_DLE_BERT_NODE = (
+    "NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md (2020), 'Pre-training "
+    "NVIDIA {system}' table (pytorch:19.07-py3 container), BERT-large, mixed precision, sequence length {seq}"
+)
 _DLE_BERT_HOW = "weak scaling column: sequences/s at N nodes / sequences/s of 1 node; here / N"
 _DLE_BERT_NOTES = (
     "One fp16 all-reduce of 340 M gradients (Devlin et al. 2019) per step of the stated batch, after "
@@ -197,33 +201,48 @@ def _horovod(model: str, params: float, images_s: float, step_src: str, gpus: in
     )
 
 
-def _bert(node: str, seq: int, batch: int, one_node_seq_s: float, nodes: int, weak: float) -> PublishedCase:
-    g = 16 if node == "2H" else 8
+def _bert(system: str, seq: int, batch: int, base_seq_s: float, gpus: int, weak: float) -> PublishedCase:
+    """DGX-1 / DGX-2H rows scale whole nodes from one node; "... 16G", "... 32G" and "DGX-2" rows scale
+    one node from one GPU, where the all-reduce stays on NVLink (the intra-node bandwidth regime)."""
+    g = 16 if system.startswith("DGX-2") else 8
+    one_node = system in ("DGX-1", "DGX-2H")  # the multi-node tables: baseline one node
+    base = g if one_node else 1
+    nics = 8 if g == 16 else 4
+    fabric = "NVSwitch" if g == 16 else "hybrid cube mesh"
+    if one_node:
+        name = f"{gpus // g} x {system} ({gpus} V100)"
+        source = _DLE_BERT.format(node=system.removeprefix("DGX-"), seq=seq)
+        how = _DLE_BERT_HOW + f" ({weak} / {gpus // g})"
+        step_source = "the same table: one node's sequences/s / its GPUs (one node's own comm left in)"
+        interconnect = f"{system}: {g} V100, NVLink 2 ({fabric}), {nics} x InfiniBand EDR 100 Gb/s"
+    else:
+        name = f"{gpus} V100 in one {system}"
+        source = _DLE_BERT_NODE.format(system=system, seq=seq)
+        how = f"weak scaling column: sequences/s on N GPUs / sequences/s on 1 GPU; here / N ({weak} / {gpus})"
+        step_source = f"the same table: {base_seq_s} sequences/s on 1 GPU (mixed precision)"
+        interconnect = f"{system}: {g} V100, NVLink 2 ({fabric})"
     return PublishedCase(
-        name=f"NVIDIA BERT-large pre-training, seq {seq}, {nodes} x DGX-{node} ({nodes * g} V100)",
-        family=f"bert-dgx-{node}-seq{seq}",
-        source=_DLE_BERT.format(node=node, seq=seq),
+        name=f"NVIDIA BERT-large pre-training, seq {seq}, {name}",
+        family=f"bert-{system.lower().replace(' ', '-')}-seq{seq}",
+        source=source,
         model=f"BERT-large (340 M parameters), seq {seq}",
         params=340e6,
         bytes_per_param=2,
         per_gpu_batch=batch,
-        single_gpu_step_ms=1000 * batch / (one_node_seq_s / g),
-        step_source="the same table: one node's sequences/s / its GPUs (one node's own comm left in)",
+        single_gpu_step_ms=1000 * batch / (base_seq_s / base),
+        step_source=step_source,
         backward_fraction=2 / 3,
-        interconnect=(
-            f"DGX-{node}: {g} V100, NVLink 2 ({'NVSwitch' if g == 16 else 'hybrid cube mesh'}), "
-            f"{8 if g == 16 else 4} x InfiniBand EDR 100 Gb/s"
-        ),
+        interconnect=interconnect,
         intra="nvlink2",
-        inter=f"{8 if g == 16 else 4}xib-edr100",
+        inter=f"{nics}xib-edr100",  # unused by the one-node tables
         workers_per_node=g,
         algorithm="auto",
         bucket_mb=1e6,  # one flat all-reduce
         overlap=False,
-        baseline_gpus=g,
-        gpus=nodes * g,
-        published_efficiency=weak / nodes,
-        how=_DLE_BERT_HOW + f" ({weak} / {nodes})",
+        baseline_gpus=base,
+        gpus=gpus,
+        published_efficiency=weak / (gpus // base),
+        how=how,
         notes=_DLE_BERT_NOTES,
     )
 
@@ -254,32 +273,51 @@ def cases() -> list[PublishedCase]:
         (128, 64, 3379.2, ((4, 3.76), (16, 15.37), (64, 55.66))),
         (512, 8, 625.66, ((4, 3.81), (16, 15.87), (64, 59.9))),
     ):
-        out += [_bert("2H", seq, batch, one_node, nodes, weak) for nodes, weak in rows]
+        out += [_bert("DGX-2H", seq, batch, one_node, 16 * nodes, weak) for nodes, weak in rows]
     for seq, batch, one_node, rows in (
         (128, 16, 874.24, ((4, 3.53), (16, 13.89))),
         (512, 4, 195.93, ((4, 3.57), (16, 14.02))),
     ):
-        out += [_bert("1", seq, batch, one_node, nodes, weak) for nodes, weak in rows]
-    dle_rn50 = (
-        "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, 'Training "
-        "performance: NVIDIA DGX A100 (8x A100 80GB)'"
-    )
-    for precision, one, strong in (("TF32", 938, 7.72), ("mixed precision", 2470, 6.72)):
+        out += [_bert("DGX-1", seq, batch, one_node, 8 * nodes, weak) for nodes, weak in rows]
+    # one node, 1 -> 4 -> 8 (16) GPUs: the bandwidth-bound regime inside a node (NVLink 2)
+    for system, seq, batch, one_gpu, rows in (
+        ("DGX-1 16G", 128, 16, 125.44, ((4, 3.65), (8, 7.32))),
+        ("DGX-1 16G", 512, 4, 26.64, ((4, 3.69), (8, 7.30))),
+        ("DGX-1 32G", 128, 64, 171.52, ((4, 3.82), (8, 7.62))),
+        ("DGX-1 32G", 512, 8, 30.08, ((4, 3.82), (8, 7.61))),
+        ("DGX-2", 128, 64, 181.76, ((4, 3.87), (8, 7.72), (16, 15.26))),
+        ("DGX-2", 512, 8, 32.32, ((4, 3.84), (8, 7.64), (16, 15.13))),
+    ):
+        out += [_bert(system, seq, batch, one_gpu, gpus, weak) for gpus, weak in rows]
+    dle_rn50 = "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md"
+    # (system, table, intra link, precision, per-GPU batch (configs.yml), img/s on 1 GPU, strong scaling)
+    for system, table, intra, precision, batch, one, strong in (
+        ("DGX A100", "NVIDIA DGX A100 (8x A100 80GB)", "nvlink3", "TF32", 256, 938, 7.72),
+        ("DGX A100", "NVIDIA DGX A100 (8x A100 80GB)", "nvlink3", "mixed precision", 256, 2470, 6.72),
+        ("DGX-1 16G", "NVIDIA DGX-1 16GB (8x V100 16GB)", "nvlink2", "FP32", 112, 367, 7.76),
+        ("DGX-1 16G", "NVIDIA DGX-1 16GB (8x V100 16GB)", "nvlink2", "mixed precision", 256, 1200, 6.93),
+        ("DGX-1 32G", "NVIDIA DGX-1 32GB (8x V100 32GB)", "nvlink2", "FP32", 112, 356, 7.75),
+        ("DGX-1 32G", "NVIDIA DGX-1 32GB (8x V100 32GB)", "nvlink2", "mixed precision", 256, 1156, 6.96),
+    ):
+        gpu = "A100" if system == "DGX A100" else "V100"
         out.append(
             PublishedCase(
-                name=f"NVIDIA ResNet-50 v1.5, {precision}, 8 x A100 (DGX A100)",
-                family="dle-rn50-dgxa100",
-                source=dle_rn50,
+                name=f"NVIDIA ResNet-50 v1.5, {precision}, 8 x {gpu} ({system})",
+                family=f"dle-rn50-{system.lower().replace(' ', '-')}",
+                source=f"{dle_rn50}, 'Training performance: {table}'",
                 model="ResNet-50 v1.5 (25.6 M)",
                 params=25.6e6,
-                bytes_per_param=4,  # fp32 master gradients, as native AMP keeps them
-                per_gpu_batch=256,
-                single_gpu_step_ms=1000 * 256 / one,
+                bytes_per_param=4,  # fp32 master gradients, as AMP keeps them
+                per_gpu_batch=batch,
+                single_gpu_step_ms=1000 * batch / one,
                 step_source=f"the same table: {one} img/s on 1 GPU",
                 backward_fraction=2 / 3,
-                interconnect="DGX A100: 8 A100, NVLink 3 (NVSwitch)",
-                intra="nvlink3",
-                inter="8xib-hdr200",
+                interconnect=(
+                    f"{system}: 8 {gpu}, "
+                    + ("NVLink 3 (NVSwitch)" if gpu == "A100" else "NVLink 2 (hybrid cube mesh)")
+                ),
+                intra=intra,
+                inter="8xib-hdr200" if gpu == "A100" else "4xib-edr100",
                 workers_per_node=8,
                 algorithm="auto",
                 bucket_mb=25.0,  # torch DDP's default bucket
@@ -288,7 +326,11 @@ def cases() -> list[PublishedCase]:
                 gpus=8,
                 published_efficiency=strong / 8,
                 how=f"strong scaling column ({strong}x) / 8: img/s on 8 GPUs / on 1, batch per GPU fixed",
-                notes="Per-GPU batch 256 is main.py's default (-b); real data through DALI on the CPUs.",
+                notes=(
+                    f"Per-GPU batch {batch}: PyTorch/Classification/ConvNets/configs.yml for this platform "
+                    "and precision. Real ImageNet JPEGs decoded on the host's CPUs (the README recommends "
+                    "DALI's CPU backend on DGX A100 and DGX-1), shared by the node's 8 GPUs."
+                ),
             )
         )
     out.append(
