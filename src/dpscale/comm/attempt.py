@@ -52,18 +52,20 @@ def host_key(rank: int) -> str:
     return f"dpscale/{attempt_id()}/host/{rank}"
 
 
+def source_address(peer_addr: str) -> str | None:
+    """The address this host reaches `peer_addr` from (the one the other hosts see), or None."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer_addr, 9))  # UDP connect sends nothing; it only picks a route
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
 def this_host(peer_addr: str | None = None) -> dict[str, str]:
     """{"host": hostname, "addr": the address this host reaches `peer_addr` from (or its name's)}."""
     name = socket.gethostname()
-    addr = ""
-    if peer_addr:
-        # the source address the kernel picks toward the store: the one the other hosts see
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((peer_addr, 9))  # UDP connect sends nothing; it only picks a route
-                addr = s.getsockname()[0]
-        except OSError:
-            addr = ""
+    addr = source_address(peer_addr) if peer_addr else None
     if not addr:
         try:
             addr = socket.gethostbyname(name)

@@ -9,11 +9,13 @@ sockets bound to 127.0.0.1, and hands them to torch (`master_listen_fd`):
 - the agent store the workers' process group meets in (TORCHELASTIC_USE_AGENT_STORE), which
   torch's handler would create on a port of its own; `_create_tcp_store_server` is replaced.
 
-A multi-host job (torchrun on each host) binds what its user names; see docs/fault-tolerance.md.
-It should use the `dpscale-c10d` backend (torch's c10d, registered for torchrun through the
-`torchrun.handlers` entry point, torchrun_plugin.py): like every handler here it tells the
-workers the rendezvous round (`DPSCALE_RDZV_ROUND`), the one attempt number all hosts share
-(comm/attempt.py).
+A multi-host job (`dpscale train --nnodes`, or torchrun on each host with the `dpscale-c10d`
+backend: torch's c10d, registered for torchrun through the `torchrun.handlers` entry point,
+torchrun_plugin.py) binds what its user names, nothing else: the rendezvous store listens on the
+`--rdzv-endpoint` address of the host that serves it, the agent store on `--local-addr` (default:
+this host's address toward the endpoint, which is then also what the other hosts are told).
+Like every handler here it tells the workers the rendezvous round (`DPSCALE_RDZV_ROUND`), the
+one attempt number all hosts share (comm/attempt.py).
 """
 
 from __future__ import annotations
@@ -25,34 +27,54 @@ import socket
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from ..comm.attempt import ROUND_ENV
+from ..comm.attempt import ROUND_ENV, source_address
+from .nodes import carries_address
 
 BACKEND = "dpscale-loopback"
 MULTI_HOST_BACKEND = "dpscale-c10d"
 LOOPBACK = "127.0.0.1"
+DEFAULT_PORT = 29400  # torchrun's, for an endpoint given without one
 
 
 def loopback_store(port: int = 0) -> dist.TCPStore:
     """A store server listening on 127.0.0.1 only (port 0: one the OS picks)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, port))
-        sock.listen(socket.SOMAXCONN)
-        port = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
+    return bound_store(LOOPBACK, port)
+
+
+def bound_store(host: str, port: int = 0, timeout_s: float = 60) -> dist.TCPStore:
+    """A store server listening on `host`'s address only (port 0: one the OS picks).
+
+    torch's own server would listen on every interface whatever `host` says; a socket bound
+    here and handed over (`master_listen_fd`) is all it listens on. OSError when `host` is not
+    an address of this host's interfaces (or the port is taken).
+    """
+    sock = _listening_socket(host, port)
+    port = sock.getsockname()[1]
     # the store owns the descriptor from here (detach: the socket object must not close it too)
     return dist.TCPStore(
-        LOOPBACK,
+        host,
         port,
         is_master=True,
         multi_tenant=True,
         master_listen_fd=sock.detach(),
         wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=60),
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    error: OSError | None = None
+    for family, _, _, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+            sock.listen(socket.SOMAXCONN)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or OSError(f"{host} has no address")
 
 
 def register() -> str:
@@ -105,10 +127,54 @@ def export_round(handler):
 
 
 def create_multi_host_handler(params):
-    """torch's c10d handler under the name dpscale-c10d, exporting the round."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    """torch's c10d handler under the name dpscale-c10d, exporting the round, with both stores
+    bound to the addresses the user named (module docstring)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-    # torch's c10d store (on the host params.config's is_host or the endpoint's name picks)
-    _, store = create_backend(params)
-    return export_round(create_handler(store, _MultiHostBackend(store, params.run_id), params))
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+    # the agent store (on the host that becomes the group's rank 0) is advertised at local_addr:
+    # bind that, and without one the address this host reaches the endpoint from, not every interface
+    if not params.local_addr:
+        params.local_addr = source_address(host)
+        if not params.local_addr:
+            raise ValueError(
+                f"cannot tell which address of this host the others reach it at (no route to {host}): "
+                "give --local-addr"
+            )
+    store = _rendezvous_store(params, host, port)
+    handler = create_handler(store, _MultiHostBackend(store, params.run_id), params)
+    timeout_s = params.get_as_int("read_timeout", 60)
+    # private API, as for the single-host handler (tests/train/test_rendezvous_binding_multi_host.py)
+    handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port, timeout_s)
+    return export_round(handler)
+
+
+def _rendezvous_store(params, host: str, port: int) -> dist.TCPStore:
+    """torch's c10d store (as its `_create_tcp_store` makes it), served on the endpoint's address
+    only: by the host `is_host` names, else the one whose interfaces carry that address."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    timeout_s = params.get_as_int("read_timeout", 60)
+    if timeout_s <= 0:
+        raise ValueError(f"read_timeout must be a positive number of seconds, got {timeout_s}")
+    is_host = params.get_as_bool("is_host")
+    if is_host is None and carries_address(host):
+        try:
+            return bound_store(host, port, timeout_s)
+        except OSError:
+            pass  # another process of this job on this host serves it (torch's own fallback)
+    elif is_host:
+        try:
+            return bound_store(host, port, timeout_s)
+        except OSError as e:
+            raise RendezvousConnectionError(
+                f"is_host=1 but this host cannot serve the rendezvous store on {host}:{port} ({e}): "
+                "name an address of this host in --rdzv-endpoint, or set is_host=0"
+            ) from e
+    try:
+        return dist.TCPStore(
+            host, port, is_master=False, multi_tenant=True, timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    except (ValueError, RuntimeError, TimeoutError) as e:
+        raise RendezvousConnectionError(f"the rendezvous store at {host}:{port} did not answer: {e}") from e
