@@ -132,6 +132,42 @@ def reproduce(
     return Reproduction(case, eff, at_n.bottleneck, at_n.exposed_comm_ms, at_n.comm_ms, held_out)
 
 
+def with_accumulation(case: PublishedCase, fit: FitParams, base_steps: int, steps: int) -> float:
+    """The efficiency `case` would have if its baseline ran `base_steps` micro-batches per all-reduce
+    and its N GPUs `steps` (gradient accumulation). Only for cases that reduce after backward: then k
+    micro-batches and one reduction are one step of k times the compute and batch."""
+    if case.overlap:
+        raise ValueError(f"{case.name}: accumulation is modelled only for cases that reduce after backward")
+
+    def per_sample_ms(k: int, gpus: int) -> float:
+        scaled = replace(
+            case, single_gpu_step_ms=case.single_gpu_step_ms * k, per_gpu_batch=case.per_gpu_batch * k
+        )
+        config = PredictConfig(
+            world_sizes=[gpus],
+            algorithm=case.algorithm,
+            bucket_mb=case.bucket_mb,
+            overlap=False,
+            engine="none",
+            terms=ScaleTerms(compute_cv=fit.compute_cv),
+        )
+        (p,) = predict(scaled.profile(), scaled.cluster(fit), config)
+        return p.step_ms / k
+
+    return per_sample_ms(base_steps, case.baseline_gpus) / per_sample_ms(steps, case.gpus)
+
+
+# NVIDIA's BERT README, 'Pre-training loss results': accumulation steps (phase 1 = seq 128, phase 2 =
+# seq 512) per number of nodes, for the training runs. Whether the throughput rows ran with them is
+# what `with_accumulation` checks (docs/performance-model.md: they did not).
+BERT_LOSS_TABLE_ACCUMULATION = {
+    ("DGX-2H", 128): {1: 64, 4: 16, 16: 4, 64: 1},
+    ("DGX-2H", 512): {1: 256, 4: 64, 16: 16, 64: 4},
+    ("DGX-1", 128): {1: 512, 4: 128, 16: 32},
+    ("DGX-1", 512): {1: 1024, 4: 256, 16: 64},
+}
+
+
 # ---- the cases ---------------------------------------------------------------------------------------
 
 # VGG-16 (Simonyan & Zisserman 2015, configuration D), 224 x 224 input: parameters and multiply-adds

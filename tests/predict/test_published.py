@@ -4,13 +4,16 @@ held-out error docs/performance-model.md reports (pure computation, no processes
 import pytest
 from predict_lab import published
 from predict_lab.published import (
+    BERT_LOSS_TABLE_ACCUMULATION,
     FITTED,
     cases,
     fit,
     format_study,
     held_out_cases,
     held_out_study,
+    reproduce,
     training_cases,
+    with_accumulation,
 )
 
 from dpscale.predict.cluster import ETH_EFFICIENCY, GPU_COMPUTE_CV
@@ -86,3 +89,20 @@ def test_held_out_errors_are_the_documented_ones_and_the_target_is_reported_hone
 @pytest.mark.slow
 def test_refitting_on_the_training_half_gives_the_recorded_parameters():
     assert fit(training_cases()) == FITTED
+
+
+def test_the_bert_throughput_rows_ran_one_all_reduce_per_step_not_the_loss_tables_accumulation():
+    # docs/performance-model.md: with the loss table's accumulation steps the DGX-1 rows would lose
+    # almost nothing to communication (96-98%), yet they are published at 87-89%, which one
+    # all-reduce per step reproduces within a point
+    dgx1 = [c for c in cases() if c.family.startswith("bert-dgx-1-seq")]
+    assert len(dgx1) == 4
+    for c in dgx1:
+        seq = 128 if "seq 128" in c.name else 512
+        steps = BERT_LOSS_TABLE_ACCUMULATION[("DGX-1", seq)]
+        accumulated = with_accumulation(c, FITTED, steps[1], steps[c.gpus // c.workers_per_node])
+        assert accumulated > 0.95 > 0.90 > c.published_efficiency, c.name
+        assert with_accumulation(c, FITTED, 1, 1) == pytest.approx(reproduce(c, FITTED).predicted)
+        assert abs(reproduce(c, FITTED).error_points) < 1.0
+    with pytest.raises(ValueError, match="reduce after backward"):
+        with_accumulation(cases()[0], FITTED, 1, 2)
