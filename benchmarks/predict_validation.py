@@ -3,7 +3,8 @@
     python benchmarks/predict_validation.py local [--models mlp,transformer] [--steps 30]
         this machine: all-reduce bench (gloo, shm) for calibration, then per model a one-worker
         profile (with the in-step sync calibration of two co-located workers, predict/sync.py) and,
-        in another run, a scaling bench at world sizes 1 and 2; predicted vs measured step times
+        in another run, a scaling bench at world sizes 1 and 2; predicted vs measured step times,
+        and the bare step profiled again after the bench (the drift the machine's load alone causes)
     python benchmarks/predict_validation.py validate SCALING_DIR --profile FILE [--calibrate ALLREDUCE_DIR]
         the same check for reports you already have (the profile must come from another run)
     python benchmarks/predict_validation.py emulate [--hosts 2] [--rate-gbit 1] [--transport gloo]
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -41,6 +43,7 @@ def run_local(args: argparse.Namespace) -> int:
     print(allreduce_report.format_fits(ar))
     calibration = load_allreduce_report(ar_report.path)
     for model in args.models.split(","):
+        load_before = os.getloadavg()[0]
         # the profile is its own run, before the scaling bench: the prediction takes nothing from it
         prof = profile.measure(model, args.per_worker_batch, co_located=2)
         print(render.profile_summary(prof))
@@ -57,9 +60,23 @@ def run_local(args: argparse.Namespace) -> int:
         sc_report = ReportDir.create(args.report_dir, "scaling")
         scaling_report.write_report(sc, sc_report)
         prof.save(sc_report.path / "profile.json")  # the prediction's input, next to what it predicts
+        # the same one-worker profile once more, after the bench: how far the load moved the compute
+        # between the two runs, i.e. the error a perfect model would still show on this machine
+        after = profile.measure(model, args.per_worker_batch)
+        after.save(sc_report.path / "profile-after.json")
+        print(load_drift(prof, after, load_before))
         for statistic in args.statistics.split(","):
             _check(sc.to_dict(), prof, calibration, str(sc_report.path), str(ar_report.path), statistic, args)
     return 0
+
+
+def load_drift(before: profile.ModelProfile, after: profile.ModelProfile, load_before: float) -> str:
+    """One line: the bare step before and after the scaling bench, and the load average around them."""
+    drift = after.compute_ms / before.compute_ms - 1
+    return (
+        f"{before.model}: bare step {before.compute_ms:.2f} ms before the bench, {after.compute_ms:.2f} ms "
+        f"after ({drift:+.1%}); load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+    )
 
 
 def _check(scaling_doc, prof, calibration, scaling_path, calibration_path, statistic, args) -> None:

@@ -175,3 +175,11 @@ def test_predict_has_no_validate_flag_any_more():
     cli.add_predict_arguments(parser)
     with pytest.raises(SystemExit):
         parser.parse_args(["--validate", "somewhere"])
+
+
+def test_local_validation_reports_how_far_the_load_moved_the_bare_step():
+    before = _profile()
+    after = replace(before, forward_ms=before.forward_ms * 1.5)  # 50 + 50 ms -> 75 + 50 ms
+    line = predict_validation.load_drift(before, after, 2.5)
+    assert "100.00 ms before the bench, 125.00 ms after (+25.0%)" in line
+    assert "load average 2.5 before" in line
