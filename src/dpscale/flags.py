@@ -116,3 +116,33 @@ def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:
         parse = (f.metadata.get(_KEY) or {}).get("parse")
         kwargs[f.name] = parse(value) if parse else value
     return kwargs
+
+
+def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
+    """The flags that rebuild `config` (the inverse of `dataclass_kwargs`), for a report's command line.
+
+    Every field that has a value is written, defaults included, so the command means the same
+    run after a default changes; None and False fields are left out (their flag unset). Lists are
+    written comma-separated, as the list flags parse them. A field missing from `config` (an older
+    report's config rebuilt without validation) counts as its default.
+    """
+    argv: list[str] = []
+    for f in dataclasses.fields(config):
+        if f.name in skip:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        value = getattr(config, f.name, default)
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag_name(f))
+        elif isinstance(value, list | tuple):
+            argv += [flag_name(f), ",".join(map(str, value))]
+        else:
+            argv += [flag_name(f), str(value)]
+    return argv

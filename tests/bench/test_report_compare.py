@@ -59,7 +59,8 @@ def test_two_allreduce_reports_compare_per_transport_world_size_and_size(allredu
     (out_dir,) = a.parent.glob("compare-*")
     assert f"report: {out_dir}" in out
     doc = json.loads((out_dir / "compare.json").read_text())
-    assert set(doc) == {"command", "baseline", "reports", "key_columns", "metrics", "rows"}
+    assert set(doc) == {"command", "baseline", "reports", "key_columns", "metrics", "rows", "warnings"}
+    assert doc["warnings"] == []  # one machine, one setup
     assert (doc["command"], doc["baseline"]) == ("allreduce", "A")
     assert [r["label"] for r in doc["reports"]] == ["A", "B"]
     assert doc["key_columns"] == ["transport", "world_size", "bytes"]

@@ -9,14 +9,21 @@ Rows are matched on key columns, per command:
     scaling      engine, world_size (+ transport, model,   -> samples_per_s, efficiency
                  mode, per_worker_batch while those are
                  needed to tell a report's points apart)
+    scale        engine, world_size                        -> samples_per_s, efficiency
     convergence  world_size                                -> final_loss, test_accuracy
+    study        model, engine, world_size (+ transport)   -> samples_per_s, efficiency (summary rows)
+    predict      world_size                                -> step_ms, samples_per_s, efficiency
+
+Reports of different setups are not like for like: reports that share no model (workload, script)
+are refused; a partly different set of models, a different batch or different hardware (CPU,
+cores, GPUs) is compared with a one-line warning each, printed and written into the comparison.
 
 A comparison prints the table and writes compare-<UTC>/ under the first directory's parent (or
 --out DIR) with report.md, compare.csv (the table) and compare.json (`Comparison.to_dict()`):
     {"command": str, "baseline": "A",
      "reports": [{"label": str, "dir": str, "command_line": str | null, "created_utc": str | null,
                   "system": {...} | null (sysinfo's layout)}, ...],
-     "key_columns": [str], "metrics": [str],
+     "key_columns": [str], "metrics": [str], "warnings": [str],
      "rows": [{"key": {column: value}, "values": {metric: [value or null, one per report]},
                "ratios": {metric: [value / A's or null, one per report after A]}}, ...]}
 """
@@ -28,7 +35,7 @@ import json
 import string
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -36,7 +43,7 @@ from .report import markdown_table
 from .sysinfo import describe_system
 
 # Which way is better, for the note under the table; every other metric: higher is better.
-LOWER_IS_BETTER = ("time_us", "final_loss")
+LOWER_IS_BETTER = ("time_us", "final_loss", "step_ms")
 
 
 # ---- reading -------------------------------------------------------------------
@@ -56,6 +63,8 @@ def load_report(directory: str | Path) -> dict:
     missing = [k for k in ("command", "results") if not (isinstance(doc, dict) and k in doc)]
     if missing:
         raise ConfigError(f"{path}: not a bench report, it lacks {', '.join(missing)}")
+    if doc["command"].startswith("scaling-"):  # an older study's scaling part, named after its folder
+        doc["command"] = "scaling"
     return doc
 
 
@@ -67,6 +76,41 @@ def _points(results: dict | list) -> list[dict]:
     return results if isinstance(results, list) else results["points"]
 
 
+def _values(*values: object) -> set[str]:
+    return {str(v) for v in values if v is not None}
+
+
+def _scaling_setup(results: dict | list) -> tuple[set[str], set[str]]:
+    points = _points(results)
+    batch = _values(
+        *(
+            f"global {p.get('global_batch')}"
+            if p.get("mode") == "strong"
+            else f"{p.get('per_worker_batch')}/worker"
+            for p in points
+        )
+    )
+    return _values(*(p.get("model") for p in points)), batch
+
+
+def _scale_setup(results: dict) -> tuple[set[str], set[str]]:
+    config = results.get("config") or {}
+    script = " ".join([config.get("script", "?"), *config.get("args", [])])
+    batch = _values(*(f"{p['samples_per_step'] / p['world_size']:g}/worker" for p in results["points"]))
+    return {script}, batch
+
+
+def _study_setup(results: dict) -> tuple[set[str], set[str]]:
+    batch = _values(*(f"{r['config'].get('per_worker_batch')}/worker" for r in results.get("scaling", [])))
+    return _values(*(r.get("model") for r in results["summary"])), batch
+
+
+def _predict_setup(results: dict) -> tuple[set[str], set[str]]:
+    profile, config = results["profile"], results["config"]
+    batch = config.get("per_worker_batch") or profile.get("per_worker_batch")
+    return {str(profile.get("model"))}, {f"{batch}/worker"}
+
+
 @dataclass(frozen=True)
 class _Figures:
     """What to compare in a command's results."""
@@ -75,6 +119,8 @@ class _Figures:
     extra_key_columns: tuple[str, ...]  # added, in order, while a report has two rows with one key
     metrics: tuple[str, ...]
     rows: Callable[[dict | list], list[dict]]  # results (report.json) -> flat rows
+    # results -> (the models measured, the batches used), each a set of words; empty: not applicable
+    setup: Callable[[dict | list], tuple[set[str], set[str]]] = lambda results: (set(), set())
 
 
 FIGURES: dict[str, _Figures] = {
@@ -84,10 +130,79 @@ FIGURES: dict[str, _Figures] = {
         ("transport", "model", "mode", "per_worker_batch"),
         ("samples_per_s", "efficiency"),
         _points,
+        _scaling_setup,
     ),
-    "convergence": _Figures(("world_size",), (), ("final_loss", "test_accuracy"), lambda r: r["runs"]),
-    "scale": _Figures(("engine", "world_size"), (), ("samples_per_s", "efficiency"), _points),
+    "convergence": _Figures(
+        ("world_size",),
+        (),
+        ("final_loss", "test_accuracy"),
+        lambda r: r["runs"],
+        lambda r: (
+            _values(r["config"].get("workload")),
+            _values(f"global {r['config'].get('global_batch')}"),
+        ),
+    ),
+    "scale": _Figures(("engine", "world_size"), (), ("samples_per_s", "efficiency"), _points, _scale_setup),
+    "study": _Figures(
+        ("model", "engine", "world_size"),
+        ("transport",),
+        ("samples_per_s", "efficiency"),
+        lambda r: r["summary"],
+        _study_setup,
+    ),
+    "predict": _Figures(
+        ("world_size",),
+        (),
+        ("step_ms", "samples_per_s", "efficiency"),
+        lambda r: r["predictions"],
+        _predict_setup,
+    ),
 }
+
+
+def _hardware(system: dict | None) -> str | None:
+    hw = (system or {}).get("hardware")
+    if not hw:
+        return None
+    gpus = ", ".join(hw.get("gpus") or []) or "no GPU"
+    return f"{hw.get('cpu_model')}, {hw.get('usable_cores')} usable cores, {gpus}"
+
+
+def check_setups(
+    figures: _Figures, labels: Sequence[str], directories: Sequence, docs: Sequence[dict]
+) -> list[str]:
+    """One warning line per way the reports differ in setup; ValueError when they share no model."""
+    setups = []
+    for d, doc in zip(directories, docs, strict=True):
+        try:
+            setups.append(figures.setup(doc["results"]))
+        except (KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
+            raise ConfigError(
+                f"{d}: its report.json results are not a {doc['command']} result ({e!r})"
+            ) from None
+    models = [m for m, _ in setups]
+    each = lambda sets: "; ".join(
+        f"{x} {', '.join(sorted(s)) or '?'}" for x, s in zip(labels, sets, strict=True)
+    )
+    warnings = []
+    if all(models) and not set.intersection(*models):
+        raise ConfigError(
+            f"cannot compare reports of different models ({each(models)}): the figures are not like for "
+            f"like; compare reports of the same model"
+        )
+    if any(m != models[0] for m in models):
+        warnings.append(f"the reports measured different models ({each(models)}); rows one lacks show '-'")
+    batches = [b for _, b in setups]
+    if any(b != batches[0] for b in batches):
+        warnings.append(f"the batch differs ({each(batches)}): throughput is not like for like")
+    hardware = [_hardware(doc.get("system")) for doc in docs]
+    if None not in hardware and len(set(hardware)) > 1:
+        warnings.append(
+            "the hardware differs ("
+            + "; ".join(f"{x} {h}" for x, h in zip(labels, hardware, strict=True))
+            + "): a ratio compares machines, not only the change"
+        )
+    return warnings
 
 
 @dataclass(frozen=True)
@@ -97,6 +212,7 @@ class Comparison:
     key_columns: list[str]
     metrics: list[str]
     rows: list[dict]  # {"key": {...}, "values": {metric: [...]}, "ratios": {metric: [...]}}
+    warnings: list[str] = field(default_factory=list)  # how the reports' setups differ, one line each
 
     @property
     def labels(self) -> list[str]:
@@ -172,6 +288,8 @@ def compare(directories: Sequence[str | Path]) -> Comparison:
             f"{directories[0]}: {command} reports cannot be compared; known: {', '.join(FIGURES)}"
         )
     figures = FIGURES[command]
+    labels = [_label(i) for i in range(len(docs))]
+    warnings = check_setups(figures, labels, directories, docs)
     row_sets = []
     for d, doc in zip(directories, docs, strict=True):
         try:
@@ -198,7 +316,7 @@ def compare(directories: Sequence[str | Path]) -> Comparison:
         }
         for i, (d, doc) in enumerate(zip(directories, docs, strict=True))
     ]
-    return Comparison(command, reports, key_columns, list(figures.metrics), rows)
+    return Comparison(command, reports, key_columns, list(figures.metrics), rows, warnings)
 
 
 # ---- rendering ----------------------------------------------------------------------------------
@@ -215,6 +333,7 @@ def _cell(column: str, value: object) -> str:
 def format_comparison(comparison: Comparison) -> str:
     """The comparison as a fixed-width terminal table, preceded by which report is which."""
     lines = [f"{r['label']}: {r['dir']}" for r in comparison.reports]
+    lines += [f"warning: {w}" for w in comparison.warnings]
     columns, flat = comparison.columns, comparison.flat_rows()
     cells = [[_cell(c, row.get(c)) for c in columns] for row in flat]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
@@ -270,6 +389,8 @@ def write_comparison(comparison: Comparison, directory: Path) -> Path:
         if report["system"]:
             lines += describe_system(report["system"])
         lines += [f"- **Command:** `{report['command_line'] or 'unknown'}`", ""]
+    if comparison.warnings:
+        lines += ["## Warnings", "", *(f"- {w}" for w in comparison.warnings), ""]
     formats = {c: (lambda v, c=c: _cell(c, v)) for c in comparison.columns}
     lines += ["## Results", "", _note(comparison), ""]
     lines += [markdown_table(comparison.flat_rows(), comparison.columns, formats), ""]

@@ -143,7 +143,7 @@ class ReportDir:
         if not _NAME_RE.match(command):
             raise ConfigError(f"command {command!r} cannot name a directory; use letters, digits, _ . -")
         if argv is None:
-            argv = [Path(sys.argv[0]).name, *sys.argv[1:]]
+            argv = [*_program(sys.argv[0]), *sys.argv[1:]]
         base = Path(base)
         base.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -225,6 +225,15 @@ class ReportDir:
         if isinstance(block, str):
             return block.rstrip()
         raise TypeError(f"a section block must be str, Table or Image, not {type(block).__name__}")
+
+
+def _program(argv0: str) -> list[str]:
+    """How to start this program again: `dpscale` for the CLI however it was started (the console
+    script, `python -m dpscale.cli`), `python SCRIPT` for a script such as benchmarks/engine.py."""
+    path = Path(argv0)
+    if path.name == "dpscale" or path.parent.name == "dpscale":
+        return ["dpscale"]
+    return ["python", argv0] if path.suffix == ".py" else [path.name]
 
 
 def read_report(location: str | Path, *, flag: str) -> dict:

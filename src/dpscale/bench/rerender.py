@@ -1,7 +1,13 @@
-"""`dpscale report DIR`: write a bench report's report.md, plots and CSV again from its report.json.
+"""`dpscale report DIR`: write a report's report.md, plots and CSV again from its report.json.
 
 After a change to the rendering, or to restore deleted files. `RENDERERS` is the explicit table of
-which result class reads a command's results and which function renders them.
+which function reads a command's results and which renders them; it covers every report dpscale
+writes: the benches (`bench engine` writes a scaling report), `scale`, `predict` and `study`, whose
+parts are re-rendered with it (and each on its own).
+
+The report keeps the command line it was made with. Reports written before the parts of a study
+recorded runnable commands (`'(part of dpscale study)'`, a command named after the folder, such as
+`scaling-mlp`) get them rebuilt from their config.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..predict import render as predict_render
 from . import (
     allreduce,
     allreduce_report,
@@ -19,6 +26,7 @@ from . import (
     scaling_report,
     script_scaling,
     script_scaling_report,
+    study,
 )
 from .compare import load_report
 from .report import ReportDir
@@ -29,22 +37,30 @@ RENDERERS: dict[str, tuple[Callable[[dict], object], Callable[[object, ReportDir
     "scaling": (scaling.ScalingResult.from_dict, scaling_report.write_report),
     "convergence": (convergence.ConvergenceResult.from_dict, convergence_report.write_report),
     "scale": (script_scaling.ScaleResult.from_dict, script_scaling_report.write_report),
+    "study": (study.StudyResult.from_dict, study.write_report),
+    "predict": (
+        predict_render.results_from_doc,
+        lambda results, report: predict_render.write_report(report, *results),
+    ),
 }
+_OLD_PART_ARGUMENT = "(part of dpscale study)"
 
 
 def rerender(directory: str | Path) -> Path:
     """Write `directory`'s report.md, plots and CSV again from its report.json; returns report.md's path."""
     doc = load_report(directory)
-    if doc["command"] not in RENDERERS:
+    command = doc["command"]  # load_report names an older study's scaling part "scaling"
+    if command not in RENDERERS:
         raise ConfigError(
             f"{directory}: report command {doc['command']!r} cannot be re-rendered; "
             f"known: {', '.join(RENDERERS)}"
         )
-    from_dict, write_report = RENDERERS[doc["command"]]
+    from_dict, write_report = RENDERERS[command]
     result = from_dict(doc["results"])
     # The original command line and system, not this process's: the report describes that run.
-    report = ReportDir(
-        path=Path(directory), command=doc["command"], argv=list(doc.get("argv") or []), system=doc["system"]
-    )
+    argv = list(doc.get("argv") or [])
+    if _OLD_PART_ARGUMENT in argv:
+        argv = study.part_argv(command, result.config)
+    report = ReportDir(path=Path(directory), command=command, argv=argv, system=doc["system"])
     write_report(result, report)
     return report.path / "report.md"

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from ..flags import flag_spec
+from ..flags import config_argv, flag_spec
 from ..workloads.recipe import load_recipe
 from . import allreduce, allreduce_report, convergence, convergence_report, scaling, scaling_report
 from .args import parse_int_list
@@ -112,6 +112,20 @@ class StudyResult:
                 )
         return rows
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> StudyResult:
+        """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
+        # Validation is skipped: an old study's user models need not be importable now.
+        config = object.__new__(StudyConfig)
+        config.__dict__.update({k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()})
+        return cls(
+            config,
+            allreduce.AllReduceResult.from_dict(doc["allreduce"]),
+            [scaling.ScalingResult.from_dict(r) for r in doc["scaling"]],
+            convergence.ConvergenceResult.from_dict(doc["convergence"]),
+            doc["wall_s"],
+        )
+
     def to_dict(self) -> dict:
         return {
             "config": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self.config).items()},
@@ -194,28 +208,30 @@ def format_summary(result: StudyResult) -> str:
     return "\n".join(lines)
 
 
-def _sub_report(parent: ReportDir, command: str, argv: list[str]) -> ReportDir:
-    path = parent.path / command
-    path.mkdir()
-    return ReportDir(path=path, command=command, argv=argv, system=parent.system)
+def part_argv(command: str, config: object) -> list[str]:
+    """The `dpscale bench COMMAND ...` line that runs one part of a study on its own, exactly."""
+    return ["dpscale", "bench", command, *config_argv(config)]
+
+
+def _part(parent: ReportDir, folder: str, command: str, config: object) -> ReportDir:
+    path = parent.path / folder
+    path.mkdir(exist_ok=True)  # `dpscale report` re-renders the parts in place
+    return ReportDir(path=path, command=command, argv=part_argv(command, config), system=parent.system)
 
 
 def write_report(result: StudyResult, report: ReportDir) -> None:
     """The combined report: each bench in its own subdirectory, the summary on top."""
-    ar = _sub_report(report, "allreduce", ["dpscale", "bench", "allreduce", "(part of dpscale study)"])
+    ar = _part(report, "allreduce", "allreduce", result.allreduce.config)
     allreduce_report.write_report(result.allreduce, ar)
     images = [Image("allreduce/allreduce_busbw.png", "all-reduce bus bandwidth vs message size")]
     for res in result.scaling:
-        sub = _sub_report(
-            report,
-            f"scaling-{res.config.model.replace(':', '-')}",  # a task spec's colon cannot name a folder
-            ["dpscale", "bench", "scaling", "--model", res.config.model, "(part of dpscale study)"],
-        )
+        # a task spec's colon cannot name a folder
+        sub = _part(report, f"scaling-{res.config.model.replace(':', '-')}", "scaling", res.config)
         scaling_report.write_report(res, sub)
         images.append(
             Image(f"{sub.path.name}/scaling_efficiency.png", f"scaling efficiency, {res.config.model}")
         )
-    cv = _sub_report(report, "convergence", ["dpscale", "bench", "convergence", "(part of dpscale study)"])
+    cv = _part(report, "convergence", "convergence", result.convergence.config)
     convergence_report.write_report(result.convergence, cv)
     images.append(Image("convergence/convergence.png", "loss vs samples seen per world size"))
     doc = result.to_dict()

@@ -16,9 +16,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
 from ..bench.report import Image, ReportDir, Section, Table, new_figure
-from .cluster import Cluster
+from .cluster import Cluster, Link, MeasuredAllReduce
+from .degrade import ScaleTerms
 from .model import JSON_KEYS, PredictConfig, Prediction
 from .profile import ModelProfile
+from .timeline import BucketSpan
 
 _COLUMNS = {  # key: (header, format)
     "world_size": ("N", "d"),
@@ -130,6 +132,30 @@ def result_doc(
     }
 
 
+def results_from_doc(doc: dict) -> tuple[list[Prediction], ModelProfile, Cluster, PredictConfig]:
+    """The inverse of `result_doc`: what `write_report` takes, from report.json's results."""
+    clus = dict(doc["cluster"])
+    clus["intra"], clus["inter"] = Link(**clus["intra"]), Link(**clus["inter"])
+    clus["measured"] = {
+        int(n): MeasuredAllReduce(
+            **{**m, "sizes_bytes": tuple(m["sizes_bytes"]), "times_us": tuple(m["times_us"])}
+        )
+        for n, m in clus["measured"].items()  # JSON keys are str
+    }
+    config = PredictConfig(**{**doc["config"], "terms": ScaleTerms(**doc["config"]["terms"])})
+    predictions = [
+        Prediction(
+            **{k: p[k] for k in JSON_KEYS},
+            algorithms=p["algorithms"],
+            terms_ms=p["terms_ms"],
+            losses_ms=p["losses_ms"],
+            spans=tuple(BucketSpan(**b) for b in p["buckets"]),
+        )
+        for p in doc["predictions"]
+    ]
+    return predictions, ModelProfile.from_dict(doc["profile"]), Cluster(**clus), config
+
+
 def write_report(
     report: ReportDir,
     predictions: Sequence[Prediction],
@@ -197,5 +223,6 @@ __all__ = [
     "plot",
     "profile_summary",
     "result_doc",
+    "results_from_doc",
     "write_report",
 ]

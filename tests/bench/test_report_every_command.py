@@ -1,0 +1,208 @@
+"""`dpscale report` on every report dpscale writes: the study and its parts, predict; each report's
+command line runs as it stands; comparisons refuse or warn when the reports' setups differ.
+
+data/study-quick-v0.json is the report.json of a real `dpscale study --quick` written before the
+study's parts recorded runnable commands: it also checks that older reports still re-render.
+"""
+
+import argparse
+import contextlib
+import copy
+import io
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from dpscale.bench import commands, compare, report, rerender, study
+from dpscale.cli import build_parser
+from dpscale.predict import cli as predict_cli
+
+STUDY_V0 = json.loads((Path(__file__).parent / "data" / "study-quick-v0.json").read_text())
+PARTS = {"allreduce": "allreduce", "scaling-mlp": "scaling", "convergence": "convergence"}
+# how each bench's flags become its config (the CLI's own functions)
+CONFIG_OF = {
+    "allreduce": commands.allreduce_config,
+    "scaling": commands.scaling_config,
+    "convergence": commands.convergence_config,
+}
+
+
+def _report_cli(argv: list[str]) -> tuple[int, str]:
+    parser = argparse.ArgumentParser()
+    commands.add_report_arguments(parser)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = commands.run_report(parser.parse_args(argv))
+    return rc, out.getvalue()
+
+
+def _write(directory: Path, doc: dict) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "report.json").write_text(json.dumps(doc))
+    return directory
+
+
+def _parsed_config(argv: list[str]):
+    """The config a recorded `dpscale bench X ...` line builds, through the real CLI parser."""
+    assert argv[:2] == ["dpscale", "bench"], argv
+    return CONFIG_OF[argv[2]](build_parser().parse_args(argv[1:]))
+
+
+def test_an_older_study_rerenders_with_every_part_and_runnable_part_commands(tmp_path):
+    d = _write(tmp_path / "study", STUDY_V0)
+    rc, out = _report_cli([str(d)])
+    assert rc == 0 and f"re-rendered {d / 'report.md'}" in out
+    md = (d / "report.md").read_text()
+    assert "dpscale study --quick" in md and "| mlp | dpscale | shm | 2 |" in md
+    result = study.StudyResult.from_dict(STUDY_V0["results"])
+    configs = {
+        "allreduce": result.allreduce.config,
+        "scaling": result.scaling[0].config,
+        "convergence": result.convergence.config,
+    }
+    for folder, command in PARTS.items():
+        part = json.loads((d / folder / "report.json").read_text())
+        assert part["command"] == command  # not the folder's name: `dpscale report` knows it
+        assert "(part of dpscale study)" not in part["command_line"]
+        # the recorded line, run through the CLI's parser, builds exactly the config that was measured
+        assert _parsed_config(shlex.split(part["command_line"])) == configs[command]
+        assert f"```\n{part['command_line']}\n```" in (d / folder / "report.md").read_text()
+        for line in (d / "report.md").read_text().splitlines():
+            if line.startswith("!["):
+                assert (d / line.split("](")[1].rstrip(")")).is_file(), line
+        # each part on its own, too
+        (d / folder / "report.md").unlink()
+        assert _report_cli([str(d / folder)])[0] == 0 and (d / folder / "report.md").is_file()
+
+
+def test_an_older_study_part_gets_its_command_rebuilt_from_its_config(tmp_path):
+    # a part written by the older study, on its own: folder-named command, placeholder argument
+    results = STUDY_V0["results"]["scaling"][0]
+    argv = ["dpscale", "bench", "scaling", "--model", "mlp", "(part of dpscale study)"]
+    old = {**STUDY_V0, "command": "scaling-mlp", "argv": argv, "results": results}
+    d = _write(tmp_path / "scaling-mlp", old)
+    assert _report_cli([str(d)])[0] == 0
+    doc = json.loads((d / "report.json").read_text())
+    assert doc["command"] == "scaling"
+    assert _parsed_config(doc["argv"]) == study.StudyResult.from_dict(STUDY_V0["results"]).scaling[0].config
+
+
+def test_config_argv_writes_every_set_field_and_round_trips_through_the_parser():
+    config = study.StudyConfig(quick=True, models=("mlp",), world_sizes=(1, 2))
+    for command, cfg in (
+        ("allreduce", config.allreduce_config()),
+        ("convergence", config.convergence_config()),
+        ("scaling", config.scaling_configs()[0]),
+    ):
+        argv = study.part_argv(command, cfg)
+        assert _parsed_config(argv) == cfg, argv
+    # defaults are written too (the line must mean the same run after a default changes)
+    assert "--warmup" in study.part_argv("scaling", config.scaling_configs()[0])
+
+
+@pytest.mark.parametrize(
+    "argv0, program",
+    [
+        ("/venv/bin/dpscale", ["dpscale"]),
+        ("/src/dpscale/cli.py", ["dpscale"]),  # python -m dpscale.cli
+        ("benchmarks/engine.py", ["python", "benchmarks/engine.py"]),
+    ],
+)
+def test_a_report_records_a_command_line_that_starts_the_program_again(argv0, program, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "collect_system_info", lambda: STUDY_V0["system"])
+    monkeypatch.setattr(sys, "argv", [argv0, "bench", "engine", "--steps", "3"])
+    r = report.ReportDir.create(tmp_path, "scaling")
+    assert r.argv == [*program, "bench", "engine", "--steps", "3"]
+
+
+def _predict(tmp_path: Path, monkeypatch, *flags: str) -> Path:
+    monkeypatch.setattr(report, "collect_system_info", lambda: STUDY_V0["system"])  # no git process
+    parser = argparse.ArgumentParser()
+    predict_cli.add_predict_arguments(parser)
+    argv = [*flags, "--report-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/dpscale", "predict", *argv])
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert predict_cli.run_predict_from_args(parser.parse_args(argv)) == 0
+    (d,) = [p for p in tmp_path.iterdir() if p.name.endswith("-predict")]
+    return d
+
+
+def test_a_predict_report_rerenders_byte_for_byte_with_a_measured_cluster(tmp_path, monkeypatch):
+    # a cluster calibrated from the study's all-reduce part: the measured times go through JSON too
+    study_dir = _write(tmp_path / "study", STUDY_V0)
+    assert _report_cli([str(study_dir)])[0] == 0
+    explicit = ["--params", "2e6", "--step-compute-ms", "12", "--per-worker-batch", "32"]
+    d = _predict(tmp_path / "p", monkeypatch, *explicit, "--calibrate", str(study_dir / "allreduce"))
+    assert json.loads((d / "report.json").read_text())["results"]["cluster"]["measured"]
+    before = {f.name: f.read_bytes() for f in d.iterdir() if f.suffix in (".md", ".csv", ".json")}
+    for f in d.iterdir():
+        if f.name != "report.json":
+            f.unlink()
+    assert _report_cli([str(d)])[0] == 0
+    assert {f.name: f.read_bytes() for f in d.iterdir() if f.suffix in (".md", ".csv", ".json")} == before
+    assert (d / "predict.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_report_command_rerenders_and_compares():
+    assert {"allreduce", "scaling", "convergence", "scale", "study", "predict"} <= set(rerender.RENDERERS)
+    assert set(rerender.RENDERERS) == set(compare.FIGURES)
+
+
+# ---- comparing: study with study, refusing or warning where the setups differ --------------------
+
+
+def _study_doc(samples_factor: float = 1.0, *, model: str = "mlp", batch: int = 64, cpu: str | None = None):
+    doc = copy.deepcopy(STUDY_V0)
+    for r in doc["results"]["summary"]:
+        r["samples_per_s"] *= samples_factor
+        r["model"] = model
+    doc["results"]["scaling"][0]["config"]["per_worker_batch"] = batch
+    if cpu:
+        doc["system"]["hardware"]["cpu_model"] = cpu
+    return doc
+
+
+def test_two_studies_compare_per_model_engine_and_world_size(tmp_path):
+    a = _write(tmp_path / "a", _study_doc())
+    b = _write(tmp_path / "b", _study_doc(2.0))
+    rc, out = _report_cli([str(a), str(b), "--out", str(tmp_path / "cmp")])
+    assert rc == 0 and "warning" not in out
+    comparison = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert comparison["command"] == "study" and comparison["warnings"] == []
+    assert comparison["key_columns"] == ["model", "engine", "world_size"]
+    assert len(comparison["rows"]) == 6
+    assert all(r["ratios"]["samples_per_s"] == [pytest.approx(2.0)] for r in comparison["rows"])
+
+
+def test_reports_of_different_models_are_refused_in_one_line(tmp_path):
+    a = _write(tmp_path / "a", _study_doc())
+    b = _write(tmp_path / "b", _study_doc(model="transformer"))
+    with pytest.raises(
+        ValueError, match=r"^cannot compare reports of different models \(A mlp; B transformer\)"
+    ):
+        compare.compare([a, b])
+    # the same for two scaling parts
+    parts = []
+    for name, model in (("c", "mlp"), ("d", "transformer")):
+        results = copy.deepcopy(STUDY_V0["results"]["scaling"][0])
+        for p in results["points"]:
+            p["model"] = model
+        parts.append(_write(tmp_path / name, {**STUDY_V0, "command": "scaling", "results": results}))
+    with pytest.raises(ValueError, match="different models"):
+        compare.compare(parts)
+
+
+def test_a_different_batch_or_hardware_is_compared_with_one_warning_line_each(tmp_path):
+    a = _write(tmp_path / "a", _study_doc())
+    b = _write(tmp_path / "b", _study_doc(batch=32, cpu="Intel Xeon"))
+    rc, out = _report_cli([str(a), str(b), "--out", str(tmp_path / "cmp")])
+    assert rc == 0
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 2
+    assert "batch differs (A 64/worker; B 32/worker)" in warnings[0]
+    assert "hardware differs" in warnings[1] and "Intel Xeon" in warnings[1]
+    md = (tmp_path / "cmp" / "report.md").read_text()
+    assert "## Warnings" in md and "batch differs" in md
