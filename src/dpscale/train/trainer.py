@@ -7,16 +7,16 @@ gradient equals the full-batch mean whatever W, k or a short last batch. Decisio
 differ between ranks (skip a step, stop, checkpoint, check for drift) come from collectives or
 from the step count. Every collective is recorded in a `CollectiveLog`; a timed-out one is reported
 with the ranks that did not answer and what this rank last issued.
+
+This file builds the trainer and runs the loop (`fit`); one step is step.py's `TrainStep`, saving
+and restoring the trainer's state is save_restore.py's `SaveRestore`.
 """
 
 from __future__ import annotations
 
 import random
-import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -31,22 +31,21 @@ from ..engine.registry import wrap
 from ..errors import ConfigError
 from ..workloads import WORKLOADS
 from ..workloads.load import load_task
-from ..workloads.task import Task, call_model, per_sample, to_device
+from ..workloads.task import Task
 from .batches import MicroBatches
 from .callbacks import TrainerCallback, checked
-from .checkpoint import CheckpointError
-from .checkpointer import Checkpointer, Stateful, load_into
 from .config import TrainConfig
 from .device import Precision, resolve_device
 from .drift import check_replicas
 from .evaluate import evaluate
 from .metrics import MetricsWriter, Progress, StepMetrics
-from .noise_scale import NoiseScaleMeter, grad_sq_norm
-from .optim import build_optimizer, build_scheduler, sync_lr
-from .rank_state import HookState, RngState
+from .noise_scale import NoiseScaleMeter
+from .optim import build_optimizer, build_scheduler
 from .result import TrainResult, param_sha256, print_summary
-from .resume import BatchSplit, check_resumable, describe_resplit, plan_split, plan_total_steps
+from .resume import plan_total_steps
+from .save_restore import SaveRestore
 from .state import TrainState
+from .step import TrainStep
 
 # How long a rank whose collective failed waits for the others to report theirs: they time out
 # at about the same moment, so a few seconds separate "also failed" from "gone".
@@ -62,7 +61,7 @@ def resolve_task(config: TrainConfig) -> Task:
     raise ConfigError("no task: pass Trainer(config, task), or set config.task or config.workload")
 
 
-class Trainer:
+class Trainer(TrainStep, SaveRestore):
     """Trains `task` (default: the one the config names) with data parallelism over `process_group`.
 
     Every rank constructs a Trainer and calls `fit()`; under torchrun the process group comes from
@@ -312,88 +311,6 @@ class Trainer:
                 return batch
             self._steps_iter = None
 
-    def _train_step(self, batch: StepBatch) -> StepMetrics:
-        t0 = time.perf_counter()
-        model, last = self.model, len(batch.micro_batches) - 1
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        loaded = self.batches.take(len(batch.micro_batches))
-        micro_sq, micro_count = None, 0  # the first micro-batch's gradient (one worker, accumulation)
-        take_micro = self.noise_scale.wants_micro_norm(len(batch.micro_batches), self.step)
-        for j, (indices, (x, y)) in enumerate(zip(batch.micro_batches, loaded, strict=True)):
-            if not indices and j < last:
-                continue  # nothing to add locally; only the synced backward must always run
-            x, y = to_device((x, y), self.device, non_blocking=True)
-            with nullcontext() if j == last else model.no_sync():
-                with self.precision.autocast():
-                    out = call_model(model, x)
-                    losses = per_sample("Task.loss", self.task.loss(out, y), max(1, len(indices)))
-                # an empty micro-batch was loaded as one sample (see batches.py): weight it zero
-                loss = losses.float().sum() * (1.0 if indices else 0.0)
-                # the engine averages over ranks, so scale the sum by W: mean over ranks of
-                # W * local_sum / global_count is the global-batch mean
-                self.precision.scale(loss * (self.world_size / batch.global_count)).backward()
-            loss_sum += loss.detach().double()
-            if take_micro and micro_sq is None and indices:
-                micro_sq, micro_count = grad_sq_norm(model.parameters()), len(indices)
-        noise = self.noise_scale.step_norms(
-            engine_stats=getattr(model, "last_step_stats", None),
-            micro_sq=micro_sq,
-            micro_count=micro_count,
-            global_count=batch.global_count,
-            params=model.parameters(),
-        )
-        self.precision.unscale(self.optimizer)
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        for c in self.callbacks:
-            c.after_reduce(self, grads)
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
-        # One small collective gives every rank the global loss and the same skip decision: after
-        # averaging a non-finite gradient anywhere is non-finite everywhere, but deciding by a
-        # collective keeps ranks in lockstep even if a custom hook were to hide it on some rank.
-        # The same collective carries a stop request (a signal that reached any rank), so every rank
-        # stops after the same step.
-        stop = loss_sum.new_tensor(float(self._stop_requested() is not None))
-        # ... and the local squared gradient norm for the noise scale, averaged over ranks
-        small_sq = loss_sum.new_tensor(noise.small_sq if noise is not None else 0.0)
-        flags = torch.stack([loss_sum, (~torch.isfinite(norm)).to(torch.float64), stop, small_sq])
-        self.log.record("all_reduce", "step flags (loss, non-finite, stop, local grad norm)", flags)
-        dist.all_reduce(flags, group=self.group)
-        if noise is not None:
-            self.noise_scale.update(noise, float(flags[3]) / self.world_size)
-        skipped = bool(flags[1] > 0)
-        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
-        self.stop_agreed = bool(flags[2] > 0)
-        lr = self.optimizer.param_groups[0]["lr"]
-        state = self.state
-        if skipped:
-            state.skipped_steps += 1
-        elif self.cfg.grad_clip_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(model.parameters(), self.cfg.grad_clip_norm, norm)
-        self.precision.step(self.optimizer, skipped)
-        if not skipped:
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        state.samples_seen += batch.global_count
-        state.last_loss = float(flags[0] / batch.global_count)
-        for c in self.callbacks:
-            c.after_step(self)
-        step_s = time.perf_counter() - t0
-        stats = getattr(model, "last_step_stats", None)
-        return StepMetrics(
-            step=state.step,
-            samples_seen=state.samples_seen,
-            loss=state.last_loss,
-            lr=lr,
-            grad_norm=float(norm),
-            step_ms=step_s * 1e3,
-            samples_per_s=batch.global_count / step_s,
-            comm_ms=stats.comm_ms if stats else None,
-            exposed_comm_ms=stats.exposed_comm_ms if stats else None,
-            skipped=skipped,
-            gns=self.noise_scale.b_simple,
-        )
-
     def _stop(self, why: str, message: str) -> None:
         # said once, by whoever started the run (the CLI, or the worker under torchrun)
         self.stopped_by, self.stop_message = why, message
@@ -428,124 +345,6 @@ class Trainer:
     @property
     def _module(self) -> nn.Module:
         return self.model.module
-
-    # -- state and checkpoints (collective; see checkpointer.py) --------------------------------
-    def stateful(self) -> dict[str, Stateful]:
-        """The named objects a checkpoint saves from rank 0, each with state_dict/load_state_dict."""
-        return {
-            "model": self._module,
-            "optimizer": self.optimizer,
-            "scheduler": self.scheduler,
-            "sampler": self.sampler,
-            "trainer": self.state,
-        }
-
-    def state_dict(self) -> dict:
-        return {name: obj.state_dict() for name, obj in self.stateful().items()}
-
-    def _rank_stateful(self) -> dict[str, Stateful]:
-        """Each rank's own states: its RNG streams and (PowerSGD) its hook's error feedback."""
-        states: dict[str, Stateful] = {"rng": RngState()}
-        if self.comm_state is not None:
-            states["comm_hook"] = HookState(self.comm_state, self._module)
-        return states
-
-    def _checkpointer(self) -> Checkpointer:
-        def on_file(step: int, stem: str) -> None:
-            for c in self.callbacks:
-                c.on_checkpoint_file(step, stem)
-
-        return Checkpointer(
-            self.cfg.checkpoint_dir,
-            group=self.group,
-            log=self.log,
-            keep_last=self.cfg.keep_checkpoints,
-            expected_stems=(*self.stateful(), "rng"),  # a hook's state is there only with a hook
-            on_file=on_file,
-        )
-
-    def save_checkpoint(self) -> str:
-        """Collective: rank 0 writes this step's checkpoint; all learn the path."""
-        self.state.grad_scaler = self.precision.state_dict()
-        self.state.noise_scale = self.noise_scale.state_dict()
-        extra = {"comm_hook": {"compression": self.cfg.compression}}
-        self.last_checkpoint = self._checkpointer().save(
-            self.step, self.stateful(), self._rank_stateful(), extra
-        )
-        return self.last_checkpoint
-
-    def _resume(self) -> None:
-        """Collective: continue from the newest checkpoint that verifies; a fresh start if there is none."""
-        saved: list[TrainState] = []
-        path = self._checkpointer().resume(
-            lambda ckpt: saved.append(self.load_state_dict(ckpt.payload, ckpt.path))
-        )
-        if path is None:
-            return
-        self.resumed_from, self.last_checkpoint = self.step, path
-        if self.rank == 0 and saved[0].world_size != self.world_size:
-            old, s = saved[0], self.scheduler
-            print(
-                describe_resplit(old, self.state, self.cfg, s.last_epoch, s.base_lrs[0], self.total_steps),
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def load_state_dict(self, payload: dict, where: Path | str = "checkpoint") -> TrainState:
-        """Continue from a checkpoint's states (`stateful()`'s and `_rank_stateful()`'s names), also at
-        another world size (resume.py's plan); returns the saved TrainState."""
-        cfg, where = self.cfg, Path(where)
-        saved = TrainState.from_state_dict(payload["trainer"], where / "trainer.pt")
-        check_resumable(saved, global_batch=cfg.global_batch, world_change=cfg.world_change, where=where)
-        for name in ("model", "optimizer", "scheduler"):
-            load_into(self.stateful()[name].load_state_dict, payload[name], where / f"{name}.pt")
-            if name == "optimizer":  # the loss scale with the optimizer state it scaled
-                load_into(self.precision.load_state_dict, saved.grad_scaler, where / "trainer.pt")
-        state = self.state
-        state.step, state.samples_seen = saved.step, saved.samples_seen
-        state.skipped_steps, state.last_loss = saved.skipped_steps, saved.last_loss
-        state.batch_scale.load_state_dict(saved.batch_scale.state_dict())  # in place: the scheduler holds it
-        load_into(self.noise_scale.load_state_dict, saved.noise_scale, where / "trainer.pt")
-        if isinstance(self.model, DistributedDataParallel):  # one synced backward per step
-            self.model.reducer.set_synced_steps(saved.step)
-        current = BatchSplit(state.micro_batch, state.accumulation_steps)
-        split = plan_split(
-            saved,
-            world_size=self.world_size,
-            current=current,
-            global_batch=state.global_batch,
-            configured_global_batch=cfg.global_batch,
-            world_change=cfg.world_change,
-            where=where / "trainer.pt",
-        )
-        if split != current:
-            self.set_batch_split(split.micro_batch, split.accumulation_steps)
-        regroup = state.global_batch != saved.global_batch
-        load_into(
-            lambda s: self.sampler.load_state_dict(s, regroup=regroup),
-            payload["sampler"],
-            where / "sampler.pt",
-        )
-        if regroup:
-            state.batch_scale.retarget(
-                state.global_batch / cfg.global_batch, self.scheduler.last_epoch, cfg.rescale_warmup_steps
-            )
-        sync_lr(self.scheduler)
-        self.total_steps = self.plan_total_steps()
-        if self.comm_state is not None:
-            HookState(self.comm_state, self._module).load_saved(
-                payload.get("comm_hook"),
-                self.cfg.compression,
-                self.rank,
-                self.world_size,
-                where / "comm_hook.pt",
-            )
-        rngs = payload["rng"].get("ranks") if isinstance(payload["rng"], dict) else None
-        if not rngs:
-            raise CheckpointError(f"checkpoint {where / 'rng.pt'} holds no RNG states")
-        # a restart with more workers than before: ranks beyond the old world reuse a saved stream
-        RngState().load_state_dict(rngs[self.rank % len(rngs)])
-        return saved
 
 
 def _seed_all(seed: int) -> None:

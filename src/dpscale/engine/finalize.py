@@ -1,0 +1,186 @@
+"""After backward: unused and sparse parameters, waiting for every reduction, the step's statistics.
+
+`Reducer`'s completion side (its state is set up in reducer.py). `_finalize` runs once per synced
+backward, queued on the autograd engine by the first gradient (readiness.py): it finds parameters
+that got no gradient (an error unless find_unused_parameters or a static graph), launches what is
+left, reduces sparse gradients each on its own, agrees with the other ranks which parameters were
+used anywhere, waits for every bucket and records when each reduction ended (stats.py). With a
+static graph the first synced backward only counts gradient arrivals (`_end_counting`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from .hooks import GradBucket
+from .noise_scale import bucket_sq_norm
+from .stats import StepStats
+
+
+class Finalize:
+    """What runs once backward is over; mixed into `Reducer`."""
+
+    def _finalize(self) -> None:
+        """Runs once per synced backward, after autograd has produced every gradient."""
+        self._expecting = False
+        t_backward_end = time.perf_counter()
+        self.last_backward_end_epoch_ns = time.time_ns()
+        if self._order is not None:
+            self.first_ready_order, self._order = self._order, None
+        if self._counting:
+            self._end_counting()
+        allow_unused = self.find_unused_parameters or self.static_graph
+        missing = [i for i in self.dense_indices if not self._ready[i]]
+        missing_sparse = [i for i in self.sparse_indices if not self._ready[i]]
+        if (missing or missing_sparse) and not allow_unused:
+            self._abort_launched()
+            missing += missing_sparse
+            names = ", ".join(repr(self.names[i]) for i in missing[:5])
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise RuntimeError(
+                f"parameters got no gradient in this backward pass: {names}{more}. If they are "
+                "unused in forward on purpose, construct DistributedDataParallel with "
+                "find_unused_parameters=True; otherwise make sure every parameter takes part in "
+                "computing the loss."
+            )
+        had_grad = {}
+        for i in missing:
+            bucket, pos = self._slot[i]
+            p, view = self.params[i], bucket.views[pos]
+            # a gradient of the user's (accumulated in no_sync steps), not the zeros we preset
+            had_grad[i] = p.grad is not None and not (self._preset[i] and p.grad is view)
+            if p.grad is None:
+                view.zero_()  # contributes nothing from this rank
+            elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            if p.grad is not None and self.comm_hook is None and not self._small[bucket.index]:
+                view.div_(self.divisor)  # a local accumulated sum, undivided so far
+            bucket.pending -= 1
+        self._launch_ready_buckets()
+        sparse_futures = [self._reduce_sparse(i, k) for k, i in enumerate(self.sparse_indices)]
+        # every rank must issue this collective, also one that saw every gradient
+        unused = missing + missing_sparse
+        had_grad.update({i: self.params[i].grad is not None for i in missing_sparse})
+        used = self._globally_used(unused) if allow_unused else {}
+        self._used_since_sync = [False] * len(self.params)
+        self._wait_all()
+        for i, fut in zip(self.sparse_indices, sparse_futures, strict=True):
+            result = fut.wait()
+            result = result[0] if isinstance(result, list) else result
+            if self._ready[i] or had_grad[i] or used[i]:
+                self.params[i].grad = result
+        for i in missing:
+            bucket, pos = self._slot[i]
+            if had_grad[i] or used[i]:
+                self.params[i].grad = bucket.views[pos]
+            elif self._preset[i]:
+                self.params[i].grad = None  # unused everywhere: as if we had never set it
+        self._preset = [False] * len(self.params)
+        grad_sq = self._grad_sq_norms()
+        self._record_stats(t_backward_end, grad_sq)
+
+    def _grad_sq_norms(self) -> tuple[float, float] | None:
+        """(this rank's local |g|^2, the averaged |G|^2) over the dense buckets, or None."""
+        if not self._measure_now or len(self._local_sq) != len(self.buckets) or not self.buckets:
+            return None
+        # without a hook the buffers were divided by the divisor before the reduction
+        scale = 1.0 if self.comm_hook is not None else float(self.divisor) ** 2
+        local = float(torch.stack(self._local_sq).sum()) * scale
+        reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
+        self._local_sq = []
+        if self.world_size > 1 and self.divisor == self.world_size:  # not while ranks have joined
+            self.noise_scale.update(small_sq=local, big_sq=reduced, b_small=1, b_big=self.world_size)
+        return local, reduced
+
+    def _end_counting(self) -> None:
+        # the counting backward launched nothing yet and divided nothing
+        self._counting = False
+        self._expected = list(self._arrivals)
+        for i in self.dense_indices:
+            if self._ready[i]:
+                bucket, pos = self._slot[i]
+                if self.comm_hook is None and not self._small[bucket.index]:
+                    bucket.views[pos].div_(self.divisor)  # large tensors: divided per tensor
+                bucket.pending -= 1
+
+    def _reduce_sparse(self, i: int, k: int) -> torch.futures.Future:
+        p = self.params[i]
+        grad = p.grad
+        if grad is None:  # unused on this rank: contributes nothing
+            grad = torch.sparse_coo_tensor(
+                torch.empty(1, 0, dtype=torch.long, device=p.device),
+                torch.empty(0, *p.shape[1:], dtype=p.dtype, device=p.device),
+                p.shape,
+            )
+        grad = grad.coalesce()
+        self.log.record("all_reduce", f"sparse gradient of {self.names[i]}")
+        if self.comm_hook is not None:
+            state, hook = self.comm_hook
+            index = len(self.buckets) + k
+            is_last = k == len(self.sparse_indices) - 1
+            return hook(state, GradBucket(index, grad, [p], [grad], [0], is_last=is_last))
+        grad = grad / self.divisor
+        return dist.all_reduce(grad, group=self.process_group, async_op=True).get_future()
+
+    def _globally_used(self, missing: list[int]) -> dict[int, bool]:
+        # A parameter unused here may be used on another rank (or on this one in a no_sync step);
+        # its averaged gradient then is real and must reach the optimizer on every rank. Unused
+        # everywhere since the last sync: leave .grad as it was.
+        # on the buckets' device: NCCL reduces CUDA tensors only
+        device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
+        local = torch.tensor(self._used_since_sync, dtype=torch.int32, device=device)
+        self.log.record("all_reduce", "used-parameter flags", local)
+        dist.all_reduce(local, group=self.process_group)
+        return {i: bool(local[i]) for i in missing}
+
+    def _stamp_completed(self) -> None:
+        # When each reduction finished, for the step's statistics. Polled from the autograd thread
+        # (at every gradient, after backward, while waiting) rather than by a done-callback, which
+        # would run on the transport's thread and fight backward for the GIL; so a time is exact
+        # to within one gradient's interval during backward and exact afterwards.
+        if self._in_flight:
+            now, still = time.perf_counter(), []
+            for b in self._in_flight:
+                if self._futures[b].done():
+                    self._timings[b].end_s = now
+                else:
+                    still.append(b)
+            self._in_flight = still
+
+    def _wait_all(self) -> None:
+        self._stamp_completed()
+        for bucket, fut in zip(self.buckets, self._futures, strict=True):
+            result = fut.wait()
+            self._stamp_completed()
+            if isinstance(result, list):  # a Work's future yields the list of tensors
+                result = result[0]
+            if result is not bucket.buffer and result.data_ptr() != bucket.buffer.data_ptr():
+                bucket.buffer.copy_(result)
+        if self._comm_stream is not None:
+            torch.cuda.current_stream(self.buckets[0].buffer.device).wait_stream(self._comm_stream)
+
+    def _abort_launched(self) -> None:
+        # wait for what is in flight so buffers are not written while the error propagates
+        for fut in self._futures:
+            if fut is not None:
+                fut.wait()
+
+    def _record_stats(self, t_backward_end: float, grad_sq: tuple[float, float] | None = None) -> None:
+        t_done = time.perf_counter()
+        for t in self._timings:  # on CUDA the host sees completion only when waiting
+            t.end_s = t.end_s or t_done
+        self._step += 1
+        self.last_stats = StepStats.from_timings(
+            step=self._step,
+            t0=self._t_forward_end,
+            t_backward_end=t_backward_end,
+            t_done=t_done,
+            timings=self._timings,
+        )
+        if grad_sq is not None:
+            s = self.last_stats
+            s.grad_sq_norm_local, s.grad_sq_norm_global = grad_sq
+            s.gradient_noise_scale = self.noise_scale.b_simple

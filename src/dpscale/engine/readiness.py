@@ -1,0 +1,166 @@
+"""During backward: each gradient into its bucket, and each bucket reduced once its last gradient is in.
+
+`Reducer`'s autograd side (its state is set up in reducer.py). A post-accumulate-grad hook on every
+parameter moves the fresh gradient into its bucket view (and makes `param.grad` that view, so the
+optimizer reads the reduced values with no copy back). When a bucket's last gradient arrives, its
+reduction starts asynchronously while autograd goes on with earlier layers; buckets launch strictly
+in bucket order. The first gradient of a synced backward queues `_finalize` (finalize.py) on the
+autograd engine. Sparse gradients stay in `.grad` and are only marked ready here.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import torch
+
+from .buckets import Bucket
+from .hooks import GradBucket
+from .noise_scale import bucket_sq_norm
+
+
+class Readiness:
+    """The hooks autograd calls and the launch of bucket reductions; mixed into `Reducer`."""
+
+    def _make_hook(self, i: int):
+        def hook(param: torch.Tensor) -> None:
+            self._on_grad_ready(i, param)
+
+        return hook
+
+    def _make_sparse_hook(self, i: int):
+        def hook(param: torch.Tensor) -> None:
+            # the sparse gradient stays in .grad (accumulated there by autograd); reduced in _finalize
+            self._used_since_sync[i] = True
+            if self._expecting:
+                self._mark_ready(i)
+
+        return hook
+
+    def _on_grad_ready(self, i: int, param: torch.Tensor) -> None:
+        bucket, pos = self._slot[i]
+        view = bucket.views[pos]
+        grad = param.grad
+        expecting = self._expecting
+        more_to_come = False  # static graph: this gradient arrives again in this backward
+        if expecting and (self._counting or (self._expected is not None and self._expected[i] > 1)):
+            self._arrivals[i] += 1
+            more_to_come = self._counting or self._arrivals[i] < self._expected[i]
+        # a bucket of large tensors is divided tensor by tensor, fused with the copy; one of
+        # small tensors once, at launch (see _preset_grads)
+        divide = expecting and not more_to_come and self.comm_hook is None and not self._small[bucket.index]
+        if grad is not view and grad.data_ptr() != view.data_ptr():
+            if grad.requires_grad:  # backward(create_graph=True)
+                grad = self._detached(param)
+            if divide:
+                torch.div(grad, self.divisor, out=view)  # copy and pre-divide in one pass
+            else:
+                view.copy_(grad)
+            param.grad = view
+            self._spent.append(grad)
+        elif divide:
+            # autograd added into the view in place: it holds the local sum, divided now
+            view.div_(self.divisor)
+        self._used_since_sync[i] = True
+        if not expecting:
+            return
+        if self._counting:
+            self._ready[i] = True
+            self._queue_finalize()
+            return
+        if more_to_come:
+            return
+        if self._in_flight:
+            self._stamp_completed()
+        if self._ready[i]:
+            self._raise_twice(i)
+        self._ready[i] = True
+        if self._order is not None:
+            self._order.append(i)
+        if not self._callback_queued:
+            self._queue_finalize()
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready_buckets()
+
+    def _detached(self, param: torch.Tensor) -> torch.Tensor:
+        # torch DDP allows create_graph=True with a warning; the reduced gradient carries no graph
+        if not self._warned_create_graph:
+            self._warned_create_graph = True
+            warnings.warn(
+                "Using DistributedDataParallel with create_graph=True is not recommended: the "
+                "reduced gradients in .grad are detached from the graph of the backward pass",
+                stacklevel=3,
+            )
+        param.grad = param.grad.detach()
+        return param.grad
+
+    def _queue_finalize(self) -> None:
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finalize)
+
+    def _mark_ready(self, i: int) -> None:
+        self._stamp_completed()
+        if self._ready[i]:
+            self._raise_twice(i)
+        self._ready[i] = True
+        if self._order is not None:
+            self._order.append(i)
+        self._queue_finalize()
+
+    def _raise_twice(self, i: int) -> None:
+        raise RuntimeError(
+            f"parameter {self.names[i]!r} received its gradient twice in one backward pass; "
+            "dpscale reduces each gradient once per backward unless the graph is static: for "
+            "reentrant checkpointing pass static_graph=True"
+        )
+
+    def _launch_ready_buckets(self) -> None:
+        # Launch strictly in bucket order: collectives are matched by issue order across ranks,
+        # so a rank must never reduce bucket 2 before bucket 1 even if its gradients came first.
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
+            self._launch(self.buckets[self._next_bucket])
+            self._next_bucket += 1
+
+    def _launch(self, bucket: Bucket) -> None:
+        timing = self._timings[bucket.index]
+        timing.start_s = time.perf_counter()
+        if self._comm_stream is not None:
+            # the bucket was filled on the compute stream; communication must see those writes
+            self._comm_stream.wait_stream(torch.cuda.current_stream(bucket.buffer.device))
+            with torch.cuda.stream(self._comm_stream):
+                fut = self._start_reduction(bucket)
+        else:
+            fut = self._start_reduction(bucket)
+        self._futures[bucket.index] = fut
+        self._in_flight.append(bucket.index)
+        self._stamp_completed()  # a synchronous transport (shm) is done already
+        # A synchronous transport (shm) reduces inside this call, on the thread that runs
+        # backward: that time is not overlapped with compute, whatever the timestamps say.
+        timing.blocking_s = time.perf_counter() - timing.start_s
+
+    def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
+        if self.comm_hook is None and self.divisor != 1 and self._small[bucket.index]:
+            bucket.buffer.div_(self.divisor)  # the views hold local sums: average once per bucket
+        if self._measure_now:
+            # this rank's gradient, right after the division (a small bucket is still in cache):
+            # divided by the divisor without a hook, undivided with one (the hook contract)
+            self._local_sq.append(bucket_sq_norm(bucket.buffer))
+        # a hook issues its own collectives, but recording it here still shows where a rank was
+        op = "all_reduce" if self.comm_hook is None else "comm_hook"
+        self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)
+        if self.comm_hook is None:
+            return self.transport.all_reduce(bucket.buffer)
+        state, hook = self.comm_hook
+        params = [self.params[i] for i in bucket.param_indices]
+        grad_bucket = GradBucket(
+            bucket.index,
+            bucket.buffer,
+            params,
+            bucket.views,
+            bucket.offsets,
+            is_last=bucket.index == len(self.buckets) - 1,
+        )
+        return hook(state, grad_bucket)
