@@ -75,6 +75,7 @@ def test_nodes_alone_is_one_world_size_and_flags_override_the_preset(tmp_path, m
         (["--compression", "0"], "--compression"),
         (["--transport", "shm"], "--transport"),
         (["--compute-cv", "2"], "--compute-cv"),
+        (["--node-cv", "-0.1"], "--node-cv"),
         (["--compute-cv", "0.1", "--compute-tail", "1.2"], "--compute-tail"),
         (["--compute-tail", "0.5"], "--compute-tail"),
         (["--oversubscription", "0.5"], "--oversubscription"),
@@ -136,6 +137,9 @@ def test_each_term_switches_off_and_the_bottleneck_names_the_dominant(tmp_path, 
     # the achieved fraction is calibratable: a measured 50% of nominal is slower than the preset's 95%
     assert efficiency("--inter-efficiency", "0.5")[0] < full
     assert efficiency("--inter-efficiency", "1")[0] == efficiency("--no-achieved-bandwidth")[0]
+    # the node term: more noise per node costs at 128 nodes, and --no-stragglers takes it away too
+    assert efficiency("--node-cv", "0.05")[0] < full
+    assert efficiency("--node-cv", "0.05", "--no-stragglers")[0] == efficiency("--no-stragglers")[0]
     congested, _ = efficiency("--oversubscription", "2")
     assert congested < full and efficiency("--oversubscription", "2", "--no-congestion")[0] == full
     # compute-bound: with a large step-to-step variation the stragglers are the dominant loss

@@ -101,6 +101,34 @@ def test_stragglers_stretch_compute_by_cv_times_the_expected_maximum():
     assert plain.compute_ms == pytest.approx(100.0) and STRAGGLERS not in plain.losses_ms
 
 
+def test_node_noise_is_paid_over_the_nodes_and_not_inside_one():
+    # 4 workers per node: 64 workers are 16 nodes; one node's 4 workers share its delay
+    cluster = replace(_cluster(), workers_per_node=4)
+    config = PredictConfig(
+        world_sizes=[4, 64], terms=ScaleTerms(compute_cv=0.01, node_cv=0.03), algorithm="ring"
+    )
+    one_node, many = predict(_profile(), cluster, config)
+    assert one_node.compute_ms == pytest.approx(100 * (1 + 0.01 * expected_max_normal(4)))
+    assert many.compute_ms == pytest.approx(
+        100 * (1 + 0.01 * expected_max_normal(64) + 0.03 * expected_max_normal(16))
+    )
+    # the cluster's node noise unless given; --no-stragglers removes both parts
+    (p,) = predict(
+        _profile(),
+        replace(cluster, node_cv=0.03),
+        replace(config, world_sizes=[64], terms=ScaleTerms(compute_cv=0.0)),
+    )
+    assert p.compute_ms == pytest.approx(100 * (1 + 0.03 * expected_max_normal(16)))
+    (p,) = predict(
+        _profile(),
+        cluster,
+        replace(config, world_sizes=[64], terms=ScaleTerms(stragglers=False, node_cv=0.03)),
+    )
+    assert p.compute_ms == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="--node-cv"):
+        ScaleTerms(node_cv=1.5)
+
+
 def test_the_profiles_cv_is_used_unless_given_and_the_clusters_last():
     prof = _profile()
     config = PredictConfig(world_sizes=[8], algorithm="ring")

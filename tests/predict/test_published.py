@@ -16,27 +16,27 @@ from predict_lab.published import (
     with_accumulation,
 )
 
-from dpscale.predict.cluster import ETH_EFFICIENCY, GPU_COMPUTE_CV
+from dpscale.predict.cluster import ETH_EFFICIENCY, GPU_COMPUTE_CV, GPU_NODE_CV
 
 # the held-out errors in points, as docs/performance-model.md reports them (predicted - published)
 DOCUMENTED_HELD_OUT = {
-    "Horovod, Inception V3 (23.8 M), 512 Pascal GPUs": -2.8,
-    "Horovod, ResNet-101 (44.5 M), 512 Pascal GPUs": -4.0,
-    "Horovod, VGG-16 (138.4 M), 512 Pascal GPUs": +7.5,
-    "NVIDIA BERT-large pre-training, seq 128, 64 x DGX-2H (1024 V100)": +8.0,
-    "NVIDIA BERT-large pre-training, seq 512, 64 x DGX-2H (1024 V100)": +0.9,
-    "NVIDIA BERT-large pre-training, seq 128, 16 x DGX-1 (128 V100)": +0.2,
+    "Horovod, Inception V3 (23.8 M), 512 Pascal GPUs": -1.5,
+    "Horovod, ResNet-101 (44.5 M), 512 Pascal GPUs": -2.7,
+    "Horovod, VGG-16 (138.4 M), 512 Pascal GPUs": +7.8,
+    "NVIDIA BERT-large pre-training, seq 128, 64 x DGX-2H (1024 V100)": +8.1,
+    "NVIDIA BERT-large pre-training, seq 512, 64 x DGX-2H (1024 V100)": +1.0,
+    "NVIDIA BERT-large pre-training, seq 128, 16 x DGX-1 (128 V100)": +0.3,
     "NVIDIA BERT-large pre-training, seq 512, 16 x DGX-1 (128 V100)": +0.3,
-    "NVIDIA BERT-large pre-training, seq 128, 8 V100 in one DGX-1 16G": -3.3,
-    "NVIDIA BERT-large pre-training, seq 512, 8 V100 in one DGX-1 16G": -1.9,
-    "NVIDIA BERT-large pre-training, seq 128, 8 V100 in one DGX-1 32G": -2.1,
-    "NVIDIA BERT-large pre-training, seq 512, 8 V100 in one DGX-1 32G": -3.1,
-    "NVIDIA BERT-large pre-training, seq 128, 16 V100 in one DGX-2": -3.5,
-    "NVIDIA BERT-large pre-training, seq 512, 16 V100 in one DGX-2": -3.9,
-    "NVIDIA ResNet-50 v1.5, mixed precision, 8 x A100 (DGX A100)": +11.7,
-    "NVIDIA ResNet-50 v1.5, mixed precision, 8 x V100 (DGX-1 16G)": +9.1,
-    "NVIDIA ResNet-50 v1.5, mixed precision, 8 x V100 (DGX-1 32G)": +8.7,
-    "Goyal et al. 2017, ResNet-50, 256 P100": +2.9,
+    "NVIDIA BERT-large pre-training, seq 128, 8 V100 in one DGX-1 16G": -2.1,
+    "NVIDIA BERT-large pre-training, seq 512, 8 V100 in one DGX-1 16G": -0.8,
+    "NVIDIA BERT-large pre-training, seq 128, 8 V100 in one DGX-1 32G": -0.9,
+    "NVIDIA BERT-large pre-training, seq 512, 8 V100 in one DGX-1 32G": -1.8,
+    "NVIDIA BERT-large pre-training, seq 128, 16 V100 in one DGX-2": -2.0,
+    "NVIDIA BERT-large pre-training, seq 512, 16 V100 in one DGX-2": -2.4,
+    "NVIDIA ResNet-50 v1.5, mixed precision, 8 x A100 (DGX A100)": +13.0,
+    "NVIDIA ResNet-50 v1.5, mixed precision, 8 x V100 (DGX-1 16G)": +10.4,
+    "NVIDIA ResNet-50 v1.5, mixed precision, 8 x V100 (DGX-1 32G)": +10.1,
+    "Goyal et al. 2017, ResNet-50, 256 P100": +3.2,
 }
 
 
@@ -72,6 +72,7 @@ def test_the_split_is_the_rule_and_halves_the_cases():
 
 def test_the_fitted_parameters_are_the_presets():
     assert FITTED.eth_efficiency == ETH_EFFICIENCY and FITTED.compute_cv == GPU_COMPUTE_CV
+    assert FITTED.node_cv == GPU_NODE_CV
 
 
 def test_held_out_errors_are_the_documented_ones_and_the_target_is_reported_honestly():
@@ -81,9 +82,10 @@ def test_held_out_errors_are_the_documented_ones_and_the_target_is_reported_hone
     worst = max(abs(e) for e in held.values())
     # the issue's target (every case within 3 points, worst <= 5) is NOT met on the held-out half;
     # this test fails if the model changes, so that the docs' table is redone with it
-    assert worst == pytest.approx(11.7, abs=0.05) and worst > published.WORST_POINTS
+    assert worst == pytest.approx(13.0, abs=0.05) and worst > published.WORST_POINTS
     text = format_study(study)
-    assert "held out: 7/17 within 3 points" in text and "worst 11.7 points" in text
+    assert "held out: 11/17 within 3 points" in text and "worst 13.0 points" in text
+    assert "held out: 11/17 within 3 points, mean |error| 4.0" in text
 
 
 @pytest.mark.slow

@@ -178,6 +178,12 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
         help="std/mean of a worker's step compute (default: the profile's, else the preset's)",
     )
     t.add_argument("--compute-tail", type=float, default=None, help="or: p99/median of it (Gaussian)")
+    t.add_argument(
+        "--node-cv",
+        type=float,
+        default=None,
+        help="std/mean of the delay a node's host and network add to its workers (default: the preset's)",
+    )
     t.add_argument("--no-achieved-bandwidth", action="store_true", help="links at their nominal rate")
     t.add_argument("--no-congestion", action="store_true", help="no oversubscription or flow collisions")
     t.add_argument("--oversubscription", type=float, default=1.0, help="fabric uplink ratio (2 = 2:1)")
@@ -227,6 +233,7 @@ def scale_terms(args: argparse.Namespace) -> ScaleTerms:
     return ScaleTerms(
         stragglers=not args.no_stragglers,
         compute_cv=cv,
+        node_cv=args.node_cv,
         achieved_bandwidth=not args.no_achieved_bandwidth,
         congestion=not args.no_congestion,
         oversubscription=args.oversubscription,

@@ -77,10 +77,12 @@ _HERE = "measured on the dpscale development VM (2-core Xeon) with `dpscale benc
 # published cases (docs/performance-model.md, "Published results"), no first-hand source.
 _NVLINK_EFF, _IB_EFF, _PCIE_EFF, ETH_EFFICIENCY = 0.69, 0.91, 0.76, 0.95
 _EFF_SRC = "achieved fraction: see _EFFICIENCY in cluster.py"
-# Step-to-step variation of a GPU's compute in the published systems: not published anywhere, fitted
-# with ETH_EFFICIENCY on the training half of the published cases (the interference and congestion
-# fitted there came out 0, so GPU presets carry none). Override with --compute-cv or a profile.
-GPU_COMPUTE_CV = 0.03
+# Step-to-step variation of a GPU's compute (per worker) and of the delay a node's host and network
+# path add (per node, degrade.py) in the published systems: not published anywhere, fitted with
+# ETH_EFFICIENCY on the training half of the published cases (the interference and congestion fitted
+# there came out 0, so GPU presets carry none). Override with --compute-cv (or a profile), --node-cv.
+GPU_COMPUTE_CV = 0.02
+GPU_NODE_CV = 0.005
 
 
 def _nv(bw: float, doc: str) -> LinkPreset:
@@ -216,6 +218,9 @@ class Cluster:
     # step-to-step variation (std / mean) of its devices' compute, used when neither the profile nor
     # --compute-cv gives one (GPU presets: GPU_COMPUTE_CV)
     compute_cv: float = 0.0
+    # the same for the delay a node's host and network path add to all its workers (GPU presets:
+    # GPU_NODE_CV), used unless --node-cv gives one
+    node_cv: float = 0.0
 
     def __post_init__(self) -> None:
         if self.workers_per_node < 1:
@@ -301,6 +306,7 @@ def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
         source="; ".join(dict.fromkeys(sources)),
         gpu=intra_p.gpu or inter_p.gpu,
         compute_cv=GPU_COMPUTE_CV if intra_p.gpu else 0.0,
+        node_cv=GPU_NODE_CV if intra_p.gpu else 0.0,
     )
 
 

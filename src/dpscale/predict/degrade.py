@@ -11,6 +11,13 @@ cost time, and a prediction that leaves them out is optimistic by 5-15 points of
   E[max] = integral of x N phi(x) Phi(x)^(N-1) dx numerically (cached per N) rather than take an
   asymptotic form: sqrt(2 ln N) is 43% high at N = 8 and still 15% high at 1024, and Blom's
   Phi^-1((N - 0.375)/(N + 0.25)) 4% high at N = 2 (tests/predict/test_degrade.py).
+  Noise has two sources with different reach: the device itself (`compute_cv`, independent per
+  worker) and what a node's workers share, its host and its path through the network (`node_cv`:
+  OS daemons and interrupts, the input pipeline, the NIC; Petrini, Kerbyson & Pakin, SC 2003, and
+  Hoefler, Schneider & Lumsdaine, SC 2010, show such per-node noise costing synchronizing jobs more
+  the more nodes they span). The step then waits for mean x (1 + cv x E_N + node_cv x E_nodes): a
+  job inside one node pays only the device's share. (The sum of the two expected maxima bounds the
+  expected maximum of the sum from above; at these cvs the difference is a fraction of a point.)
 - **Achieved bandwidth**: collectives reach a fraction of the link's nominal rate (protocol headers,
   the reduction kernel, chunking). Each link carries its `efficiency` (presets: from published
   nccl-tests results, cluster.py); NCCL's own tuning model further multiplies the tree's bandwidth by
@@ -73,6 +80,9 @@ class ScaleTerms:
     # --compute-cv / --compute-tail: std / mean of one worker's step compute; None: the profile's
     # measurement, or 0 where it has none
     compute_cv: float | None = None
+    # --node-cv: std / mean of the delay a node's host and network path add to all of its workers'
+    # steps; None: the cluster's (GPU presets: fitted, cluster.py), 0 for a job on one node anyway
+    node_cv: float | None = None
     achieved_bandwidth: bool = True  # --no-achieved-bandwidth: links at their nominal rate
     congestion: bool = True  # --no-congestion: no oversubscription, no flow collisions
     oversubscription: float = 1.0  # --oversubscription: fabric uplink ratio (2 = 2:1), beyond one switch
@@ -86,6 +96,8 @@ class ScaleTerms:
     def __post_init__(self) -> None:
         if self.compute_cv is not None and not 0 <= self.compute_cv < 1:
             raise ConfigError(f"--compute-cv: must be in [0, 1), got {self.compute_cv}")
+        if self.node_cv is not None and not 0 <= self.node_cv < 1:
+            raise ConfigError(f"--node-cv: must be in [0, 1), got {self.node_cv}")
         if not self.oversubscription >= 1:
             raise ConfigError(
                 f"--oversubscription: must be >= 1 (1 = non-blocking), got {self.oversubscription}"
@@ -99,11 +111,12 @@ class ScaleTerms:
         if self.interference is not None and not 0 <= self.interference <= 1:
             raise ConfigError(f"--interference: must be in [0, 1], got {self.interference}")
 
-    def straggler_factor(self, cv: float, world_size: int) -> float:
-        """Slowest-of-N compute over one worker's mean compute."""
+    def straggler_factor(self, cv: float, world_size: int, nodes: int = 1, node_cv: float = 0.0) -> float:
+        """Slowest-of-N compute over one worker's mean compute: each worker's own noise (cv) and each
+        node's shared noise (node_cv, over the nodes)."""
         if not self.stragglers:
             return 1.0
-        return 1.0 + cv * expected_max_normal(world_size)
+        return 1.0 + cv * expected_max_normal(world_size) + node_cv * expected_max_normal(nodes)
 
     def congestion_factor(self, nodes: int, per_doubling: float) -> float:
         """How much slower the inter-node fabric moves bytes for a job on `nodes` nodes (>= 1)."""

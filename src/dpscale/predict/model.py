@@ -179,6 +179,8 @@ def predict(
     # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
     cv = terms.compute_cv
     cv = (prof.compute_cv if prof.compute_cv is not None else cluster.compute_cv) if cv is None else cv
+    # the noise a node's host and network path add (shared by its workers): given, else the cluster's
+    node_cv = cluster.node_cv if terms.node_cv is None else terms.node_cv
     # interference: given, else the profile's measurement (--co-located), else the cluster's devices'
     interference = terms.interference
     if interference is None:
@@ -210,7 +212,7 @@ def predict(
                 # that transport's one-worker calls: swap those for this transport's at this size
                 engine_ms = max(0.0, overhead_ms - one.step_comm_ms)
         # the step waits for the slowest of n workers: every phase of it is that much longer
-        slowest = terms.straggler_factor(cv, n)
+        slowest = terms.straggler_factor(cv, n, lay.nodes, node_cv)
         backward_ms = (prof.backward_ms + engine_ms) * factor * slowest
         costs: list[AllReduceCost] = []
 
