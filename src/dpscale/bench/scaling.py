@@ -11,8 +11,11 @@ Figures per (engine, world size N), all from the per-step per-rank times kept in
     efficiency              samples_per_s(N) / (N * samples_per_s(1)), same engine; null without N=1
     ceiling_fraction        samples_per_s / local engine's samples_per_s at the same N (null without local)
     overhead_ms             step_ms - local engine's step_ms at the same N (null without local)
-    comm_ms, exposed_comm_ms  median over steps of dpscale's `last_step_stats` on rank 0; null otherwise
-    overlap_pct             100 * (1 - exposed_comm_ms / comm_ms), dpscale only
+    comm_ms, exposed_comm_ms  median over steps on rank 0 of the engine's own per-step figures:
+                            dpscale's `last_step_stats`; torch DDP's `_get_ddp_logging_data()`
+                            (backward_comm_time, less backward_compute_comm_overlap_time for the
+                            exposed part), sampled every step; null for local (no communication)
+    overlap_pct             100 * (1 - exposed_comm_ms / comm_ms), where comm is measured
     straggler_ms            median over steps of (slowest rank's step time - fastest rank's)
 
 JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
@@ -228,6 +231,23 @@ def timed_step(
     return (time.perf_counter() - t0) * 1e3
 
 
+def torch_ddp_comm_ms(model: nn.Module) -> tuple[float, float] | None:
+    """(comm ms, exposed comm ms) of the last backward torch's DDP logged, or None for another model.
+
+    torch fills its logging data at the next forward (with sample rate 1, every one), so after a
+    step it describes the step before; over a run that is every step but the last, as steady as
+    the one the bench times. comm is when any reduction was in flight, the overlap the part of it
+    backward's computation hid (torch measures both on CPU, 2.13)."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
+        return None
+    data = model._get_ddp_logging_data()
+    if "backward_comm_time" not in data:  # nothing logged yet (the first step)
+        return None
+    comm = data["backward_comm_time"] / 1e6  # ns
+    hidden = data.get("backward_compute_comm_overlap_time", 0) / 1e6
+    return comm, max(0.0, comm - hidden)
+
+
 def split_rounds(per_step: list[float]) -> list[list[float]]:
     """One engine's per-step figures cut into the rounds it ran in (engines alternate per round)."""
     return [per_step[i : i + STEPS_PER_ROUND] for i in range(0, len(per_step), STEPS_PER_ROUND)]
@@ -251,9 +271,14 @@ def _rank_measure(
         model, opt = runs[e]
         ms = timed_step(model, opt, workload.loss, x, y, batch)
         stats = getattr(model, "last_step_stats", None)
-        return ms, (stats.comm_ms, stats.exposed_comm_ms) if stats is not None else None
+        if stats is not None:
+            return ms, (stats.comm_ms, stats.exposed_comm_ms)
+        return ms, torch_ddp_comm_ms(model)
 
     for e in engines:
+        if isinstance(runs[e][0], nn.parallel.DistributedDataParallel):
+            # torch's logging data then describes every step, not the first 10 and each 100th
+            runs[e][0]._set_ddp_runtime_logging_sample_rate(1)
         for _ in range(warmup):
             step(e)
     rounds = run_rounds(engines, step, fixed_round_sizes(steps, STEPS_PER_ROUND))
