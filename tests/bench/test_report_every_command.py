@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dpscale.bench import commands, compare, report, rerender, study
+from dpscale.bench import commands, compare, report, rerender, study, trust
 from dpscale.cli import build_parser
 from dpscale.predict import cli as predict_cli
 
@@ -206,3 +206,67 @@ def test_a_different_batch_or_hardware_is_compared_with_one_warning_line_each(tm
     assert "hardware differs" in warnings[1] and "Intel Xeon" in warnings[1]
     md = (tmp_path / "cmp" / "report.md").read_text()
     assert "## Warnings" in md and "batch differs" in md
+
+
+# ---- honest columns and trust checks ------------------------------------------------------------
+
+
+def test_the_study_summary_puts_each_figure_on_its_own_row_only():
+    result = study.StudyResult.from_dict(STUDY_V0["results"])
+    rows = {(r["model"], r["engine"], r["world_size"]): r for r in result.summary()}
+    # the convergence bench trained digits on dpscale: its gap is on those rows and nowhere else
+    assert {k for k, r in rows.items() if r["convergence_gap"] is not None} == {
+        ("digits", "dpscale", 1),
+        ("digits", "dpscale", 2),
+    }
+    assert rows[("digits", "dpscale", 2)]["samples_per_s"] is None  # not measured for that row
+    mlp = rows[("mlp", "torch", 2)]
+    assert mlp["samples_per_s"] > 0 and mlp["busbw_GBps"] > 0 and mlp["spread"] > 0
+    text = study.format_summary(result)
+    line = next(line for line in text.splitlines() if line.split()[:2] == ["mlp", "local"])
+    assert "n/m" in line and " - " in line  # local: its convergence not measured; no link at N=1
+
+
+def test_an_older_scaling_report_gets_its_spread_from_the_steps_it_kept():
+    result = study.StudyResult.from_dict(STUDY_V0["results"])
+    for p in result.scaling[0].points:
+        run = next(r for r in result.scaling[0].runs if (r.engine, r.world_size) == (p.engine, p.world_size))
+        steps = sorted(max(s) for s in run.step_ms)
+        assert steps[0] <= p.step_ms_p10 <= p.step_ms <= p.step_ms_p90
+        assert p.spread == pytest.approx((p.step_ms_p90 - p.step_ms_p10) / p.step_ms)
+
+
+def _trust_row(engine="dpscale", world_size=2, efficiency=0.95, overhead_ms=1.0, spread=0.05):
+    return {
+        "model": "mlp",
+        "engine": engine,
+        "world_size": world_size,
+        "efficiency": efficiency,
+        "overhead_ms": overhead_ms,
+        "spread": spread,
+    }
+
+
+def test_trust_checks_warn_once_per_kind_naming_the_rows():
+    assert trust.timing_warnings([_trust_row(), _trust_row("local", overhead_ms=0.0)]) == []
+    assert trust.timing_warnings([_trust_row(efficiency=None, overhead_ms=None, spread=None)]) == []
+    (local,) = trust.timing_warnings([_trust_row("local", efficiency=0.39, overhead_ms=0.0)])
+    assert "local engine scales below 90% (mlp local N=2 39%)" in local and "host is busy" in local
+    # local at N=1 is 100% by definition; a slow dpscale is what the bench measures, not a warning
+    assert trust.timing_warnings([_trust_row("local", world_size=1, efficiency=0.5, overhead_ms=0.0)]) == []
+    assert trust.timing_warnings([_trust_row(efficiency=0.5)]) == []
+    (negative,) = trust.timing_warnings([_trust_row(world_size=1, overhead_ms=-2.5)])
+    assert "negative overhead (mlp dpscale N=1 -2.50 ms)" in negative
+    (spread,) = trust.timing_warnings([_trust_row(spread=0.35), _trust_row("torch", spread=0.25)])
+    assert "above 20% of the median (mlp dpscale N=2 35%, mlp torch N=2 25%)" in spread
+
+
+def test_trust_warnings_head_the_study_and_scaling_reports(tmp_path):
+    d = _write(tmp_path / "study", STUDY_V0)  # a loaded host: torch ran faster than local at N=1
+    assert _report_cli([str(d)])[0] == 0
+    for md in (d / "report.md", d / "scaling-mlp" / "report.md"):
+        text = md.read_text()
+        head = text[text.index("## Warnings") : text.index("## Summary" if md.parent == d else "## Results")]
+        assert "negative overhead (mlp torch N=1 -8.08 ms)" in head, md
+        assert "spread (p10-p90) above 20%" in head, md
+    assert "indicative only: --quick" in (d / "report.md").read_text()

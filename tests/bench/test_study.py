@@ -18,6 +18,7 @@ SUMMARY_KEYS = {
     "world_size",
     "samples_per_s",
     "efficiency",
+    "spread",
     "exposed_comm_ms",
     "overhead_ms",
     "busbw_GBps",
@@ -57,6 +58,10 @@ def test_quick_study_writes_the_combined_report(tmp_path):
     }
     for r in rows:
         assert set(r) == SUMMARY_KEYS
+        # each figure is its own row's: the gap only where convergence trained (digits, dpscale)
+        assert (r["convergence_gap"] is not None) == (r["model"] == "digits"), r
+        assert (r["samples_per_s"] is not None) == (r["model"] == "mlp"), r
+    assert "indicative only" in p.stderr
     (report,) = tmp_path.iterdir()
     for sub in ("allreduce", "scaling-mlp", "convergence"):
         assert (report / sub / "report.md").is_file() and (report / sub / "report.json").is_file()
@@ -64,6 +69,7 @@ def test_quick_study_writes_the_combined_report(tmp_path):
     assert doc["command"] == "study" and doc["results"]["summary"] == rows
     assert {p["transport"] for p in doc["results"]["allreduce"]["points"]} == {"shm", "gloo"}
     md = (report / "report.md").read_text()
+    assert "## Warnings" in md and "indicative only" in md
     for engine in ("dpscale", "torch", "local"):
         assert f"| mlp | {engine} |" in md
     pngs = list(report.rglob("*.png"))

@@ -57,6 +57,12 @@ def _add_output_flags(parser: argparse.ArgumentParser, json_help: str) -> None:
     )
 
 
+def _warn(warnings: list[str]) -> None:
+    """The trust checks' lines (bench/trust.py), on stderr so a --json line stays last on stdout."""
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr, flush=True)
+
+
 # ---- all-reduce ---------------------------------------------------------------------------------
 
 
@@ -99,6 +105,7 @@ def scaling_config(args: argparse.Namespace) -> scaling.ScalingConfig:
 def run_scaling(args: argparse.Namespace) -> int:
     result = scaling.run(scaling_config(args))
     print(scaling_report.format_table(result))
+    _warn(scaling_report.warnings(result))
     report = ReportDir.create(args.report_dir, "scaling")
     scaling_report.write_report(result, report)
     print(f"report: {report.path}")
@@ -158,6 +165,7 @@ def run_engine(args: argparse.Namespace) -> int:
             m, config.world_size, config.per_worker_batch, config.engines, config.steps
         )
         print(engine.format_result(res), flush=True)
+        _warn(scaling_report.warnings(measured))
         # the per-step measurements, as a scaling report: `dpscale report` re-renders and compares it
         report = ReportDir.create(args.report_dir, "scaling")
         scaling_report.write_report(measured, report)
@@ -182,6 +190,7 @@ def run_study(args: argparse.Namespace) -> int:
     report = ReportDir.create(config.report_dir, "study")
     study.write_report(result, report)
     print(study.format_summary(result))
+    _warn(result.warnings())
     print(f"report: {report.path / 'report.md'}  ({result.wall_s:.0f} s)")
     if args.json:
         print(json.dumps(result.summary()))

@@ -36,6 +36,9 @@ from .sysinfo import collect_system_info, describe_system
 
 # A column format is a format spec (".2f") or a function of the cell's value.
 CellFormat = str | Callable[[object], str]
+# The text of a missing (None) cell, from its row and column: "-" (not applicable) by default; a
+# table can tell "not applicable" from "not measured" with it.
+MissingText = Callable[[Mapping[str, object], str], str]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Enough for sharp lines when the PNG is shown at its natural size in a markdown viewer.
@@ -50,6 +53,7 @@ class Table:
     columns: Sequence[str]
     formats: Mapping[str, CellFormat] | None = None
     headers: Mapping[str, str] | None = None
+    missing: MissingText | None = None
 
 
 @dataclass(frozen=True)
@@ -73,20 +77,23 @@ def markdown_table(
     columns: Sequence[str],
     formats: Mapping[str, CellFormat] | None = None,
     headers: Mapping[str, str] | None = None,
+    missing: MissingText | None = None,
 ) -> str:
     """Render rows as a GitHub markdown table; numeric columns are right-aligned.
 
-    `formats` maps a column to a format spec (".3g") or a function; missing values show as "-".
-    `headers` maps a column to its header text (default: the column name).
+    `formats` maps a column to a format spec (".3g") or a function; missing values show as "-",
+    or as `missing(row, column)` says. `headers` maps a column to its header text (default: the
+    column name).
     """
     formats, headers = formats or {}, headers or {}
     unknown = [c for c in (*formats, *headers) if c not in columns]
     if unknown:
         raise ConfigError(f"formats/headers name columns {unknown} that are not in columns {list(columns)}")
 
-    def cell(column: str, value: object) -> str:
+    def cell(row: Mapping[str, object], column: str) -> str:
+        value = row.get(column)
         if value is None:
-            return "-"
+            return missing(row, column) if missing else "-"
         fmt = formats.get(column)
         text = fmt(value) if callable(fmt) else format(value, fmt or "")
         return text.replace("|", "\\|")
@@ -99,7 +106,7 @@ def markdown_table(
         "| " + " | ".join(headers.get(c, c) for c in columns) + " |",
         "|" + "|".join("---:" if numeric(c) else ":---" for c in columns) + "|",
     ]
-    lines += ["| " + " | ".join(cell(c, r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -202,10 +209,15 @@ class ReportDir:
         fig.savefig(path, dpi=_DPI, format="png")
         return path
 
-    def write_markdown(self, title: str, sections: Sequence[Section]) -> Path:
-        """Write report.md: system, the exact command line, then `sections` in order."""
+    def write_markdown(
+        self, title: str, sections: Sequence[Section], *, warnings: Sequence[str] = ()
+    ) -> Path:
+        """Write report.md: system, the exact command line, the warnings (bench/trust.py), then
+        `sections` in order."""
         lines = [f"# {title}", "", "## System", "", *describe_system(self.system), ""]
         lines += ["## Command", "", "```", self.command_line, "```", ""]
+        if warnings:
+            lines += ["## Warnings", "", *(f"- **Warning:** {w}" for w in warnings), ""]
         for section in sections:
             lines += [f"## {section.heading}", ""]
             for block in section.blocks:
@@ -216,7 +228,7 @@ class ReportDir:
 
     def _render_block(self, block: str | Table | Image) -> str:
         if isinstance(block, Table):
-            return markdown_table(block.rows, block.columns, block.formats, block.headers)
+            return markdown_table(block.rows, block.columns, block.formats, block.headers, block.missing)
         if isinstance(block, Image):
             # A broken image link in a report is easy to miss; refuse it while it is easy to fix.
             if not (self.path / block.file).is_file():

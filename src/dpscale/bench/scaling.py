@@ -7,6 +7,7 @@ on every rank; its time is the slowest rank's, which is what the next collective
 
 Figures per (engine, world size N), all from the per-step per-rank times kept in "runs":
     step_ms / step_ms_p90   median / p90 over steps of the slowest rank's step time
+    step_ms_p10             p10 of the same (null in reports written before it was kept)
     samples_per_s           global batch / step_ms
     efficiency              samples_per_s(N) / (N * samples_per_s(1)), same engine; null without N=1
     ceiling_fraction        samples_per_s / local engine's samples_per_s at the same N (null without local)
@@ -26,7 +27,8 @@ JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
                  "step_ms_p90": float, "samples_per_s": float, "efficiency": float | null,
                  "comm_ms": float | null, "exposed_comm_ms": float | null,
                  "ceiling_fraction": float | null, "overhead_ms": float | null,
-                 "overlap_pct": float | null, "straggler_ms": float, "steps": int}, ...],
+                 "overlap_pct": float | null, "straggler_ms": float, "steps": int,
+                 "step_ms_p10": float | null}, ...],
      "runs": [{"engine", "world_size", "transport", "step_ms": [[float per rank] per step],
                "comm_ms": [float per step] | null, "exposed_comm_ms": [float per step] | null}, ...]}
 `transport` is dpscale's transport name, torch's process-group backend, or "none" for local.
@@ -178,6 +180,14 @@ class ScalingPoint:
     overlap_pct: float | None
     straggler_ms: float
     steps: int
+    step_ms_p10: float | None = None  # last, with a default: older reports' points lack it
+
+    @property
+    def spread(self) -> float | None:
+        """(p90 - p10) / median of the step time: how much the host's load moved the steps."""
+        if self.step_ms_p10 is None or not self.step_ms > 0:
+            return None
+        return (self.step_ms_p90 - self.step_ms_p10) / self.step_ms
 
 
 POINT_KEYS = tuple(f.name for f in fields(ScalingPoint))  # the documented keys of every point
@@ -202,8 +212,15 @@ class ScalingResult:
         # Validation is skipped: an old run's user model need not be importable now.
         config = object.__new__(ScalingConfig)
         config.__dict__.update(doc["config"])
-        points = [ScalingPoint(**p) for p in doc["points"]]
-        return cls(config, points, [EngineRun(**r) for r in doc["runs"]])
+        runs = [EngineRun(**r) for r in doc["runs"]]
+        slowest = {(r.engine, r.world_size): [max(s) for s in r.step_ms] for r in runs}
+        points = []
+        for p in doc["points"]:
+            steps = slowest.get((p["engine"], p["world_size"]))
+            if p.get("step_ms_p10") is None and steps:  # an older report: its runs still hold the steps
+                p = {**p, "step_ms_p10": quantile(steps, 0.1)}
+            points.append(ScalingPoint(**p))
+        return cls(config, points, runs)
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -355,6 +372,7 @@ def summarize(config: ScalingConfig, runs: list[EngineRun]) -> list[ScalingPoint
                 overlap_pct=max(0.0, 100 * (1 - exposed / comm)) if comm and exposed is not None else None,
                 straggler_ms=statistics.median(max(s) - min(s) for s in r.step_ms),
                 steps=len(r.step_ms),
+                step_ms_p10=quantile(slowest[key], 0.1),
             )
         )
     return points

@@ -5,10 +5,13 @@ Everything here works from a `ScalingResult` alone, so `dpscale report` re-rende
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from matplotlib.figure import Figure
 
 from .report import Image, ReportDir, Section, Table, new_figure
 from .scaling import STEPS_PER_ROUND, ScalingConfig, ScalingPoint, ScalingResult
+from .trust import timing_warnings
 
 _ENGINE_COLORS = {"dpscale": "C0", "torch": "C1", "local": "C2", "dpscale-gloo": "C3"}
 
@@ -20,6 +23,7 @@ _COLUMNS = {  # point field: (table header, format); None = "-"
     "per_worker_batch": ("batch/worker", "d"),
     "global_batch": ("global batch", "d"),
     "step_ms": ("step ms", ".2f"),
+    "step_ms_p10": ("p10 ms", ".2f"),
     "step_ms_p90": ("p90 ms", ".2f"),
     "samples_per_s": ("samples/s", ".0f"),
     "efficiency": ("efficiency", ".1%"),
@@ -55,6 +59,11 @@ def format_table(result: ScalingResult) -> str:
     lines = [_describe(result.config), "".join(cell(c, None, h) for c, (h, _) in _COLUMNS.items())]
     lines += ["".join(cell(c, getattr(p, c)) for c in _COLUMNS) for p in result.points]
     return "\n".join(lines)
+
+
+def warnings(result: ScalingResult) -> list[str]:
+    """The trust checks (bench/trust.py) on the points: print them and put them in the report."""
+    return timing_warnings({**asdict(p), "spread": p.spread} for p in result.points)
 
 
 def _engine_series(points: list[ScalingPoint]) -> dict[str, list[ScalingPoint]]:
@@ -150,10 +159,12 @@ def write_report(result: ScalingResult, report: ReportDir) -> None:
     definitions = (
         "efficiency = samples/s(N) / (N x samples/s(1)) for the same engine; of ceiling = samples/s / "
         "local engine's samples/s at the same N; overhead = step ms - local step ms; comm and exposed = "
-        "median of dpscale's per-step stats on rank 0 (the reducer's own view; overhead counts everything "
-        "the engine adds); overlap = 1 - exposed/comm; straggler = median of (slowest - fastest rank) "
-        "per step. '-' = not applicable or not measured."
+        "median over steps of the engine's own per-step figures on rank 0 (dpscale's reducer stats; torch "
+        "DDP's _get_ddp_logging_data(): backward comm time, less its overlap with backward compute; "
+        "overhead counts everything the engine adds); overlap = 1 - exposed/comm; straggler = median of "
+        "(slowest - fastest rank) per step. '-' = not applicable or not measured."
     )
+    trust = warnings(result)
     report.write_markdown(
         "Scaling bench",
         [
@@ -166,4 +177,5 @@ def write_report(result: ScalingResult, report: ReportDir) -> None:
                 ],
             ),
         ],
+        warnings=trust,
     )

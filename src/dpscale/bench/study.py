@@ -16,12 +16,26 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..flags import config_argv, flag_spec
 from ..workloads.recipe import load_recipe
-from . import allreduce, allreduce_report, convergence, convergence_report, scaling, scaling_report
+from . import (
+    allreduce,
+    allreduce_report,
+    convergence,
+    convergence_report,
+    scaling,
+    scaling_report,
+    study_summary,
+)
 from .args import parse_int_list
 from .report import Image, ReportDir, Section, Table
+from .study_summary import summary_rows
+from .trust import timing_warnings
 
 TRANSPORTS = ["shm", "gloo"]
 MiB = 1 << 20
+QUICK_NOTE = (
+    "indicative only: --quick times few steps and small sizes; run `dpscale study` without --quick "
+    "for figures to quote"
+)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -84,33 +98,13 @@ class StudyResult:
     wall_s: float
 
     def summary(self) -> list[dict]:
-        """One row per (model, engine, world size), with the all-reduce and convergence figures."""
-        largest = max(q.bytes for q in self.allreduce.points)
-        # world size 1 moves nothing between ranks: no bandwidth to show
-        busbw = {
-            (p.transport, p.world_size): p.busbw_GBps
-            for p in self.allreduce.points
-            if p.bytes == largest and p.world_size > 1
-        }
-        gap = {r.world_size: r.max_rel_gap for r in self.convergence.runs}
-        rows = []
-        for res in self.scaling:
-            for p in res.points:
-                rows.append(
-                    {
-                        "model": p.model,
-                        "engine": p.engine,
-                        "transport": p.transport,
-                        "world_size": p.world_size,
-                        "samples_per_s": p.samples_per_s,
-                        "efficiency": p.efficiency,
-                        "exposed_comm_ms": p.exposed_comm_ms,
-                        "overhead_ms": p.overhead_ms,
-                        "busbw_GBps": busbw.get((p.transport, p.world_size)),
-                        "convergence_gap": gap.get(p.world_size),
-                    }
-                )
-        return rows
+        """One row per (model, engine, world size) a bench ran, with its own figures (study_summary.py)."""
+        return summary_rows(self.allreduce, self.scaling, self.convergence)
+
+    def warnings(self) -> list[str]:
+        """The trust checks on the summary (bench/trust.py); a --quick study says it is indicative."""
+        quick = [QUICK_NOTE] if self.config.quick else []
+        return quick + timing_warnings(self.summary())
 
     @classmethod
     def from_dict(cls, doc: dict) -> StudyResult:
@@ -158,54 +152,8 @@ def run(config: StudyConfig) -> StudyResult:
     return StudyResult(config, ar, sc, cv, time.perf_counter() - t0)
 
 
-_COLUMNS = [
-    "model",
-    "engine",
-    "transport",
-    "world_size",
-    "samples_per_s",
-    "efficiency",
-    "exposed_comm_ms",
-    "overhead_ms",
-    "busbw_GBps",
-    "convergence_gap",
-]
-_HEADERS = {
-    "world_size": "N",
-    "samples_per_s": "samples/s",
-    "exposed_comm_ms": "exposed comm ms",
-    "overhead_ms": "overhead ms",
-    "busbw_GBps": "all-reduce busbw GB/s (largest size)",
-    "convergence_gap": "convergence gap",
-}
-
-
-def _pct(x: object) -> str:
-    return "-" if x is None else f"{x:.1%}"
-
-
-def _num(fmt: str):
-    return lambda x: "-" if x is None else format(x, fmt)
-
-
-_FORMATS = {
-    "samples_per_s": _num(",.0f"),
-    "efficiency": _pct,
-    "exposed_comm_ms": _num(".2f"),
-    "overhead_ms": _num(".2f"),
-    "busbw_GBps": _num(".3g"),
-    "convergence_gap": _pct,
-}
-
-
 def format_summary(result: StudyResult) -> str:
-    rows = result.summary()
-    header = [_HEADERS.get(c, c) for c in _COLUMNS]
-    cells = [[_FORMATS.get(c, str)(r[c]) if c in _FORMATS else str(r[c]) for c in _COLUMNS] for r in rows]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
+    return study_summary.format_summary(result.summary())
 
 
 def part_argv(command: str, config: object) -> list[str]:
@@ -237,14 +185,6 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
     doc = result.to_dict()
     report.write_json(doc, config=doc["config"])
     report.write_csv("summary", doc["summary"])
-    reading = (
-        "efficiency = throughput at N workers / (N x throughput of the same engine at 1 worker); "
-        "exposed comm = communication not hidden behind compute (dpscale's own measurement; '-' where "
-        "the engine reports none); overhead = step time minus the unsynchronized `local` engine's at the "
-        "same N (everything synchronization costs); all-reduce busbw at the largest swept size for the "
-        "engine's transport; convergence gap = largest relative gap between the loss curves at N and at "
-        "the smallest N (same global batch, accumulation makes up the difference)."
-    )
     details = "Each bench's full report, re-renderable with `dpscale report DIR`: " + ", ".join(
         f"[{p.name}]({p.name}/report.md)" for p in sorted(report.path.iterdir()) if p.is_dir()
     )
@@ -254,12 +194,19 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
             Section(
                 "Summary",
                 [
-                    Table(doc["summary"], _COLUMNS, _FORMATS, _HEADERS),
-                    reading,
+                    Table(
+                        doc["summary"],
+                        study_summary.COLUMNS,
+                        study_summary.FORMATS,
+                        study_summary.HEADERS,
+                        study_summary.missing_text,
+                    ),
+                    study_summary.READING,
                     f"Wall time: {result.wall_s:.0f} s.",
                 ],
             ),
             Section("Plots", images),
             Section("Details", [details]),
         ],
+        warnings=result.warnings(),
     )
