@@ -64,6 +64,16 @@ class PublishedCase:
     how: str  # how the source computed the efficiency
     notes: str = ""
     layers: tuple[tuple[float, float], ...] = ()  # (parameters, share of backward compute), input to output
+    # gradient accumulation: micro-batches per all-reduce at the baseline and at `gpus` (only for
+    # cases that reduce after backward: k micro-batches and one reduction are then one step of k
+    # times the compute and the batch)
+    accumulation: tuple[int, int] = (1, 1)
+
+    def __post_init__(self) -> None:
+        if self.accumulation != (1, 1) and self.overlap:
+            raise ValueError(
+                f"{self.name}: accumulation is modelled only for cases that reduce after backward"
+            )
 
     def profile(self) -> ModelProfile:
         prof = explicit(
@@ -120,6 +130,24 @@ class Reproduction:
         return 100 * (self.predicted - self.case.published_efficiency)
 
 
+def _predict_at(case: PublishedCase, fit: FitParams, terms: ScaleTerms, gpus: int, steps: int):
+    """One prediction at `gpus`, `steps` micro-batches per all-reduce folded into one step."""
+    if steps != 1:
+        case = replace(
+            case, single_gpu_step_ms=case.single_gpu_step_ms * steps, per_gpu_batch=case.per_gpu_batch * steps
+        )
+    config = PredictConfig(
+        world_sizes=[gpus],
+        algorithm=case.algorithm,
+        bucket_mb=case.bucket_mb,
+        overlap=case.overlap,
+        engine="none",
+        terms=terms,
+    )
+    (prediction,) = predict(case.profile(), case.cluster(fit), config)
+    return prediction
+
+
 def reproduce(
     case: PublishedCase, fit: FitParams, *, terms: ScaleTerms | None = None, held_out: bool = False
 ) -> Reproduction:
@@ -129,42 +157,18 @@ def reproduce(
         compute_cv=fit.compute_cv if terms.compute_cv is None else terms.compute_cv,
         node_cv=fit.node_cv if terms.node_cv is None else terms.node_cv,
     )
-    config = PredictConfig(
-        world_sizes=[case.baseline_gpus, case.gpus],
-        algorithm=case.algorithm,
-        bucket_mb=case.bucket_mb,
-        overlap=case.overlap,
-        engine="none",
-        terms=terms,
-    )
-    base, at_n = predict(case.profile(), case.cluster(fit), config)
-    eff = base.step_ms / at_n.step_ms
+    base_steps, steps = case.accumulation
+    base = _predict_at(case, fit, terms, case.baseline_gpus, base_steps)
+    at_n = _predict_at(case, fit, terms, case.gpus, steps)
+    # per sample: a step of k micro-batches carries k times the samples
+    eff = (base.step_ms / base_steps) / (at_n.step_ms / steps)
     return Reproduction(case, eff, at_n.bottleneck, at_n.exposed_comm_ms, at_n.comm_ms, held_out)
 
 
 def with_accumulation(case: PublishedCase, fit: FitParams, base_steps: int, steps: int) -> float:
     """The efficiency `case` would have if its baseline ran `base_steps` micro-batches per all-reduce
-    and its N GPUs `steps` (gradient accumulation). Only for cases that reduce after backward: then k
-    micro-batches and one reduction are one step of k times the compute and batch."""
-    if case.overlap:
-        raise ValueError(f"{case.name}: accumulation is modelled only for cases that reduce after backward")
-
-    def per_sample_ms(k: int, gpus: int) -> float:
-        scaled = replace(
-            case, single_gpu_step_ms=case.single_gpu_step_ms * k, per_gpu_batch=case.per_gpu_batch * k
-        )
-        config = PredictConfig(
-            world_sizes=[gpus],
-            algorithm=case.algorithm,
-            bucket_mb=case.bucket_mb,
-            overlap=False,
-            engine="none",
-            terms=ScaleTerms(compute_cv=fit.compute_cv, node_cv=fit.node_cv),
-        )
-        (p,) = predict(scaled.profile(), scaled.cluster(fit), config)
-        return p.step_ms / k
-
-    return per_sample_ms(base_steps, case.baseline_gpus) / per_sample_ms(steps, case.gpus)
+    and its N GPUs `steps` (gradient accumulation)."""
+    return reproduce(replace(case, accumulation=(base_steps, steps)), fit).predicted
 
 
 # NVIDIA's BERT README, 'Pre-training loss results': accumulation steps (phase 1 = seq 128, phase 2 =
@@ -205,7 +209,12 @@ _DLE_BERT = (
 )
 _DLE_BERT_NODE = (
     "NVIDIA DeepLearningExamples, PyTorch/LanguageModeling/BERT/README.md (2020), 'Pre-training "
-    "NVIDIA {system}' table (pytorch:19.07-py3 container), BERT-large, mixed precision, sequence length {seq}"
+    "NVIDIA {system}' table ({container} container), BERT-large, {precision}, sequence length {seq}"
+)
+_DLE_BERT_ACC_NOTES = (
+    "The table states the accumulated batch per GPU and the accumulation steps (the global batch is "
+    "fixed, so fewer steps per all-reduce on more GPUs); the micro-batch is their ratio. One all-reduce "
+    "of 340 M gradients (fp16 in mixed precision, fp32 in TF32) after the last micro-batch's backward."
 )
 _DLE_BERT_HOW = "weak scaling column: sequences/s at N nodes / sequences/s of 1 node; here / N"
 _DLE_BERT_NOTES = (
@@ -247,14 +256,27 @@ def _horovod(model: str, params: float, images_s: float, step_src: str, gpus: in
     )
 
 
-def _bert(system: str, seq: int, batch: int, base_seq_s: float, gpus: int, weak: float) -> PublishedCase:
-    """DGX-1 / DGX-2H rows scale whole nodes from one node; "... 16G", "... 32G" and "DGX-2" rows scale
-    one node from one GPU, where the all-reduce stays on NVLink (the intra-node bandwidth regime)."""
+def _bert(
+    system: str,
+    seq: int,
+    batch: int,
+    base_seq_s: float,
+    gpus: int,
+    weak: float,
+    *,
+    precision: str = "mixed precision",
+    accumulation: tuple[int, int] = (1, 1),
+) -> PublishedCase:
+    """DGX-1 / DGX-2H rows scale whole nodes from one node; "... 16G", "... 32G", "DGX-2" and "DGX A100"
+    rows scale one node from one GPU, where the all-reduce stays on NVLink (the intra-node regime).
+    `batch` is the micro-batch per GPU; `accumulation` the micro-batches per all-reduce (1 GPU, N)."""
     g = 16 if system.startswith("DGX-2") else 8
+    a100 = system == "DGX A100"
+    gpu, nvlink = ("A100", "NVLink 3") if a100 else ("V100", "NVLink 2")
     one_node = system in ("DGX-1", "DGX-2H")  # the multi-node tables: baseline one node
     base = g if one_node else 1
     nics = 8 if g == 16 else 4
-    fabric = "NVSwitch" if g == 16 else "hybrid cube mesh"
+    fabric = "NVSwitch" if g == 16 or a100 else "hybrid cube mesh"
     if one_node:
         name = f"{gpus // g} x {system} ({gpus} V100)"
         source = _DLE_BERT.format(node=system.removeprefix("DGX-"), seq=seq)
@@ -262,25 +284,26 @@ def _bert(system: str, seq: int, batch: int, base_seq_s: float, gpus: int, weak:
         step_source = "the same table: one node's sequences/s / its GPUs (one node's own comm left in)"
         interconnect = f"{system}: {g} V100, NVLink 2 ({fabric}), {nics} x InfiniBand EDR 100 Gb/s"
     else:
-        name = f"{gpus} V100 in one {system}"
-        source = _DLE_BERT_NODE.format(system=system, seq=seq)
+        name = f"{gpus} {gpu} in one {system}" + ("" if precision == "mixed precision" else f", {precision}")
+        container = "pytorch:20.06-py3" if a100 else "pytorch:19.07-py3"
+        source = _DLE_BERT_NODE.format(system=system, seq=seq, container=container, precision=precision)
         how = f"weak scaling column: sequences/s on N GPUs / sequences/s on 1 GPU; here / N ({weak} / {gpus})"
-        step_source = f"the same table: {base_seq_s} sequences/s on 1 GPU (mixed precision)"
-        interconnect = f"{system}: {g} V100, NVLink 2 ({fabric})"
+        step_source = f"the same table: {base_seq_s} sequences/s on 1 GPU ({precision})"
+        interconnect = f"{system}: {g} {gpu}, {nvlink} ({fabric})"
     return PublishedCase(
         name=f"NVIDIA BERT-large pre-training, seq {seq}, {name}",
-        family=f"bert-{system.lower().replace(' ', '-')}-seq{seq}",
+        family=f"bert-{system.lower().replace(' ', '-')}-seq{seq}-{precision.split()[0].lower()}",
         source=source,
         model=f"BERT-large (340 M parameters), seq {seq}",
         params=340e6,
-        bytes_per_param=2,
+        bytes_per_param=2 if precision == "mixed precision" else 4,  # TF32: fp32 gradients
         per_gpu_batch=batch,
         single_gpu_step_ms=1000 * batch / (base_seq_s / base),
         step_source=step_source,
         backward_fraction=2 / 3,
         interconnect=interconnect,
-        intra="nvlink2",
-        inter=f"{nics}xib-edr100",  # unused by the one-node tables
+        intra="nvlink3" if a100 else "nvlink2",
+        inter="8xib-hdr200" if a100 else f"{nics}xib-edr100",  # unused by the one-node tables
         workers_per_node=g,
         algorithm="auto",
         bucket_mb=1e6,  # one flat all-reduce
@@ -289,7 +312,8 @@ def _bert(system: str, seq: int, batch: int, base_seq_s: float, gpus: int, weak:
         gpus=gpus,
         published_efficiency=weak / (gpus // base),
         how=how,
-        notes=_DLE_BERT_NOTES,
+        notes=_DLE_BERT_NOTES if accumulation == (1, 1) else _DLE_BERT_ACC_NOTES,
+        accumulation=accumulation,
     )
 
 
@@ -335,6 +359,20 @@ def cases() -> list[PublishedCase]:
         ("DGX-2", 512, 8, 32.32, ((4, 3.84), (8, 7.64), (16, 15.13))),
     ):
         out += [_bert(system, seq, batch, one_gpu, gpus, weak) for gpus, weak in rows]
+    # DGX A100, pytorch:20.06: the rows state accumulation steps (1 GPU, then per row); micro-batch =
+    # accumulated batch per GPU / steps (65232 / 1208 = 54, 65536 / 1024 = 64, 32768 / 4096 = 8, / 2048 = 16)
+    for seq, precision, batch, one_gpu, base_steps, rows in (
+        (128, "TF32", 54, 234, 1208, ((4, 302, 3.89), (8, 151, 7.59))),
+        (128, "mixed precision", 64, 415, 1024, ((4, 256, 3.90), (8, 128, 7.79))),
+        (512, "TF32", 8, 41, 4096, ((4, 1024, 3.88), (8, 512, 7.95))),
+        (512, "mixed precision", 16, 78, 2048, ((4, 512, 3.95), (8, 256, 7.76))),
+    ):
+        out += [
+            _bert(
+                "DGX A100", seq, batch, one_gpu, gpus, weak, precision=precision, accumulation=(base_steps, k)
+            )
+            for gpus, k, weak in rows
+        ]
     dle_rn50 = "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md"
     # (system, table, intra link, precision, per-GPU batch (configs.yml), img/s on 1 GPU, strong scaling)
     for system, table, intra, precision, batch, one, strong in (
