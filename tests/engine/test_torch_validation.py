@@ -122,12 +122,16 @@ def returns_int(state, bucket: dist.GradBucket) -> int:
 
 def test_comm_hook_checks_are_torchs():
     model = ddp()
+    assert "has_error" not in model._get_ddp_logging_data()
     with pytest.raises(TypeError, match="must be callable"):
         model.register_comm_hook(None, 1)
     with pytest.raises(ValueError, match="bucket annotation should be dist.GradBucket"):
         model.register_comm_hook(None, bucket_int)
     with pytest.raises(ValueError, match="return annotation should be torch.futures.Future"):
         model.register_comm_hook(None, returns_int)
+    # torch logs the refusal where its logging data shows it (torch's verify_ddp_error_logged)
+    data = model._get_ddp_logging_data()
+    assert data["has_error"] == 1 and "return annotation should be torch.futures.Future" in data["error"]
 
     def fine(state, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         fut = torch.futures.Future()
@@ -169,3 +173,52 @@ def test_set_static_graph_once():
         model._set_static_graph()
     for _ in range(2):
         model(torch.randn(4, 3)).sum().backward()
+
+
+def test_a_hook_that_returns_no_future_fails_in_backward_like_torch():
+    model = ddp()
+    model.register_comm_hook(None, lambda state, bucket: 1)
+    with pytest.raises(RuntimeError, match="callback must return a torch.futures.Future object, but got int"):
+        model(torch.randn(4, 3)).sum().backward()
+
+
+class WaitWithTimeout(dist._Work):
+    """A Work written in Python whose wait() needs the timeout torch's C++ always passes
+    (pytorch's test_c10d_pypg.py has one); counts the waits."""
+
+    def __init__(self, result, group):
+        super().__init__()
+        self.future = torch.futures.Future()
+        self.future.set_result(result)
+        self.group = group
+
+    def wait(self, timeout):
+        self.group.waits += 1
+        return True
+
+    def get_future(self):
+        return self.future
+
+
+class StrictWorkGroup(LonelyGroup):
+    def __init__(self):
+        super().__init__()
+        self.waits = 0
+
+    def broadcast(self, tensors, opts):
+        return WaitWithTimeout(tensors, self)
+
+    def allreduce(self, tensors, opts):
+        return WaitWithTimeout(tensors, self)
+
+    def allgather(self, outputs, inputs, opts):
+        super().allgather(outputs, inputs, opts)
+        return WaitWithTimeout(outputs, self)
+
+
+def test_a_python_work_whose_wait_needs_a_timeout_is_waited_on_like_torch_does():
+    group = StrictWorkGroup()
+    model = DistributedDataParallel(nn.Linear(3, 2), process_group=group)  # init sync waits
+    assert group.waits > 0
+    model(torch.randn(4, 3)).sum().backward()
+    assert model.module.weight.grad is not None

@@ -9,6 +9,7 @@ faster. Every method is collective: all ranks call it in the same order with the
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Protocol
 
 import torch
@@ -90,3 +91,17 @@ def is_registered(group) -> bool:
     if group is None:
         return dist.is_initialized()
     return group in dist.distributed_c10d._world.pg_group_ranks
+
+
+# what torch's C++ passes to Work.wait: zero means "no timeout"
+_NO_TIMEOUT = timedelta(0)
+
+
+def wait_work(work) -> None:
+    """Wait for a collective's `Work`, passing the timeout as torch's C++ does.
+
+    A Work subclass written in Python (as a Python-implemented ProcessGroup returns, e.g. in
+    pytorch's test_c10d_pypg.py) may declare `wait(self, timeout)` with no default: torch's own
+    callers always pass one, so a bare `work.wait()` would raise TypeError there.
+    """
+    work.wait(_NO_TIMEOUT)

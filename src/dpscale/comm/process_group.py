@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .base import chunk_bounds, global_rank, group_rank, group_size, is_registered
+from .base import chunk_bounds, global_rank, group_rank, group_size, is_registered, wait_work
 
 
 class ProcessGroupTransport:
@@ -35,7 +35,7 @@ class ProcessGroupTransport:
             return
         opts = dist.BroadcastOptions()
         opts.rootRank = src
-        self.group.broadcast([tensor], opts).wait()
+        wait_work(self.group.broadcast([tensor], opts))
 
     def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         dist.all_gather(list(output.view(-1).chunk(self.world_size)), tensor.view(-1), group=self.group)

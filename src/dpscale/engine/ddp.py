@@ -296,9 +296,15 @@ class DistributedDataParallel(_TorchDDP):
         Same contract and checks as torch DDP: the bucket's buffer holds this rank's undivided
         gradients and the future's value must be the average over ranks. Register at most once.
         """
-        check_comm_hook(hook)
-        if self.reducer.comm_hook is not None:
-            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        try:
+            check_comm_hook(hook)
+            if self.reducer.comm_hook is not None:
+                raise RuntimeError(
+                    "register_comm_hook or register_builtin_comm_hook can only be called once."
+                )
+        except (TypeError, ValueError, RuntimeError) as e:
+            self._stats.error = str(e)  # torch logs it too: _get_ddp_logging_data()["error"]
+            raise
         self.reducer.comm_hook = (state, hook)
         self._comm_hook_name = getattr(hook, "__qualname__", repr(hook))
 

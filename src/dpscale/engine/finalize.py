@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .hooks import GradBucket
+from .hooks import GradBucket, checked_future
 from .noise_scale import bucket_sq_norm
 from .stats import StepStats
 
@@ -121,7 +121,7 @@ class Finalize:
             state, hook = self.comm_hook
             index = len(self.buckets) + k
             is_last = k == len(self.sparse_indices) - 1
-            return hook(state, GradBucket(index, grad, [p], [grad], [0], is_last=is_last))
+            return checked_future(hook(state, GradBucket(index, grad, [p], [grad], [0], is_last=is_last)))
         grad = grad / self.divisor
         return dist.all_reduce(grad, group=self.process_group, async_op=True).get_future()
 

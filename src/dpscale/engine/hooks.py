@@ -129,3 +129,11 @@ def compression_hook(name: str, process_group: dist.ProcessGroup | None) -> tupl
     if name == "powersgd":
         return PowerSGDState(process_group), powersgd_hook
     return None
+
+
+def checked_future(fut: object) -> torch.futures.Future:
+    """A hook's result, checked as torch's reducer checks it (same message)."""
+    if not isinstance(fut, torch.futures.Future):
+        got = type(fut).__name__
+        raise RuntimeError(f"callback must return a torch.futures.Future object, but got {got}")
+    return fut

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.distributed_c10d import AllgatherOptions
 
-from ..comm.base import group_size
+from ..comm.base import group_size, wait_work
 from .collective_log import CollectiveLog
 
 
@@ -67,17 +67,13 @@ def _all_gather_object(obj, group) -> list:
         return [obj]
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    _wait(group.allgather([sizes], [torch.tensor([data.numel()])], AllgatherOptions()))
+    wait_work(group.allgather([sizes], [torch.tensor([data.numel()])], AllgatherOptions()))
     longest = int(max(s.item() for s in sizes))
     padded = torch.zeros(longest, dtype=torch.uint8)
     padded[: data.numel()] = data
     out = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
-    _wait(group.allgather([out], [padded], AllgatherOptions()))
+    wait_work(group.allgather([out], [padded], AllgatherOptions()))
     return [pickle.loads(o[: int(s.item())].numpy().tobytes()) for o, s in zip(out, sizes, strict=True)]
-
-
-def _wait(work) -> None:
-    work.wait()
 
 
 def _describe_buckets(buckets: list[list[str]]) -> str:
@@ -106,7 +102,7 @@ def broadcast_coalesced(
         flat = torch.cat([t.reshape(-1) for t in ts])
         if log is not None:
             log.record("broadcast", what, flat)
-        _wait(group.broadcast([flat], opts))
+        wait_work(group.broadcast([flat], opts))
         off = 0
         for t in ts:
             t.copy_(flat[off : off + t.numel()].view_as(t))

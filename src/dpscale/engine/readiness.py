@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from .buckets import Bucket
-from .hooks import GradBucket
+from .hooks import GradBucket, checked_future
 from .noise_scale import bucket_sq_norm
 
 
@@ -163,4 +163,4 @@ class Readiness:
             bucket.offsets,
             is_last=bucket.index == len(self.buckets) - 1,
         )
-        return hook(state, grad_bucket)
+        return checked_future(hook(state, grad_bucket))
