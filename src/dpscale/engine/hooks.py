@@ -133,7 +133,8 @@ def compression_hook(name: str, process_group: dist.ProcessGroup | None) -> tupl
 
 def checked_future(fut: object) -> torch.futures.Future:
     """A hook's result, checked as torch's reducer checks it (same message)."""
-    if not isinstance(fut, torch.futures.Future):
+    # torch._C.Future: a Work's get_future() gives one, torch.futures.Future derives from it
+    if not isinstance(fut, torch._C.Future):
         got = type(fut).__name__
         raise RuntimeError(f"callback must return a torch.futures.Future object, but got {got}")
     return fut
