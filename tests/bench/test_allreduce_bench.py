@@ -29,7 +29,9 @@ from dpscale.bench.args import format_size, parse_int_list, parse_size, parse_si
 from dpscale.bench.report import Image, ReportDir, Section, markdown_table
 from dpscale.bench.sysinfo import collect_system_info
 
-POINT_KEYS = {"transport", "world_size", "bytes", "time_us", "algbw_GBps", "busbw_GBps"}
+POINT_KEYS = {
+    "transport", "world_size", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "time_us_p10", "time_us_p90",
+}  # fmt: skip
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -79,6 +81,7 @@ def test_json_line_is_exactly_the_documented_points(cli_run):
         assert set(p) == POINT_KEYS
         assert p["transport"] == "gloo"
         assert p["time_us"] > 0 and math.isfinite(p["time_us"])
+        assert 0 < p["time_us_p10"] <= p["time_us"] <= p["time_us_p90"]
         # the nccl-tests convention: algbw = bytes / time, busbw = algbw * 2(n-1)/n (0 at n = 1)
         n = p["world_size"]
         assert p["algbw_GBps"] == pytest.approx(p["bytes"] / (p["time_us"] * 1e-6) / 1e9, rel=1e-12)
@@ -118,7 +121,8 @@ def test_report_directory_has_markdown_csv_and_readable_pngs(cli_run):
         f.name for f in d.iterdir()
     }
     csv_lines = (d / "allreduce.csv").read_text().splitlines()
-    assert csv_lines[0] == "transport,world_size,bytes,time_us,algbw_GBps,busbw_GBps" and len(csv_lines) == 5
+    header = "transport,world_size,bytes,time_us,algbw_GBps,busbw_GBps,time_us_p10,time_us_p90"
+    assert csv_lines[0] == header and len(csv_lines) == 5
     for png in d.glob("*.png"):
         head = png.read_bytes()[:24]
         assert head[:8] == PNG_SIGNATURE and head[12:16] == b"IHDR", png

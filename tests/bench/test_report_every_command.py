@@ -268,5 +268,50 @@ def test_trust_warnings_head_the_study_and_scaling_reports(tmp_path):
         text = md.read_text()
         head = text[text.index("## Warnings") : text.index("## Summary" if md.parent == d else "## Results")]
         assert "negative overhead (mlp torch N=1 -8.08 ms)" in head, md
-        assert "spread (p10-p90) above 20%" in head, md
+        assert "times spread (p10-p90) above 20%" in head, md
     assert "indicative only: --quick" in (d / "report.md").read_text()
+
+
+# ---- plots ---------------------------------------------------------------------------------------
+
+
+def test_allreduce_plots_leave_out_world_size_1_and_use_log_axes():
+    from dpscale.bench import allreduce_report
+
+    result = study.StudyResult.from_dict(STUDY_V0["results"]).allreduce
+    for fig in (allreduce_report.plot_busbw(result.points), allreduce_report.plot_latency(result.points)):
+        (ax,) = fig.axes
+        assert ax.get_yscale() == "log" and ax.get_xscale() == "log"
+        assert sorted(line.get_label() for line in ax.lines) == ["gloo, n=2", "shm, n=2"]
+
+
+def test_allreduce_points_keep_their_spread_and_plots_draw_it():
+    from dpscale.bench import allreduce_report
+    from dpscale.bench.allreduce import AllReducePoint
+
+    p = AllReducePoint.from_time("shm", 2, 4096, 10.0, 8.0, 13.0)
+    assert p.spread == pytest.approx(0.5) and p.to_dict()["time_us_p90"] == 13.0
+    q = AllReducePoint.from_time("shm", 2, 8192, 12.0, 11.0, 12.5)
+    fig = allreduce_report.plot_latency([p, q])
+    (band,) = fig.axes[0].collections  # the p10-p90 band
+    assert band.get_paths()[0].vertices[:, 1].min() == pytest.approx(8.0)
+    (warning,) = trust.timing_warnings({"label": f"shm n=2 {x.bytes}", "spread": x.spread} for x in (p, q))
+    assert "(shm n=2 4096 50%)" in warning
+
+
+def test_scaling_plots_name_the_transport_between_workers_and_keep_labels_apart():
+    from dpscale.bench import scaling_report
+
+    result = study.StudyResult.from_dict(STUDY_V0["results"]).scaling[0]
+    fig = scaling_report.plot_efficiency(result)
+    (ax,) = fig.axes
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "dpscale (shm)" in labels  # not "dpscale (gloo, shm)": N=1 has no traffic between workers
+    # dpscale 112% and local 111% at N=2: their labels must not overlap
+    texts = {t.get_text(): t for t in ax.texts if t.get_text().endswith("%")}
+    assert set(texts) == {"112%", "111%", "81%"}
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in texts.values()]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    # the p10-p90 bars are drawn, one set per engine
+    assert len([c for c in ax.containers if c.has_yerr]) == 3

@@ -15,7 +15,8 @@ and per (transport, n > 1) a latency-bandwidth fit t = alpha + bytes/beta.
 JSON (`AllReduceResult.to_dict()`; the `--json` line is the "points" list alone):
     {"config": {"transports": [str], "world_sizes": [int], "sizes_bytes": [int], "iters": int | null},
      "points": [{"transport": str, "world_size": int, "bytes": int, "time_us": float,
-                 "algbw_GBps": float, "busbw_GBps": float}, ...],
+                 "algbw_GBps": float, "busbw_GBps": float,
+                 "time_us_p10": float | null, "time_us_p90": float | null}, ...],
      "fits": [{"transport": str, "world_size": int, "alpha_us": float, "beta_GBps": float | null,
                "points": int, "rms_rel_error": float}, ...]}
 """
@@ -38,6 +39,7 @@ from ..errors import ConfigError
 from ..flags import flag_spec
 from ..multirank import run_ranks
 from .args import parse_int_list, parse_name_list, parse_size_list
+from .scaling import quantile
 
 DEFAULT_SIZES_BYTES = [4 * 4**k for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 BUSBW_CONVENTION = (
@@ -210,13 +212,30 @@ class AllReducePoint:
     time_us: float  # median over iterations of the slowest rank's time
     algbw_GBps: float
     busbw_GBps: float
+    # p10 / p90 over iterations of the same; last, with defaults: older reports' points lack them
+    time_us_p10: float | None = None
+    time_us_p90: float | None = None
 
     @classmethod
-    def from_time(cls, transport: str, world_size: int, num_bytes: int, time_us: float) -> AllReducePoint:
+    def from_time(
+        cls,
+        transport: str,
+        world_size: int,
+        num_bytes: int,
+        time_us: float,
+        p10_us: float | None = None,
+        p90_us: float | None = None,
+    ) -> AllReducePoint:
         algbw = num_bytes / (time_us * 1e-6) / 1e9
-        return cls(
-            transport, world_size, num_bytes, time_us, algbw, algbw * 2 * (world_size - 1) / world_size
-        )
+        busbw = algbw * 2 * (world_size - 1) / world_size
+        return cls(transport, world_size, num_bytes, time_us, algbw, busbw, p10_us, p90_us)
+
+    @property
+    def spread(self) -> float | None:
+        """(p90 - p10) / median of the time per all-reduce."""
+        if self.time_us_p10 is None or self.time_us_p90 is None or not self.time_us > 0:
+            return None
+        return (self.time_us_p90 - self.time_us_p10) / self.time_us
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -346,7 +365,8 @@ def run(config: AllReduceConfig) -> AllReduceResult:
                     max(ts) for ts in zip(*(r["times"][name][numel] for r in per_rank), strict=True)
                 ]
                 time_us = statistics.median(per_iter_s) * 1e6
-                points.append(AllReducePoint.from_time(name, world_size, numel * 4, time_us))
+                p10, p90 = (quantile(per_iter_s, q) * 1e6 for q in (0.1, 0.9))
+                points.append(AllReducePoint.from_time(name, world_size, numel * 4, time_us, p10, p90))
     return AllReduceResult(config, points, fit_all(points))
 
 

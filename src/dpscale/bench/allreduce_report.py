@@ -22,20 +22,31 @@ from .allreduce import (
     _series,
 )
 from .args import format_size
-from .report import Image, ReportDir, Section, Table, new_figure, size_axis
+from .report import Image, ReportDir, Section, Table, new_figure, size_axis, text_table
+from .trust import timing_warnings
 
-_COLUMNS = ("transport", "world_size", "size", "bytes", "time_us", "algbw_GBps", "busbw_GBps")
+_COLUMNS = (
+    "transport", "world_size", "size", "bytes", "time_us", "time_us_p10", "time_us_p90", "algbw_GBps",
+    "busbw_GBps",
+)  # fmt: skip
 
 
 def format_table(result: AllReduceResult) -> str:
     """The points as a fixed-width terminal table, one line per point."""
-    lines = ["{:<10}{:>6}{:>8}{:>12}{:>12}{:>12}{:>12}".format(*_COLUMNS[:1], "world", *_COLUMNS[2:])]
-    for p in result.points:
-        lines.append(
-            f"{p.transport:<10}{p.world_size:>6}{format_size(p.bytes):>8}{p.bytes:>12}"
-            f"{p.time_us:>12.1f}{p.algbw_GBps:>12.4g}{p.busbw_GBps:>12.4g}"
-        )
-    return "\n".join(lines)
+    rows, fmt = _rows(result)
+    return text_table(rows, _COLUMNS, fmt, {"world_size": "world"})
+
+
+def _rows(result: AllReduceResult) -> tuple[list[dict], dict]:
+    rows = [{**p.to_dict(), "size": format_size(p.bytes)} for p in result.points]
+    fmt = {
+        "time_us": ".1f",
+        "time_us_p10": ".1f",
+        "time_us_p90": ".1f",
+        "algbw_GBps": ".4g",
+        "busbw_GBps": ".4g",
+    }
+    return rows, fmt
 
 
 def format_fits(result: AllReduceResult) -> str:
@@ -51,34 +62,64 @@ def format_fits(result: AllReduceResult) -> str:
     return "\n".join(lines)
 
 
-def _plot(points: Sequence[AllReducePoint], value: str, *, multi_rank_only: bool) -> Figure:
+def warnings(result: AllReduceResult) -> list[str]:
+    """The trust checks (bench/trust.py) on the points' spread over iterations; a one-rank
+    "all-reduce" crosses no link, so its jitter is the host's alone and is left out."""
+    rows = [
+        {"label": f"{p.transport} n={p.world_size} {format_size(p.bytes)}", "spread": p.spread}
+        for p in result.points
+        if p.world_size > 1
+    ]
+    return timing_warnings(rows, more="--iters")
+
+
+def _band(p: AllReducePoint, value: str) -> tuple[float, float]:
+    """`value`'s range over the p10-p90 iterations: a time's p10 is a bandwidth's p90 (bytes / time)."""
+    if value == "time_us":
+        return p.time_us_p10, p.time_us_p90
+    y = getattr(p, value)
+    return y * p.time_us / p.time_us_p90, y * p.time_us / p.time_us_p10
+
+
+def _plot(points: Sequence[AllReducePoint], value: str) -> Figure:
+    """One line per (transport, world size > 1): at world size 1 nothing crosses a link, so
+    neither its bandwidth (0 by definition) nor its time says anything about a transport. The
+    band around a line is the p10-p90 range over iterations, where the report kept it."""
     fig = new_figure()
     ax = fig.add_subplot()
+    banded = False
     for (transport, n), group in _series(points).items():
-        if n > 1 or not multi_rank_only:
-            xs, ys = [p.bytes for p in group], [getattr(p, value) for p in group]
-            ax.plot(xs, ys, marker="o", label=f"{transport}, n={n}")
+        if n == 1:
+            continue
+        xs, ys = [p.bytes for p in group], [getattr(p, value) for p in group]
+        (line,) = ax.plot(xs, ys, marker="o", label=f"{transport}, n={n}")
+        if all(p.time_us_p10 is not None and p.time_us_p90 is not None for p in group):
+            lo, hi = zip(*(_band(p, value) for p in group), strict=True)
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.18, lw=0)
+            banded = True
     if ax.lines:
-        ax.legend(title="transport, world size")
+        title = "transport, world size" + ("\n(bands: p10-p90 over iterations)" if banded else "")
+        ax.legend(title=title, fontsize="small", title_fontsize="small")
     else:
         ax.text(0.5, 0.5, "no world size > 1 measured", transform=ax.transAxes, ha="center")
     size_axis(ax, [p.bytes for p in points])
+    ax.set_yscale("log")  # small messages move bytes/s orders of magnitude below large ones
     return fig
 
 
 def plot_busbw(points: Sequence[AllReducePoint]) -> Figure:
-    """Bus bandwidth vs message size, one line per (transport, world size > 1)."""
-    fig = _plot(points, "busbw_GBps", multi_rank_only=True)  # busbw is 0 by definition at n = 1
-    ax = fig.axes[0]
-    ax.set(ylabel="bus bandwidth (GB/s)", title="All-reduce bus bandwidth, busbw = algbw * 2(n-1)/n")
-    ax.set_ylim(bottom=0)
+    """Bus bandwidth vs message size (log-log), one line per (transport, world size > 1)."""
+    fig = _plot(points, "busbw_GBps")
+    fig.axes[0].set(
+        ylabel="bus bandwidth (GB/s, log scale)", title="All-reduce bus bandwidth, busbw = algbw * 2(n-1)/n"
+    )
     return fig
 
 
 def plot_latency(points: Sequence[AllReducePoint]) -> Figure:
-    """Median time per all-reduce vs message size (log-log), one line per (transport, world size)."""
-    fig = _plot(points, "time_us", multi_rank_only=False)
-    fig.axes[0].set(yscale="log", ylabel="time per all-reduce (µs, slowest rank)", title="All-reduce latency")
+    """Median time per all-reduce vs message size (log-log), one line per (transport, world size > 1)."""
+    fig = _plot(points, "time_us")
+    fig.axes[0].set(ylabel="time per all-reduce (µs, slowest rank)", title="All-reduce latency")
     return fig
 
 
@@ -89,8 +130,7 @@ def write_report(result: AllReduceResult, report: ReportDir) -> None:
     report.write_csv("allreduce", doc["points"])
     report.save_figure(plot_busbw(result.points), "allreduce_busbw")
     report.save_figure(plot_latency(result.points), "allreduce_latency")
-    rows = [{**p, "size": format_size(p["bytes"])} for p in doc["points"]]
-    fmt = {"time_us": ".1f", "algbw_GBps": ".4g", "busbw_GBps": ".4g"}
+    rows, fmt = _rows(result)
     fit_fmt = {"alpha_us": ".1f", "beta_GBps": ".3g", "rms_rel_error": ".1%"}
     iters = result.config.iters or f"adaptive ({MIN_ITERS}-{MAX_ITERS}, ~{TARGET_POINT_S} s per point)"
     method = (
@@ -110,11 +150,13 @@ def write_report(result: AllReduceResult, report: ReportDir) -> None:
                 "Plots",
                 [
                     Image("allreduce_busbw.png", "bus bandwidth vs message size"),
-                    "World size 1 moves no data between ranks and is left out of the bandwidth plot."
+                    "World size 1 moves no data between ranks and is left out of both plots (its "
+                    "times are in the table)."
                     if any(p.world_size == 1 for p in result.points)
                     else "",
                     Image("allreduce_latency.png", "time per all-reduce vs message size"),
                 ],
             ),
         ],
+        warnings=warnings(result),
     )

@@ -82,6 +82,7 @@ def run_allreduce(args: argparse.Namespace) -> int:
     print(allreduce_report.format_table(result))
     print(allreduce.BUSBW_CONVENTION)
     print(allreduce_report.format_fits(result))
+    _warn(allreduce_report.warnings(result))
     report = ReportDir.create(args.report_dir, "allreduce")
     allreduce_report.write_report(result, report)
     print(f"report: {report.path}")

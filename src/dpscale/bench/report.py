@@ -72,6 +72,33 @@ class Section:
     blocks: Sequence[str | Table | Image]
 
 
+def _cells(table: Table) -> tuple[list[str], list[list[str]], list[bool]]:
+    """The header texts, each row's cell texts and which columns are numeric (right-aligned)."""
+    formats, headers = table.formats or {}, table.headers or {}
+    unknown = [c for c in (*formats, *headers) if c not in table.columns]
+    if unknown:
+        raise ConfigError(
+            f"formats/headers name columns {unknown} that are not in columns {list(table.columns)}"
+        )
+
+    def cell(row: Mapping[str, object], column: str) -> str:
+        value = row.get(column)
+        if value is None:
+            return table.missing(row, column) if table.missing else "-"
+        fmt = formats.get(column)
+        return fmt(value) if callable(fmt) else format(value, fmt or "")
+
+    def numeric(column: str) -> bool:
+        values = [r.get(column) for r in table.rows if r.get(column) is not None]
+        return bool(values) and all(isinstance(v, int | float) for v in values)
+
+    return (
+        [headers.get(c, c) for c in table.columns],
+        [[cell(r, c) for c in table.columns] for r in table.rows],
+        [numeric(c) for c in table.columns],
+    )
+
+
 def markdown_table(
     rows: Sequence[Mapping[str, object]],
     columns: Sequence[str],
@@ -79,35 +106,37 @@ def markdown_table(
     headers: Mapping[str, str] | None = None,
     missing: MissingText | None = None,
 ) -> str:
-    """Render rows as a GitHub markdown table; numeric columns are right-aligned.
+    """Render rows as a GitHub markdown table (for report.md); numeric columns are right-aligned.
 
     `formats` maps a column to a format spec (".3g") or a function; missing values show as "-",
     or as `missing(row, column)` says. `headers` maps a column to its header text (default: the
     column name).
     """
-    formats, headers = formats or {}, headers or {}
-    unknown = [c for c in (*formats, *headers) if c not in columns]
-    if unknown:
-        raise ConfigError(f"formats/headers name columns {unknown} that are not in columns {list(columns)}")
-
-    def cell(row: Mapping[str, object], column: str) -> str:
-        value = row.get(column)
-        if value is None:
-            return missing(row, column) if missing else "-"
-        fmt = formats.get(column)
-        text = fmt(value) if callable(fmt) else format(value, fmt or "")
-        return text.replace("|", "\\|")
-
-    def numeric(column: str) -> bool:
-        values = [r.get(column) for r in rows if r.get(column) is not None]
-        return bool(values) and all(isinstance(v, int | float) for v in values)
-
+    head, body, numeric = _cells(Table(rows, columns, formats, headers, missing))
     lines = [
-        "| " + " | ".join(headers.get(c, c) for c in columns) + " |",
-        "|" + "|".join("---:" if numeric(c) else ":---" for c in columns) + "|",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---:" if n else ":---" for n in numeric) + "|",
     ]
-    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(text.replace("|", "\\|") for text in row) + " |" for row in body]
     return "\n".join(lines)
+
+
+def text_table(
+    rows: Sequence[Mapping[str, object]],
+    columns: Sequence[str],
+    formats: Mapping[str, CellFormat] | None = None,
+    headers: Mapping[str, str] | None = None,
+    missing: MissingText | None = None,
+) -> str:
+    """The same table as `markdown_table`, fixed-width for the terminal (the one renderer of both)."""
+    head, body, numeric = _cells(Table(rows, columns, formats, headers, missing))
+    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
+
+    def line(texts: list[str]) -> str:
+        cells = (t.rjust(w) if n else t.ljust(w) for t, w, n in zip(texts, widths, numeric, strict=True))
+        return "  ".join(cells).rstrip()
+
+    return "\n".join([line(head), *(line(row) for row in body)])
 
 
 def size_axis(ax: Axes, sizes_bytes: Sequence[int]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from matplotlib.figure import Figure
+from matplotlib.transforms import offset_copy
 
 from .report import Image, ReportDir, Section, Table, new_figure
 from .scaling import STEPS_PER_ROUND, ScalingConfig, ScalingPoint, ScalingResult
@@ -87,9 +88,44 @@ def _workers_axis(fig: Figure, result: ScalingResult, ylabel: str, title: str):
 
 
 def _label(engine: str, pts: list[ScalingPoint]) -> str:
-    # dpscale may pick a different transport per world size (gloo alone, shm on one host): show it.
-    transports = list(dict.fromkeys(p.transport for p in pts if p.transport != "none"))
+    # The transport that carries traffic between workers: at N = 1 there is none (dpscale then
+    # runs on gloo alone), so "dpscale (gloo, shm)" would only confuse.
+    between = [p for p in pts if p.world_size > 1] or pts
+    transports = list(dict.fromkeys(p.transport for p in between if p.transport != "none"))
     return f"{engine} ({', '.join(transports)})" if transports else engine
+
+
+def _spread_bars(pts: list[ScalingPoint], value: list[float]) -> list[list[float]] | None:
+    """Error bars of `value` (proportional to throughput) from the p10 and p90 step times:
+    [below, above] for matplotlib's yerr, or None when the report kept no p10."""
+    if any(p.step_ms_p10 is None for p in pts):
+        return None
+    below = [v - v * p.step_ms / p.step_ms_p90 for p, v in zip(pts, value, strict=True)]
+    above = [v * p.step_ms / p.step_ms_p10 - v for p, v in zip(pts, value, strict=True)]
+    return [below, above]
+
+
+def _dodge(result: ScalingResult, engine: str) -> float:
+    """A small x shift per engine, so error bars of engines at one N stand side by side."""
+    engines = list(dict.fromkeys(p.engine for p in result.points))
+    return 0.04 * (engines.index(engine) - (len(engines) - 1) / 2)
+
+
+def _separate(ys: list[float], min_gap: float) -> list[float]:
+    """Label heights near `ys` at least `min_gap` apart, in the same order (labels never swap)."""
+    order = sorted(range(len(ys)), key=ys.__getitem__)
+    out = list(ys)
+    for prev, i in zip(order, order[1:], strict=False):
+        out[i] = max(out[i], out[prev] + min_gap)
+    return out
+
+
+def _note_spread(ax, result: ScalingResult) -> None:
+    if all(p.step_ms_p10 is not None for p in result.points):
+        ax.text(
+            0.99, 0.01, "bars: p10-p90 over steps", transform=ax.transAxes, ha="right", va="bottom",
+            fontsize="x-small", color="dimgray",
+        )  # fmt: skip
 
 
 def plot_throughput(result: ScalingResult) -> Figure:
@@ -98,11 +134,17 @@ def plot_throughput(result: ScalingResult) -> Figure:
     ax = _workers_axis(fig, result, "throughput (samples/s, global batch)", "Throughput vs workers")
     for e, pts in _engine_series(result.points).items():
         color, ns = _ENGINE_COLORS.get(e), [p.world_size for p in pts]
-        ax.plot(ns, [p.samples_per_s for p in pts], marker="o", lw=2, color=color, label=_label(e, pts))
+        ys = [p.samples_per_s for p in pts]
+        dodged = [n + _dodge(result, e) for n in ns]
+        ax.errorbar(
+            dodged, ys, yerr=_spread_bars(pts, ys), marker="o", lw=2, capsize=4, color=color,
+            label=_label(e, pts),
+        )  # fmt: skip
         if pts[0].world_size == 1 and len(pts) > 1:
             ax.plot(ns, [n * pts[0].samples_per_s for n in ns], ls="--", lw=1.2, color=color, alpha=0.8)
     # one legend entry for all the dashed lines; each has its engine's colour
     ax.plot([], [], ls="--", color="gray", label="ideal: N x same engine at N=1")
+    _note_spread(ax, result)
     ax.set_ylim(bottom=0)
     ax.legend(loc="upper left", fontsize="small")
     return fig
@@ -114,27 +156,41 @@ def plot_efficiency(result: ScalingResult) -> Figure:
     ax = _workers_axis(fig, result, "scaling efficiency (% of linear)", "Scaling efficiency vs workers")
     ax.axhline(100, color="gray", ls="--", lw=1, label="ideal (100%)")
     top = 110.0
+    labels: dict[int, list[tuple[float, str, str]]] = {}  # N -> (y, text, colour) per engine
     for e, pts in _engine_series(result.points).items():
         pts = [p for p in pts if p.efficiency is not None]
         if not pts:
             continue
         ys = [100 * p.efficiency for p in pts]
-        top = max(top, *(y * 1.1 for y in ys))
-        ax.plot(
-            [p.world_size for p in pts],
+        bars = _spread_bars(pts, ys)
+        highs = [y + above for y, above in zip(ys, bars[1], strict=True)] if bars else ys
+        top = max(top, *(y * 1.1 for y in ys), *(h * 1.05 for h in highs))
+        color = _ENGINE_COLORS.get(e)
+        ax.errorbar(
+            [p.world_size + _dodge(result, e) for p in pts],
             ys,
+            yerr=bars,
             marker="o",
             lw=2,
-            color=_ENGINE_COLORS.get(e),
+            capsize=4,
+            color=color,
             label=_label(e, pts),
         )
         for p, y in zip(pts, ys, strict=True):
             if p.world_size > 1:  # N=1 is 100% by definition; labels there would only overlap
-                ax.annotate(f"{y:.0f}%", (p.world_size, y), textcoords="offset points", xytext=(7, -4))
-    if len(ax.lines) == 1:
+                labels.setdefault(p.world_size, []).append((y, f"{y:.0f}%", color))
+    # engines close together at one N would print their labels on top of each other: stack them
+    beside = offset_copy(ax.transData, fig=fig, x=8, units="points")  # right of the points
+    right = max(_dodge(result, p.engine) for p in result.points)  # ... and of their error bars
+    for n, entries in labels.items():
+        heights = _separate([y for y, _, _ in entries], min_gap=top * 0.055)
+        for (_, text, color), h in zip(entries, heights, strict=True):
+            ax.text(n + right, h, text, transform=beside, va="center", color=color)
+    if not any(p.efficiency is not None for p in result.points):
         ax.text(
             0.5, 0.5, "no world size 1 measured: efficiency undefined", transform=ax.transAxes, ha="center"
         )
+    _note_spread(ax, result)
     ax.set_ylim(0, top)
     ax.legend(loc="lower left", fontsize="small")
     return fig

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from ..train.config import TrainConfig
 from .allreduce import AllReduceResult
 from .convergence import ConvergenceResult
+from .report import text_table
 from .scaling import ScalingResult
 
 COLUMNS = [
@@ -120,18 +121,5 @@ FORMATS = {
 
 
 def format_summary(rows: Sequence[Mapping[str, object]]) -> str:
-    """The summary as a fixed-width terminal table, right-aligned."""
-    header = [HEADERS.get(c, c) for c in COLUMNS]
-
-    def cell(row: Mapping[str, object], column: str) -> str:
-        value = row.get(column)
-        if value is None:
-            return missing_text(row, column)
-        fmt = FORMATS.get(column, "")
-        return fmt(value) if callable(fmt) else format(value, fmt)
-
-    cells = [[cell(r, c) for c in COLUMNS] for r in rows]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join(lines)
+    """The summary as a fixed-width terminal table (the report's markdown table, same cells)."""
+    return text_table(rows, COLUMNS, FORMATS, HEADERS, missing_text)

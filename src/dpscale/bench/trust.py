@@ -11,7 +11,8 @@ believe them, one warning line per kind, in the terminal and at the head of the 
 - a p10-p90 spread of the step time above 20% of its median: the load moved during the run.
 
 A row is a mapping with engine, world_size, efficiency, overhead_ms and spread (ScalingPoint's
-fields and `spread`, or the study summary's row); a missing or None figure is not checked.
+fields and `spread`, or the study summary's row), or with a label and a spread (an all-reduce
+point); a missing or None figure is not checked.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ SPREAD_MAX = 0.2
 
 
 def _where(row: Mapping) -> str:
+    if row.get("label"):  # a row that names itself (an all-reduce point)
+        return str(row["label"])
     model = f"{row['model']} " if row.get("model") else ""
     return f"{model}{row['engine']} N={row['world_size']}"
 
 
-def timing_warnings(rows: Iterable[Mapping]) -> list[str]:
-    """One line per check that fails on any row, naming the rows and what to do."""
+def timing_warnings(rows: Iterable[Mapping], *, more: str = "--steps") -> list[str]:
+    """One line per check that fails on any row, naming the rows and what to do; `more` is the
+    flag that times more of them (--steps, --iters)."""
     rows = list(rows)
     slow_local = [
         f"{_where(r)} {r['efficiency']:.0%}"
@@ -62,7 +66,7 @@ def timing_warnings(rows: Iterable[Mapping]) -> list[str]:
         )
     if spread:
         out.append(
-            f"step times spread (p10-p90) above {SPREAD_MAX:.0%} of the median ({', '.join(spread)}): "
-            "the load changed during the run; rerun on a quieter host or with more --steps"
+            f"times spread (p10-p90) above {SPREAD_MAX:.0%} of the median ({', '.join(spread)}): "
+            f"the load changed during the run; rerun on a quieter host or with more {more}"
         )
     return out
