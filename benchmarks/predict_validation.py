@@ -62,7 +62,7 @@ def run_local(args: argparse.Namespace) -> int:
         prof.save(sc_report.path / "profile.json")  # the prediction's input, next to what it predicts
         # the same one-worker profile once more, after the bench: how far the load moved the compute
         # between the two runs, i.e. the error a perfect model would still show on this machine
-        after = profile.measure(model, args.per_worker_batch)
+        after = profile.measure(model, args.per_worker_batch, co_located=2)
         after.save(sc_report.path / "profile-after.json")
         print(load_drift(prof, after, load_before))
         for statistic in args.statistics.split(","):
@@ -73,10 +73,17 @@ def run_local(args: argparse.Namespace) -> int:
 def load_drift(before: profile.ModelProfile, after: profile.ModelProfile, load_before: float) -> str:
     """One line: the bare step before and after the scaling bench, and the load average around them."""
     drift = after.compute_ms / before.compute_ms - 1
-    return (
+    line = (
         f"{before.model}: bare step {before.compute_ms:.2f} ms before the bench, {after.compute_ms:.2f} ms "
-        f"after ({drift:+.1%}); load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
+        f"after ({drift:+.1%})"
     )
+    # two workers in lockstep on the node: the slowdown the N = 2 predictions take from the profile
+    pairs = [
+        (k, before.contention[k], after.contention[k]) for k in before.contention if k in after.contention
+    ]
+    for k, b, a in pairs:
+        line += f"; {k} co-located workers {b:.2f}x slower before, {a:.2f}x after"
+    return line + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after"
 
 
 def _check(scaling_doc, prof, calibration, scaling_path, calibration_path, statistic, args) -> None:

@@ -178,8 +178,13 @@ def test_predict_has_no_validate_flag_any_more():
 
 
 def test_local_validation_reports_how_far_the_load_moved_the_bare_step():
-    before = _profile()
+    before = replace(_profile(), contention={})
     after = replace(before, forward_ms=before.forward_ms * 1.5)  # 50 + 50 ms -> 75 + 50 ms
     line = predict_validation.load_drift(before, after, 2.5)
     assert "100.00 ms before the bench, 125.00 ms after (+25.0%)" in line
-    assert "load average 2.5 before" in line
+    assert "load average 2.5 before" in line and "co-located" not in line
+    # the lockstep slowdown of two workers, when both profiles measured it
+    line = predict_validation.load_drift(
+        replace(before, contention={2: 2.2}), replace(after, contention={2: 3.3}), 9
+    )
+    assert "2 co-located workers 2.20x slower before, 3.30x after" in line
