@@ -14,12 +14,12 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from ..cores import usable_cores
 from ..errors import ConfigError
-from ..flags import add_dataclass_arguments, dataclass_kwargs
+from ..flags import add_dataclass_arguments, dataclass_kwargs, flag_name
 from ..run.launch import check_script
 from . import (
     allreduce,
@@ -34,6 +34,8 @@ from . import (
     script_scaling,
     script_scaling_report,
     study,
+    weak,
+    weak_report,
 )
 from .report import ReportDir
 
@@ -119,16 +121,47 @@ def run_scaling(args: argparse.Namespace) -> int:
 
 
 def add_convergence_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mode",
+        choices=CONVERGENCE_MODES,
+        default="same-batch",
+        help="same-batch: the loss curve at every world size must equal W=1's (a correctness check); "
+        "weak: the global batch grows with N, time to a target per N (default same-batch)",
+    )
     add_dataclass_arguments(parser, convergence.ConvergenceConfig)
+    add_dataclass_arguments(parser, weak.WeakConfig, skip=_SHARED_CONVERGENCE_FIELDS)
     _add_output_flags(parser, "print one object per world size as JSON on the last line")
 
 
+CONVERGENCE_MODES = ("same-batch", "weak")
+_SHARED_CONVERGENCE_FIELDS = ("workload", "world_sizes", "seed")
+
+
+def _refuse_other_mode_flags(args: argparse.Namespace, mode: str, other: type) -> None:
+    """A flag of the other mode's config would be silently ignored: refuse it, naming the flag."""
+    mine = {f.name for f in fields(weak.WeakConfig if mode == "weak" else convergence.ConvergenceConfig)}
+    for f in fields(other):
+        if f.name not in mine and getattr(args, f.name, None) is not None:
+            raise ConfigError(
+                f"{flag_name(f)}: not a flag of --mode {mode}; drop it or choose the other mode"
+            )
+
+
 def convergence_config(args: argparse.Namespace) -> convergence.ConvergenceConfig:
+    _refuse_other_mode_flags(args, "same-batch", weak.WeakConfig)
     return convergence.ConvergenceConfig(**dataclass_kwargs(args, convergence.ConvergenceConfig))
 
 
+def weak_config(args: argparse.Namespace) -> weak.WeakConfig:
+    _refuse_other_mode_flags(args, "weak", convergence.ConvergenceConfig)
+    return weak.WeakConfig(**dataclass_kwargs(args, weak.WeakConfig))
+
+
 def run_convergence(args: argparse.Namespace) -> int:
-    """Exit code 0 when every world size is within tolerance, 1 when one departs."""
+    """Same-batch: exit 0 when every world size is within tolerance, 1 when one departs.
+    Weak: exit 0 when N=1 reached the target (the ratios need it), 1 when it did not."""
+    if getattr(args, "mode", "same-batch") == "weak":
+        return _run_weak(args)
     result = convergence.run(convergence_config(args))
     print(convergence_report.format_table(result))
     if result.config.compression != "none":
@@ -143,6 +176,18 @@ def run_convergence(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.summary()))
     return 0 if all(r.within_tolerance for r in result.runs) else 1
+
+
+def _run_weak(args: argparse.Namespace) -> int:
+    result = weak.run(weak_config(args))
+    print(weak_report.format_table(result))
+    print(weak_report.findings_text(result))
+    report = ReportDir.create(args.report_dir, "convergence-weak")
+    weak_report.write_report(result, report)
+    print(f"report: {report.path}")
+    if args.json:
+        print(json.dumps(result.summary()))
+    return 0 if result.reference.reached else 1
 
 
 # ---- engine -------------------------------------------------------------------------------------
@@ -283,7 +328,8 @@ COMMANDS = [
     Command(
         "bench",
         "convergence",
-        "loss curves at several world sizes with the same global batch",
+        "loss curves at several world sizes with the same global batch; "
+        "--mode weak: time to a target as the batch grows with N",
         add_convergence_arguments,
         run_convergence,
     ),

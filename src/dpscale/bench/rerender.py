@@ -27,6 +27,8 @@ from . import (
     script_scaling,
     script_scaling_report,
     study,
+    weak,
+    weak_report,
 )
 from .compare import load_report
 from .report import ReportDir
@@ -42,6 +44,7 @@ RENDERERS: dict[str, tuple[Callable[[dict], object], Callable[[object, ReportDir
         predict_render.results_from_doc,
         lambda results, report: predict_render.write_report(report, *results),
     ),
+    "convergence-weak": (weak.WeakResult.from_dict, weak_report.write_report),
 }
 _OLD_PART_ARGUMENT = "(part of dpscale study)"
 
