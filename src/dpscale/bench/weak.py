@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..cores import usable_cores
+from ..engine.registry import TRAIN_ENGINES
 from ..errors import ConfigError
 from ..flags import flag_spec
 from ..multirank import run_ranks
@@ -94,6 +95,10 @@ class WeakConfig:
     """Sample budget per N; a run that spends it is 'not reached' (default: 20 epochs)."""
     eval_every_samples: int | None = None
     """Score the eval set every this many samples (default: about a tenth of an epoch)."""
+    engine: str = field(
+        default="dpscale", metadata=flag_spec(help=f"{', '.join(TRAIN_ENGINES)} (default dpscale)")
+    )
+    """The data-parallel engine every N trains with."""
     seed: int = 0
     """Model init and data order, the same at every N."""
 
@@ -102,6 +107,10 @@ class WeakConfig:
             raise ConfigError(f"--workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
         if 1 not in self.world_sizes or len(set(self.world_sizes)) != len(self.world_sizes):
             raise ConfigError(f"--world-sizes: need distinct values including 1, got {self.world_sizes}")
+        if self.engine not in TRAIN_ENGINES:
+            raise ConfigError(
+                f"--engine: {self.engine!r} cannot train; choose one of {', '.join(TRAIN_ENGINES)}"
+            )
         if self.lr_rule not in LR_RULES:
             raise ConfigError(f"--lr-rule: unknown {self.lr_rule!r}; choose one of {', '.join(LR_RULES)}")
         if (self.target_loss is None) == (self.target_metric is None):
@@ -181,6 +190,13 @@ class WeakRun:
 class WeakResult:
     config: WeakConfig
     runs: list[WeakRun]
+    target_on: str = "eval"  # "train": the workload has no eval set, its training loss was judged
+
+    @property
+    def target_text(self) -> str:
+        """The target in words, e.g. "eval accuracy >= 0.9" or "train loss <= 2"."""
+        name, value = self.config.target
+        return f"{self.target_on} {name} {'<=' if name == 'loss' else '>='} {value:g}"
 
     @property
     def reference(self) -> WeakRun:
@@ -200,6 +216,7 @@ class WeakResult:
         return {
             "config": asdict(self.config),
             "target": list(self.config.target),
+            "target_on": self.target_on,
             "runs": [r.to_dict() | self.ratios(r) for r in self.runs],
         }
 
@@ -210,7 +227,8 @@ class WeakResult:
         config = object.__new__(WeakConfig)
         config.__dict__.update(doc["config"])
         fields = WeakRun.__dataclass_fields__
-        return cls(config, [WeakRun(**{k: v for k, v in r.items() if k in fields}) for r in doc["runs"]])
+        runs = [WeakRun(**{k: v for k, v in r.items() if k in fields}) for r in doc["runs"]]
+        return cls(config, runs, doc.get("target_on", "eval"))
 
     def summary(self) -> list[dict]:
         c = self.config
@@ -278,6 +296,7 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
             lr=config.lr_at(n),
             warmup_steps=config.warmup_steps,
             max_steps=config.max_samples // g,
+            engine=config.engine,
             seed=config.seed,
             metrics_dir=metrics_dir,
             progress="none",
@@ -321,4 +340,6 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
 
 def run(config: WeakConfig) -> WeakResult:
     """One training run per N, smallest first, each until the target or the sample budget."""
-    return WeakResult(config, [_run_one(config, n) for n in sorted(config.world_sizes)])
+    _, eval_data = get_workload(config.workload).build_data(config.seed)
+    runs = [_run_one(config, n) for n in sorted(config.world_sizes)]
+    return WeakResult(config, runs, "eval" if eval_data is not None else "train")

@@ -65,11 +65,6 @@ def format_table(result: WeakResult) -> str:
     return "\n".join(lines)
 
 
-def _target_text(result: WeakResult) -> str:
-    name, value = result.config.target
-    return f"eval {name} <= {value:g}" if name == "loss" else f"eval {name} >= {value:g}"
-
-
 def method_text(result: WeakResult) -> str:
     c = result.config
     rule = {
@@ -80,9 +75,10 @@ def method_text(result: WeakResult) -> str:
     }[c.lr_rule]
     warm = f", linear warm-up over {c.warmup_steps} steps" if c.warmup_steps else ""
     return (
-        f"Workload {c.workload}, {c.batch_per_worker} samples per worker per step, so the global batch "
-        f"is N x {c.batch_per_worker}; seed {c.seed}. Learning rate: {rule}, from {c.lr:g}{warm}. "
-        f"Target: {_target_text(result)}, checked every {c.eval_every_samples} samples (the same sample "
+        f"Workload {c.workload}, engine {c.engine}, {c.batch_per_worker} samples per worker per step, "
+        f"so the global batch is N x {c.batch_per_worker}; seed {c.seed}. "
+        f"Learning rate: {rule}, from {c.lr:g}{warm}. "
+        f"Target: {result.target_text}, checked every {c.eval_every_samples} samples (the same sample "
         f"counts at every N; without an eval set, the training loss averaged since the last check); "
         f"budget {c.max_samples} samples per N. Time to target = steps x the median training step "
         "(evaluations excluded) of the same run. Statistical efficiency = samples to target at N=1 / "
@@ -128,7 +124,7 @@ def plot_curves(result: WeakResult) -> Figure:
         ax.axhline(value, color="tab:red", lw=1, ls="--", label=f"target {value:g}")
         ax.set(xlabel=xlabel)
         ax.grid(True, alpha=0.35)
-    left.set(ylabel=f"eval {name}", title=f"{result.config.workload}: {_target_text(result)}")
+    left.set(ylabel=f"{result.target_on} {name}", title=f"{result.config.workload}: {result.target_text}")
     right.set(title=f"lr rule {result.config.lr_rule}")
     left.legend(fontsize="small")
     return fig

@@ -1,0 +1,68 @@
+"""The study summary's time to target and statistical efficiency: each row's own run, or "not trained"."""
+
+from dpscale.bench.study import NOT_TRAINED, StudyConfig, StudyResult
+from dpscale.bench.weak import WeakConfig, WeakResult, WeakRun
+
+
+def _run(n, samples, step_ms, reached=True):
+    g = 32 * n
+    steps = samples // g
+    return WeakRun(
+        world_size=n,
+        global_batch=g,
+        lr=1e-3,
+        reached=reached,
+        steps_to_target=steps if reached else None,
+        samples_to_target=samples if reached else None,
+        step_ms=step_ms,
+        time_to_target_s=steps * step_ms / 1e3 if reached else None,
+        samples_per_s=g / step_ms * 1e3,
+        gns_at_target=None,
+        checks=[],
+        steps_run=steps,
+    )
+
+
+def _weak(engine, runs):
+    config = WeakConfig(workload="transformer", world_sizes=[1, 2], engine=engine, target_loss=1.0)
+    return WeakResult(config, runs, "train")
+
+
+def test_each_row_takes_its_own_engines_and_ns_run():
+    weak = [
+        _weak("dpscale", [_run(1, 640, 100.0), _run(2, 768, 150.0)]),
+        _weak("torch", [_run(1, 704, 110.0), _run(2, 1024, 160.0, reached=False)]),
+    ]
+    result = StudyResult(StudyConfig(models=("transformer",)), None, [], None, 0.0, weak)
+    row = result._time_to_target
+    assert row("transformer", "dpscale", 2) == {
+        "time_to_target_s": 12 * 150.0 / 1e3,
+        "statistical_efficiency": 640 / 768,
+        "convergence_target": "train loss <= 1",
+        "convergence_status": "reached",
+    }
+    torch1 = row("transformer", "torch", 1)
+    assert torch1["time_to_target_s"] == 22 * 110.0 / 1e3 and torch1["statistical_efficiency"] == 1.0
+    torch2 = row("transformer", "torch", 2)  # missed: nothing borrowed from dpscale's N=2
+    assert torch2["convergence_status"] == "not reached" and torch2["time_to_target_s"] is None
+    assert torch2["statistical_efficiency"] is None
+    for missing in (("transformer", "local", 2), ("mlp", "dpscale", 1), ("transformer", "dpscale", 4)):
+        assert row(*missing) == {
+            "time_to_target_s": None,
+            "statistical_efficiency": None,
+            "convergence_target": None,
+            "convergence_status": NOT_TRAINED,
+        }
+
+
+def test_weak_runs_are_planned_per_model_with_a_target_and_per_trainable_engine():
+    full = StudyConfig(models=("mlp", "transformer"))
+    assert [(c.workload, c.engine) for c in full.weak_configs()] == [
+        ("transformer", "dpscale"),
+        ("transformer", "torch"),
+    ]
+    quick = StudyConfig(quick=True, models=("transformer", "mlp"))
+    assert [(c.workload, c.engine, c.target_loss) for c in quick.weak_configs()] == [
+        ("transformer", "dpscale", 2.5)
+    ]
+    assert StudyConfig(models=("transformer",), world_sizes=(2, 4)).weak_configs() == []  # no N=1
