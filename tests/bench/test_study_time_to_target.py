@@ -1,6 +1,10 @@
 """The study summary's time to target and statistical efficiency: each row's own run, or "not trained"."""
 
-from dpscale.bench.study import NOT_TRAINED, StudyConfig, StudyResult
+import argparse
+from dataclasses import asdict
+
+from dpscale.bench import commands
+from dpscale.bench.study import NOT_TRAINED, WEAK_COMMAND, StudyConfig, StudyResult, part_argv
 from dpscale.bench.weak import WeakConfig, WeakResult, WeakRun
 
 
@@ -66,3 +70,12 @@ def test_weak_runs_are_planned_per_model_with_a_target_and_per_trainable_engine(
         ("transformer", "dpscale", 2.5)
     ]
     assert StudyConfig(models=("transformer",), world_sizes=(2, 4)).weak_configs() == []  # no N=1
+
+
+def test_a_weak_part_records_the_command_that_reruns_it():
+    config = StudyConfig(quick=True, models=("transformer",)).weak_configs()[0]
+    argv = part_argv(WEAK_COMMAND, config)
+    assert argv[:5] == ["dpscale", "bench", "convergence", "--mode", "weak"]
+    parser = argparse.ArgumentParser()
+    commands.add_convergence_arguments(parser)
+    assert asdict(commands.weak_config(parser.parse_args(argv[3:]))) == asdict(config)

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from dpscale.bench import commands, rerender, weak_report
+from dpscale.bench import commands, compare, rerender, weak_report
 from dpscale.bench.report import ReportDir
 from dpscale.bench.weak import SUMMARY_KEYS, WeakConfig, WeakResult, WeakRun
 from dpscale.train.adascale import AdaScaleGain, adascale_gain
@@ -156,6 +156,21 @@ def test_report_says_not_reached_and_rerenders_from_json(tmp_path):
     (report.path / "report.md").unlink()
     rerender.rerender(report.path)
     assert (report.path / "report.md").read_text() == md
+
+
+def test_two_weak_reports_compare_per_n(tmp_path):
+    dirs = []
+    for name, slow in (("a", 1.0), ("b", 2.0)):
+        result = _hand_built()
+        result.runs[1] = _run(2, 1536, 2.5 * slow)
+        report = ReportDir.create(tmp_path / name, "convergence-weak", argv=["dpscale"])
+        weak_report.write_report(result, report)
+        dirs.append(report.path)
+    c = compare.compare(dirs)
+    assert c.key_columns == ["world_size"]
+    n2 = next(r for r in c.rows if r["key"] == {"world_size": 2})
+    assert n2["ratios"]["time_to_target_s"] == [pytest.approx(2.0)]
+    assert n2["ratios"]["statistical_efficiency"] == [pytest.approx(1.0)]
 
 
 # ---- a real run ---------------------------------------------------------------------------------

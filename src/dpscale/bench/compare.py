@@ -143,6 +143,16 @@ FIGURES: dict[str, _Figures] = {
         ),
     ),
     "scale": _Figures(("engine", "world_size"), (), ("samples_per_s", "efficiency"), _points, _scale_setup),
+    "convergence-weak": _Figures(  # bench convergence --mode weak
+        ("world_size",),
+        (),
+        ("time_to_target_s", "statistical_efficiency", "samples_per_s"),
+        lambda r: r["runs"],
+        lambda r: (
+            _values(r["config"].get("workload")),
+            _values(f"{r['config'].get('batch_per_worker')}/worker"),
+        ),
+    ),
     "study": _Figures(
         ("model", "engine", "world_size"),
         ("transport",),

@@ -44,7 +44,7 @@ RENDERERS: dict[str, tuple[Callable[[dict], object], Callable[[object, ReportDir
         predict_render.results_from_doc,
         lambda results, report: predict_render.write_report(report, *results),
     ),
-    "convergence-weak": (weak.WeakResult.from_dict, weak_report.write_report),
+    study.WEAK_COMMAND: (weak.WeakResult.from_dict, weak_report.write_report),
 }
 _OLD_PART_ARGUMENT = "(part of dpscale study)"
 
