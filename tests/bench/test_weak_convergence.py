@@ -7,6 +7,7 @@ import json
 import math
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +103,15 @@ def test_weak_flags_are_refused_in_same_batch_mode():
 # ---- results and the report (hand-built, no training) ---------------------------------------------
 
 
+# a real run's system block, so that no test here starts `uname` (the fast tier starts no process)
+SYSTEM = json.loads((Path(__file__).parent / "data" / "study-quick-v0.json").read_text())["system"]
+
+
+def _report_dir(path):
+    path.mkdir(parents=True)
+    return ReportDir(path=path, command="convergence-weak", argv=["dpscale", "bench"], system=SYSTEM)
+
+
 def _run(n, samples, step_ms, reached=True):
     g = 64 * n
     steps = samples // g if reached else None
@@ -143,7 +153,7 @@ def test_ratios_per_n_are_measured_from_that_n_run():
 
 def test_report_says_not_reached_and_rerenders_from_json(tmp_path):
     result = _hand_built()
-    report = ReportDir.create(tmp_path, "convergence-weak", argv=["dpscale", "bench", "convergence"])
+    report = _report_dir(tmp_path / "weak")
     weak_report.write_report(result, report)
     files = {f.name for f in report.path.iterdir()}
     assert {"report.md", "report.json", "weak.csv", "weak_curves.png", "weak_speedup.png"} <= files
@@ -163,7 +173,7 @@ def test_two_weak_reports_compare_per_n(tmp_path):
     for name, slow in (("a", 1.0), ("b", 2.0)):
         result = _hand_built()
         result.runs[1] = _run(2, 1536, 2.5 * slow)
-        report = ReportDir.create(tmp_path / name, "convergence-weak", argv=["dpscale"])
+        report = _report_dir(tmp_path / name)
         weak_report.write_report(result, report)
         dirs.append(report.path)
     c = compare.compare(dirs)
