@@ -23,6 +23,10 @@ SUMMARY_KEYS = {
     "overhead_ms",
     "busbw_GBps",
     "convergence_gap",
+    "time_to_target_s",
+    "statistical_efficiency",
+    "convergence_target",
+    "convergence_status",
 }
 
 
@@ -61,9 +65,17 @@ def test_quick_study_writes_the_combined_report(tmp_path):
         # each figure is its own row's: the gap only where convergence trained (digits, dpscale)
         assert (r["convergence_gap"] is not None) == (r["model"] == "digits"), r
         assert (r["samples_per_s"] is not None) == (r["model"] == "mlp"), r
+        # time to target only where it was trained (digits with dpscale; the mlp has no target)
+        assert (r["convergence_status"] is not None) == (r["model"] == "digits"), r
+        assert (r["time_to_target_s"] is not None) == (r["convergence_status"] == "reached"), r
+    digits = {r["world_size"]: r for r in rows if r["model"] == "digits"}
+    assert (
+        digits[1]["statistical_efficiency"] == 1.0
+        and digits[1]["convergence_target"] == "eval accuracy >= 0.8"
+    )
     assert "indicative only" in p.stderr
     (report,) = tmp_path.iterdir()
-    for sub in ("allreduce", "scaling-mlp", "convergence"):
+    for sub in ("allreduce", "scaling-mlp", "convergence", "weak-digits-dpscale"):
         assert (report / sub / "report.md").is_file() and (report / sub / "report.json").is_file()
     doc = json.loads((report / "report.json").read_text())
     assert doc["command"] == "study" and doc["results"]["summary"] == rows
@@ -72,6 +84,7 @@ def test_quick_study_writes_the_combined_report(tmp_path):
     assert "## Warnings" in md and "indicative only" in md
     for engine in ("dpscale", "torch", "local"):
         assert f"| mlp | {engine} |" in md
+    assert "| not trained |" in md
     pngs = list(report.rglob("*.png"))
     assert len(pngs) >= 4
     for png in pngs:

@@ -1,10 +1,11 @@
 """`dpscale study`, the main job: how well does data parallelism scale on this machine?
 
-Runs the three benches on the built-in workloads — the all-reduce sweep (every CPU transport),
-the weak-scaling comparison (dpscale vs torch DDP vs the unsynchronized ceiling) and the
-convergence check — and writes one combined report: each bench's own report in a subdirectory
-(re-renderable with `dpscale report`), plus a top-level report.md with the summary table and
-the key plots. `--quick` shrinks every bench to fit a test's budget.
+Runs the benches on the built-in workloads — the all-reduce sweep (every CPU transport), the
+weak-scaling comparison (dpscale vs torch DDP vs the unsynchronized ceiling), the convergence
+check, and time to a target as the global batch grows with N (`bench convergence --mode weak`,
+per model and engine that can train) — and writes one combined report: each bench's own report in
+a subdirectory (re-renderable with `dpscale report`), plus a top-level report.md with the summary
+table and the key plots. `--quick` shrinks every bench to fit a test's budget.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from ..engine.registry import TRAIN_ENGINES
 from ..errors import ConfigError
 from ..flags import config_argv, flag_spec
 from ..workloads.recipe import load_recipe
@@ -24,6 +26,8 @@ from . import (
     scaling,
     scaling_report,
     study_summary,
+    weak,
+    weak_report,
 )
 from .args import parse_int_list
 from .report import Image, ReportDir, Section, Table
@@ -32,6 +36,15 @@ from .trust import timing_warnings
 
 TRANSPORTS = ["shm", "gloo"]
 MiB = 1 << 20
+# Time-to-target targets per built-in model, (full, quick), that N=1 at the workload's batch
+# reaches in about an epoch (digits: 3,300 samples to 0.9; the transformer, judged on its training
+# loss as it has no eval set: ~800 samples to 1.0). The mlp has none: its loss stays at ln 10 for
+# the first two epochs at its rate, 0.01, so it would cost minutes to say nothing.
+WEAK_TARGETS: dict[str, tuple[dict, dict]] = {
+    "digits": ({"target_metric": "accuracy=0.9"}, {"target_metric": "accuracy=0.8"}),
+    "transformer": ({"target_loss": 1.0}, {"target_loss": 2.5}),
+}
+WEAK_COMMAND = "convergence-weak"  # the report command of `bench convergence --mode weak`
 QUICK_NOTE = (
     "indicative only: --quick times few steps and small sizes; run `dpscale study` without --quick "
     "for figures to quote"
@@ -80,6 +93,30 @@ class StudyConfig:
             for m in models
         ]
 
+    def weak_configs(self) -> list[weak.WeakConfig]:
+        """Time to target for the convergence check's workload (digits) with dpscale's engine, and
+        for each weak-scaling model that has a target with every engine that can train (--quick:
+        dpscale's only). None without N=1 among the world sizes: the ratios need it."""
+        if 1 not in self.world_sizes:
+            return []
+        models = self.models[:1] if self.quick else self.models
+        plan = [("digits", "dpscale")] + [
+            (m, e)
+            for m in models
+            if m in WEAK_TARGETS
+            for e in (("dpscale",) if self.quick else TRAIN_ENGINES)
+        ]
+        return [
+            weak.WeakConfig(
+                workload=m,
+                world_sizes=list(self.world_sizes),
+                engine=e,
+                lr_rule="sqrt",
+                **WEAK_TARGETS[m][1 if self.quick else 0],
+            )
+            for m, e in dict.fromkeys(plan)
+        ]
+
     def convergence_config(self) -> convergence.ConvergenceConfig:
         # digits' 1,438 training samples: 2 epochs quick, 10 full
         return convergence.ConvergenceConfig(
@@ -96,10 +133,11 @@ class StudyResult:
     scaling: list[scaling.ScalingResult]
     convergence: convergence.ConvergenceResult
     wall_s: float
+    weak: list[weak.WeakResult] = field(default_factory=list)
 
     def summary(self) -> list[dict]:
         """One row per (model, engine, world size) a bench ran, with its own figures (study_summary.py)."""
-        return summary_rows(self.allreduce, self.scaling, self.convergence)
+        return summary_rows(self.allreduce, self.scaling, self.convergence, self.weak)
 
     def warnings(self) -> list[str]:
         """The trust checks on the summary (bench/trust.py); a --quick study says it is indicative."""
@@ -118,6 +156,7 @@ class StudyResult:
             [scaling.ScalingResult.from_dict(r) for r in doc["scaling"]],
             convergence.ConvergenceResult.from_dict(doc["convergence"]),
             doc["wall_s"],
+            [weak.WeakResult.from_dict(r) for r in doc.get("weak", [])],  # none before time to target
         )
 
     def to_dict(self) -> dict:
@@ -127,6 +166,7 @@ class StudyResult:
             "allreduce": self.allreduce.to_dict(),
             "scaling": [r.to_dict() for r in self.scaling],
             "convergence": self.convergence.to_dict(),
+            "weak": [r.to_dict() for r in self.weak],
             "wall_s": self.wall_s,
         }
 
@@ -137,19 +177,25 @@ def _say(text: str) -> None:
 
 def run(config: StudyConfig) -> StudyResult:
     t0 = time.perf_counter()
-    _say(f"study 1/3: all-reduce sweep, transports {','.join(TRANSPORTS)}, world sizes {config.world_sizes}")
+    _say(f"study 1/4: all-reduce sweep, transports {','.join(TRANSPORTS)}, world sizes {config.world_sizes}")
     ar = allreduce.run(config.allreduce_config())
     sc = []
     for i, cfg in enumerate(config.scaling_configs()):
         _say(
-            f"study 2/3: weak scaling of {cfg.model} ({i + 1}/{len(config.scaling_configs())}), "
+            f"study 2/4: weak scaling of {cfg.model} ({i + 1}/{len(config.scaling_configs())}), "
             f"engines {','.join(cfg.engines)}"
         )
         sc.append(scaling.run(cfg))
     cv_cfg = config.convergence_config()
-    _say(f"study 3/3: convergence of {cv_cfg.workload} at world sizes {cv_cfg.world_sizes}")
+    _say(f"study 3/4: convergence of {cv_cfg.workload} at world sizes {cv_cfg.world_sizes}")
     cv = convergence.run(cv_cfg)
-    return StudyResult(config, ar, sc, cv, time.perf_counter() - t0)
+    wk = []
+    for wc in config.weak_configs():
+        target = wc.target_metric or f"loss {wc.target_loss}"
+        ns = ",".join(map(str, wc.world_sizes))
+        _say(f"study 4/4: time to target ({target}) of {wc.workload} with {wc.engine} at N={ns}")
+        wk.append(weak.run(wc))
+    return StudyResult(config, ar, sc, cv, time.perf_counter() - t0, wk)
 
 
 def format_summary(result: StudyResult) -> str:
@@ -158,6 +204,8 @@ def format_summary(result: StudyResult) -> str:
 
 def part_argv(command: str, config: object) -> list[str]:
     """The `dpscale bench COMMAND ...` line that runs one part of a study on its own, exactly."""
+    if command == WEAK_COMMAND:  # a mode of `bench convergence`
+        return ["dpscale", "bench", "convergence", "--mode", "weak", *config_argv(config)]
     return ["dpscale", "bench", command, *config_argv(config)]
 
 
@@ -182,6 +230,10 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
     cv = _part(report, "convergence", "convergence", result.convergence.config)
     convergence_report.write_report(result.convergence, cv)
     images.append(Image("convergence/convergence.png", "loss vs samples seen per world size"))
+    for res in result.weak:
+        sub = _part(report, f"weak-{res.config.workload}-{res.config.engine}", WEAK_COMMAND, res.config)
+        weak_report.write_report(res, sub)
+        images.append(Image(f"{sub.path.name}/weak_speedup.png", f"time-to-target speed-up, {sub.path.name}"))
     doc = result.to_dict()
     report.write_json(doc, config=doc["config"])
     report.write_csv("summary", doc["summary"])

@@ -2,15 +2,20 @@
 
 Every figure in a row was measured for that row: the weak-scaling figures for the (model, engine,
 N) the scaling bench ran, the all-reduce bus bandwidth of that row's transport at that N, the
-convergence gap for the (workload, engine, N) the convergence bench trained. Nothing is copied
-from one row to another; a figure the study did not measure for a row is None, shown "n/m" (not
-measured), and one that cannot exist for it (bandwidth at N = 1, communication of `local`) "-".
+convergence gap for the (workload, engine, N) the convergence bench trained, the time to target
+and statistical efficiency for the (workload, engine, N) `bench convergence --mode weak` trained.
+Nothing is copied from one row to another; a figure the study did not measure for a row is None,
+shown "n/m" (not measured; for time to target "not trained", or "not reached" when the run missed
+it), and one that cannot exist for it (bandwidth at N = 1, communication of `local`) "-".
 
 Row keys (the study's report.json "summary", documented JSON):
     model, engine, transport (null where the bench does not record it), world_size,
     samples_per_s, efficiency, spread ((p10-p90)/median of the step time), exposed_comm_ms,
     overhead_ms, busbw_GBps (all-reduce at the largest swept size), convergence_gap
-    (max_rel_gap at N against the smallest N; 0 at the smallest N, the reference)
+    (max_rel_gap at N against the smallest N; 0 at the smallest N, the reference),
+    time_to_target_s, statistical_efficiency (samples to target at N=1 / at N, same engine),
+    convergence_target (e.g. "train loss <= 1"), convergence_status ("reached", "not reached",
+    or null: not trained for this row)
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .allreduce import AllReduceResult
 from .convergence import ConvergenceResult
 from .report import text_table
 from .scaling import ScalingResult
+from .weak import WeakResult
 
 COLUMNS = [
     "model",
@@ -35,7 +41,11 @@ COLUMNS = [
     "overhead_ms",
     "busbw_GBps",
     "convergence_gap",
+    "time_to_target_s",
+    "statistical_efficiency",
 ]
+# row keys beside the table's columns: what the time-to-target cells rest on
+TARGET_KEYS = ["convergence_target", "convergence_status"]
 HEADERS = {
     "world_size": "N",
     "samples_per_s": "samples/s",
@@ -44,7 +54,10 @@ HEADERS = {
     "overhead_ms": "overhead ms",
     "busbw_GBps": "all-reduce busbw GB/s (largest size)",
     "convergence_gap": "convergence gap",
+    "time_to_target_s": "time to target s",
+    "statistical_efficiency": "statistical efficiency",
 }
+NOT_TRAINED = "not trained"
 NOT_MEASURED = "n/m"
 READING = (
     "One row per (model, engine, N) a bench ran; every figure is that row's own measurement, "
@@ -56,18 +69,26 @@ READING = (
     "`local` engine's at the same N (everything synchronization costs); all-reduce busbw at the "
     "largest swept size for the row's transport; convergence gap = largest relative gap between the "
     "loss curves at N and at the smallest N (same global batch, accumulation makes up the difference), "
-    "for the workload and engine the convergence bench trained."
+    "for the workload and engine the convergence bench trained; time to target and statistical "
+    "efficiency from training this row's model with this row's engine at this N, the global batch "
+    "growing with N (sqrt learning-rate rule; statistical efficiency = samples to the target at N=1 "
+    f"/ at N, same engine), '{NOT_TRAINED}' where that run was not made (the unsynchronized engine "
+    "cannot train; the mlp has no target; --quick trains dpscale's engine only)."
 )
 
 
 def _row(model: str, engine: str, world_size: int) -> dict:
-    return dict.fromkeys(COLUMNS) | {"model": model, "engine": engine, "world_size": world_size}
+    return dict.fromkeys(COLUMNS + TARGET_KEYS) | {"model": model, "engine": engine, "world_size": world_size}
 
 
 def summary_rows(
-    allreduce: AllReduceResult, scaling: Sequence[ScalingResult], convergence: ConvergenceResult
+    allreduce: AllReduceResult,
+    scaling: Sequence[ScalingResult],
+    convergence: ConvergenceResult,
+    weak: Sequence[WeakResult] = (),
 ) -> list[dict]:
-    """The rows: the weak-scaling points in their order, then the convergence runs no point matches."""
+    """The rows: the weak-scaling points in their order, then the convergence and time-to-target
+    runs no point matches."""
     largest = max(q.bytes for q in allreduce.points)
     # world size 1 moves nothing between ranks: no bandwidth to show
     busbw = {
@@ -92,6 +113,15 @@ def summary_rows(
     for r in convergence.runs:
         key = (convergence.config.workload, engine, r.world_size)
         rows.setdefault(key, _row(*key))["convergence_gap"] = r.max_rel_gap
+    for res in weak:
+        for r in res.runs:
+            key = (res.config.workload, res.config.engine, r.world_size)
+            rows.setdefault(key, _row(*key)).update(
+                time_to_target_s=r.time_to_target_s,
+                statistical_efficiency=res.ratios(r)["statistical_efficiency"],
+                convergence_target=res.target_text,
+                convergence_status="reached" if r.reached else "not reached",
+            )
     return list(rows.values())
 
 
@@ -99,6 +129,8 @@ def missing_text(row: Mapping[str, object], column: str) -> str:
     """What a None cell means: "-" where the figure cannot exist for the row, else not measured."""
     if column == "transport":
         return "-"
+    if column in ("time_to_target_s", "statistical_efficiency"):
+        return str(row.get("convergence_status") or NOT_TRAINED)  # "not reached" or "not trained"
     no_link = row.get("world_size") == 1 or row.get("engine") == "local"
     if (column == "busbw_GBps" and no_link) or (column == "exposed_comm_ms" and row.get("engine") == "local"):
         return "-"
@@ -117,6 +149,8 @@ FORMATS = {
     "overhead_ms": ".2f",
     "busbw_GBps": ".3g",
     "convergence_gap": _pct,
+    "time_to_target_s": ".2f",
+    "statistical_efficiency": ".2f",
 }
 
 
