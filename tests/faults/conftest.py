@@ -1,115 +1,15 @@
-"""Fault scenarios: helpers to run `dpscale train` as a user would, and one uninterrupted reference run.
+"""Fault scenarios: one uninterrupted reference run that every scenario must reproduce.
 
-Each CLI run carries a tag in its environment, which every process it starts inherits (workers
-run in sessions of their own), so after it exits the helper can check that nothing it started is
-still running, and kill what is.
+The helpers that run the CLI live in tests/support/cli_runs.py: a test imports them from there,
+never from a conftest (two conftest modules share one name, so which one `import conftest` finds
+depends on which test directories pytest was given).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import threading
-import time
-import uuid
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# 2 workers, 30 steps, a checkpoint every 10: kills at 15 lose 5 steps, resumes start at 10 or 20.
-# `synthetic` needs no scikit-learn import, which would cost each worker seconds.
-TRAIN = [
-    "train",
-    "--nproc",
-    "2",
-    "--workload",
-    "synthetic",
-    "--max-steps",
-    "30",
-    "--checkpoint-every",
-    "10",
-    "--json",
-    "--progress",
-    "plain",
-]
-# TRAIN for a run without a checkpoint directory (--checkpoint-every alone is refused)
-TRAIN_NO_CHECKPOINTS = [
-    a for i, a in enumerate(TRAIN) if "--checkpoint-every" not in TRAIN[max(i - 1, 0) : i + 1]
-]
-
-
-TAG = "DPSCALE_TEST_RUN"
-
-
-def tagged(tag: str) -> list[int]:
-    """Live processes (not zombies) whose environment holds TAG=`tag`: a CLI run and all it started."""
-    needle = f"{TAG}={tag}".encode() + b"\0"
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle not in (entry / "environ").read_bytes():
-                    continue
-                # field 3 of /proc/PID/stat is the state; the name (field 2) may hold spaces
-                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    pids.append(int(entry.name))
-            except (OSError, IndexError):
-                continue
-    return pids
-
-
-def kill_tagged(tag: str) -> None:
-    for pid in tagged(tag):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def start_cli(args: list[str], *, faults: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
-    """Start `python -m dpscale.cli ARGS` (DPSCALE_FAULTS=`faults`); returns it and its process tag."""
-    tag = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if k not in ("DPSCALE_FAULTS", "DPSCALE_CALLBACKS")}
-    env[TAG] = tag
-    if faults:  # the faults reach the workers' trainers through a callback the workers build
-        env["DPSCALE_FAULTS"] = faults
-        env["DPSCALE_CALLBACKS"] = "dpscale.testing.faults:FaultInjector"
-    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
-    proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli", *args], cwd=ROOT, env=env, **popen)
-    return proc, tag
-
-
-def wait_until_gone(tag: str, within_s: float) -> list[int]:
-    """Wait up to `within_s` for every tagged process to end; returns those still running."""
-    deadline = time.monotonic() + within_s
-    while (left := tagged(tag)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
-def run_cli(
-    args: list[str], *, faults: str | None = None, timeout_s: float = 150
-) -> subprocess.CompletedProcess:
-    """`python -m dpscale.cli ARGS` with DPSCALE_FAULTS=`faults`; fails if it leaves a process behind."""
-    proc, tag = start_cli(args, faults=faults)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_tagged(tag)
-        out, err = proc.communicate()
-        pytest.fail(f"dpscale {' '.join(args)} still ran after {timeout_s} s\n{err[-5000:]}")
-    if left := wait_until_gone(tag, 5):
-        kill_tagged(tag)
-        pytest.fail(f"dpscale {' '.join(args)} left processes running: {left}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def last_json(stdout: str) -> dict:
-    return json.loads(stdout.strip().splitlines()[-1])
+from support.cli_runs import TRAIN, last_json, run_cli
 
 
 @pytest.fixture(scope="session")
@@ -122,45 +22,3 @@ def reference(tmp_path_factory) -> dict:
     assert out["steps"] == 30 and out["resumed_from_step"] is None
     assert sorted(d.name for d in ckpt.iterdir()) == ["step-00000010", "step-00000020", "step-00000030"]
     return {**out, "checkpoint_dir": ckpt}
-
-
-class StderrWatch:
-    """Reads a started CLI's stderr in a thread, so a test can wait for a line and still get all of it."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._read, args=(proc.stderr,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            with self._cond:
-                self.lines.append(line)
-                self._cond.notify_all()
-
-    def wait_for(self, text: str, timeout_s: float = 120) -> None:
-        with self._cond:
-            if not self._cond.wait_for(lambda: any(text in line for line in self.lines), timeout_s):
-                pytest.fail(f"no line with {text!r} within {timeout_s} s:\n{''.join(self.lines)[-5000:]}")
-
-    def text(self) -> str:
-        self._thread.join(timeout=30)
-        return "".join(self.lines)
-
-
-def shm_paths_in_use(pids: list[int]) -> set[str]:
-    """/dev/shm files that these processes map or hold open (a memfd is not one: it has no name there)."""
-    paths = set()
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                if "/dev/shm/" in line:
-                    paths.add(line.split(None, 5)[-1].removesuffix(" (deleted)"))
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("/dev/shm/"):
-                    paths.add(target.removesuffix(" (deleted)"))
-        except OSError:
-            continue
-    return paths

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from conftest import run_cli
 from dpscale.cli import main
+from support.cli_runs import run_cli
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from conftest import TRAIN, TRAIN_NO_CHECKPOINTS, last_json, run_cli
+from support.cli_runs import TRAIN, TRAIN_NO_CHECKPOINTS, last_json, run_cli
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

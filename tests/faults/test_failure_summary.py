@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import TRAIN, TRAIN_NO_CHECKPOINTS, run_cli
+from support.cli_runs import TRAIN, TRAIN_NO_CHECKPOINTS, run_cli
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

@@ -12,7 +12,15 @@ import time
 
 import pytest
 
-from conftest import TRAIN, StderrWatch, kill_tagged, shm_paths_in_use, start_cli, tagged, wait_until_gone
+from support.cli_runs import (
+    TRAIN,
+    StderrWatch,
+    kill_tagged,
+    shm_paths_in_use,
+    start_cli,
+    tagged,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

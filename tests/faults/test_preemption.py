@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from conftest import TRAIN, StderrWatch, last_json, run_cli, start_cli, wait_until_gone
+from support.cli_runs import TRAIN, StderrWatch, last_json, run_cli, start_cli, wait_until_gone
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

@@ -6,7 +6,7 @@ twice), unauthenticated: anyone on the network could join or disrupt the job.
 
 import pytest
 
-from conftest import TRAIN_NO_CHECKPOINTS, StderrWatch, kill_tagged, start_cli, tagged
+from support.cli_runs import TRAIN_NO_CHECKPOINTS, StderrWatch, kill_tagged, start_cli, tagged
 from support.sockets import listening
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from conftest import TRAIN, StderrWatch, kill_tagged, run_cli, start_cli
 from dpscale.cli import main
 from dpscale.train import dir_lock
+from support.cli_runs import TRAIN, StderrWatch, kill_tagged, run_cli, start_cli
 
 
 def test_a_second_job_on_a_held_directory_is_refused_in_process(tmp_path, capsys):

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from conftest import TRAIN, last_json, run_cli
+from support.cli_runs import TRAIN, last_json, run_cli
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
