@@ -180,17 +180,19 @@ def _add_run(sub) -> None:
         description="Run SCRIPT on N local workers as `torchrun --standalone` would, with dpscale's "
         "engine standing in for torch.nn.parallel.DistributedDataParallel (the script is not changed).",
     )
-    p.add_argument("--nproc", type=int, default=1, help="workers on this host (default 1)")
-    p.add_argument("--engine", default="dpscale", help="dpscale (default), or torch to keep torch's DDP")
+    from .run.launch import RunConfig
+
+    add_dataclass_arguments(p, RunConfig)
     p.add_argument("script", metavar="SCRIPT", help="your training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .run.launch import run_script
+    from .run.launch import RunConfig, run_script
 
-    return run_script(args.script, args.args, nproc=args.nproc, engine=args.engine)
+    config = RunConfig(**dataclass_kwargs(args, RunConfig))
+    return run_script(args.script, args.args, nproc=config.nproc, engine=config.engine)
 
 
 def build_parser() -> argparse.ArgumentParser:

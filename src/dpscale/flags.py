@@ -80,7 +80,10 @@ def _default_text(f: dataclasses.Field) -> str:
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add a flag for each field; unset flags stay None so the dataclass default applies."""
+    """Add a flag for each field; unset flags stay None so the dataclass default applies.
+
+    A field without a default is a required flag (argparse refuses the command without it).
+    `parser` may be an argument group."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -93,17 +96,23 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
             help_text += _default_text(f)
         help_text = help_text.replace("%", "%%")  # argparse %-formats help
         names = (flag_name(f), *meta.get("aliases", ()))
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if kind is bool:
-            parser.add_argument(*names, dest=f.name, action="store_true", default=None, help=help_text)
+            action = parser.add_argument(
+                *names, dest=f.name, action="store_true", default=None, help=help_text
+            )
         else:
-            parser.add_argument(
+            action = parser.add_argument(
                 *names,
                 dest=f.name,
                 type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
                 default=None,
                 metavar=f.name.upper(),
+                required=required,
                 help=help_text,
             )
+        # which field the flag sets: tests/test_flags.py finds hand-written flags by its absence
+        action.config_field = f"{cls.__name__}.{f.name}"
 
 
 def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:

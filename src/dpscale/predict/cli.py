@@ -19,6 +19,7 @@ from dataclasses import replace
 from ..bench.args import parse_int_list
 from ..bench.report import ReportDir
 from ..errors import ConfigError
+from ..flags import add_dataclass_arguments, dataclass_kwargs
 from . import goodput, render
 from . import profile as profiles
 from .cluster import (
@@ -40,41 +41,23 @@ MAX_DEFAULT_WORLD = 1024
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add(
-        "--model",
-        required=True,
-        help="a built-in workload (mlp, transformer, digits, synthetic) or module:callable (a dpscale.Task)",
+    add_dataclass_arguments(parser, profiles.ProfileConfig)
+    parser.add_argument(
+        "--json", action="store_true", help="print the profile as JSON on the last line of stdout"
     )
-    add(
-        "--per-worker-batch",
-        type=int,
-        default=DEFAULT_BATCH,
-        help=f"samples per step (default {DEFAULT_BATCH})",
-    )
-    add("--steps", type=int, default=20, help="timed steps; figures are medians (default 20)")
-    add("--warmup", type=int, default=3, help="untimed steps first (default 3)")
-    add("--threads", type=int, default=1, help="intra-op threads of the worker (default 1)")
-    add(
-        "--co-located",
-        type=int,
-        default=1,
-        help="also measure K workers computing in lockstep (contention) and the in-step call overhead",
-    )
-    add("--out", default=None, help="profile JSON file (default profile-<model>-b<batch>.json)")
-    add("--json", action="store_true", help="print the profile as JSON on the last line of stdout")
 
 
 def run_profile_from_args(args: argparse.Namespace) -> int:
+    config = profiles.ProfileConfig(**dataclass_kwargs(args, profiles.ProfileConfig))
     prof = profiles.measure(
-        args.model,
-        args.per_worker_batch,
-        steps=args.steps,
-        warmup=args.warmup,
-        threads=args.threads,
-        co_located=args.co_located,
+        config.model,
+        config.per_worker_batch,
+        steps=config.steps,
+        warmup=config.warmup,
+        threads=config.threads,
+        co_located=config.co_located,
     )
-    path = prof.save(args.out or f"profile-{prof.model}-b{prof.per_worker_batch}.json")
+    path = prof.save(config.out or f"profile-{prof.model}-b{prof.per_worker_batch}.json")
     print(render.profile_summary(prof))
     for b in prof.buckets():
         print(f"  bucket {b.index}: {b.nbytes / 2**20:.2f} MiB ready at {b.ready_ms:.2f} ms into backward")

@@ -61,6 +61,37 @@ from .timeline import ReadyBucket
 # bookkeeping without gloo's thread hand-offs, the base for predicting dpscale on shm (model.py)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProfileConfig:
+    """`dpscale profile`'s flags, one per field (checked here, so `measure` and the CLI agree)."""
+
+    model: str
+    """A built-in workload (mlp, transformer, digits, synthetic) or module:callable (a dpscale.Task)."""
+    per_worker_batch: int = 64
+    """Samples per step."""
+    steps: int = 20
+    """Timed steps; figures are medians."""
+    warmup: int = 3
+    """Untimed steps first."""
+    threads: int = 1
+    """Intra-op threads of the worker."""
+    co_located: int = 1
+    """Also measure K workers computing in lockstep (contention) and the in-step call overhead."""
+    out: str | None = None
+    """Profile JSON file (default profile-<model>-b<batch>.json)."""
+
+    def __post_init__(self) -> None:
+        for flag, value, minimum in (
+            ("--per-worker-batch", self.per_worker_batch, 1),
+            ("--steps", self.steps, 1),
+            ("--warmup", self.warmup, 0),
+            ("--threads", self.threads, 1),
+            ("--co-located", self.co_located, 1),
+        ):
+            if value < minimum:
+                raise ConfigError(f"{flag}: must be >= {minimum}, got {value}")
+
+
 @dataclass(frozen=True)
 class ParamTiming:
     name: str
@@ -366,16 +397,15 @@ def measure(
     from ..multirank import run_ranks
     from ..workloads.recipe import load_recipe
 
+    ProfileConfig(  # the flags' checks
+        model=model,
+        per_worker_batch=per_worker_batch,
+        steps=steps,
+        warmup=warmup,
+        threads=threads,
+        co_located=co_located,
+    )
     load_recipe(model, check=True)  # a broken task fails here with one line, not in the rank
-    for flag, value, minimum in (
-        ("--per-worker-batch", per_worker_batch, 1),
-        ("--steps", steps, 1),
-        ("--warmup", warmup, 0),
-        ("--threads", threads, 1),
-        ("--co-located", co_located, 1),
-    ):
-        if value < minimum:
-            raise ConfigError(f"{flag}: must be >= {minimum}, got {value}")
     timeout_s = 120 + 10 * (steps + warmup)
     (raw,) = run_ranks(
         _rank_measure, 1, model, per_worker_batch, steps, warmup, threads=threads, timeout_s=timeout_s

@@ -10,11 +10,28 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.registry import RUN_ENGINES
 from ..errors import ConfigError
 from .child import ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """`dpscale run`'s flags (the script and its arguments are positional, not fields)."""
+
+    nproc: int = 1
+    """Workers on this host."""
+    engine: str = "dpscale"
+    """dpscale (default), or torch to keep torch's DDP."""
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ConfigError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.engine not in RUN_ENGINES:
+            raise ConfigError(f"--engine: unknown {self.engine!r}; choose one of {', '.join(RUN_ENGINES)}")
 
 
 def check_script(script: str) -> Path:
@@ -42,10 +59,7 @@ def run_script(
     OMP_NUM_THREADS for the workers unless the caller's environment sets it. With `log_path`
     the workers' output goes there instead of this terminal.
     """
-    if nproc < 1:
-        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
-    if engine not in RUN_ENGINES:
-        raise ConfigError(f"--engine: unknown {engine!r}; choose one of {', '.join(RUN_ENGINES)}")
+    RunConfig(nproc=nproc, engine=engine)  # the same checks as the flags get
     check_script(script)
     env = dict(os.environ, **{ENGINE_ENV: engine})
     for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):
