@@ -24,8 +24,6 @@ HAND_WRITTEN = {
     },
     "report": {"--out"},
 }  # fmt: skip
-# Commands whose flags are all still hand-written (any flag passes), being converted (#18).
-NOT_CONVERTED = {"predict"}
 
 
 def _hand_written(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
@@ -41,7 +39,7 @@ def _hand_written(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 def test_every_flag_is_generated_from_a_config_field():
     found: dict[str, set[str]] = {}
     for command, flag in _hand_written(build_parser()):
-        if flag not in OUTPUT_FLAGS and command not in NOT_CONVERTED:
+        if flag not in OUTPUT_FLAGS:
             found.setdefault(command, set()).add(flag)
     new = {
         c: sorted(f - HAND_WRITTEN.get(c, set())) for c, f in found.items() if f - HAND_WRITTEN.get(c, set())
@@ -100,3 +98,37 @@ def test_the_library_checks_what_the_flags_check():
         measure("mlp", 8, warmup=-1)
     assert RunConfig() == RunConfig(nproc=1, engine="dpscale")
     assert ProfileConfig(model="mlp").per_worker_batch == 64
+
+
+def test_a_field_with_a_group_is_listed_under_it():
+    from dpscale.flags import flag_spec
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Grouped:
+        alone: int = 1
+        """Not in a group."""
+        inside: float = dataclasses.field(default=0.5, metadata=flag_spec(group="cluster"))
+        """In the cluster group."""
+
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, Grouped)
+    (group,) = [g for g in parser._action_groups if g.title == "cluster"]
+    assert [a.dest for a in group._group_actions] == ["inside"]
+    assert Grouped(**dataclass_kwargs(parser.parse_args(["--inside", "2"]), Grouped)).inside == 2.0
+
+
+def test_predict_keeps_its_flags_and_defaults():
+    from dpscale.predict.options import PredictOptions
+
+    parser = build_parser()
+    args = parser.parse_args(["predict", "--params", "1e6", "--step-compute-ms", "5", "--no-congestion"])
+    opts = PredictOptions(**dataclass_kwargs(args, PredictOptions))
+    assert (opts.params, opts.step_compute_ms, opts.no_congestion, opts.no_stragglers) == (
+        1e6,
+        5.0,
+        True,
+        False,
+    )
+    assert (opts.preset, opts.bucket_mb, opts.algorithm, opts.engine) == ("cpu-shm", 25.0, "auto", "dpscale")
+    assert (opts.bytes_per_param, opts.backward_fraction, opts.oversubscription) == (4.0, 2 / 3, 1.0)
+    assert args.report_dir == "reports" and args.json is False

@@ -27,9 +27,12 @@ def flag_spec(
     aliases: tuple[str, ...] = (),
     parse: Callable[[str], object] | None = None,
     help: str | None = None,
+    group: str | None = None,
 ) -> dict:
-    """Field metadata for `add_dataclass_arguments`: `field(default=..., metadata=flag_spec(parse=...))`."""
-    return {_KEY: {"name": name, "aliases": aliases, "parse": parse, "help": help}}
+    """Field metadata for `add_dataclass_arguments`: `field(default=..., metadata=flag_spec(parse=...))`.
+
+    `group` is the title of the argument group the flag is listed under in --help."""
+    return {_KEY: {"name": name, "aliases": aliases, "parse": parse, "help": help, "group": group}}
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -82,14 +85,19 @@ def _default_text(f: dataclasses.Field) -> str:
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """Add a flag for each field; unset flags stay None so the dataclass default applies.
 
-    A field without a default is a required flag (argparse refuses the command without it).
-    `parser` may be an argument group."""
+    A field without a default is a required flag (argparse refuses the command without it); a
+    field with `flag_spec(group=...)` is listed under that argument group."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
         meta = f.metadata.get(_KEY) or {}
+        title = meta.get("group")
+        if title and title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        add = groups[title].add_argument if title else parser.add_argument
         kind = _base_type(hints[f.name])
         help_text = meta.get("help") or docs.get(f.name, "")
         if "default" not in help_text:  # a text that names its default knows it better than the field
@@ -98,11 +106,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
         names = (flag_name(f), *meta.get("aliases", ()))
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if kind is bool:
-            action = parser.add_argument(
-                *names, dest=f.name, action="store_true", default=None, help=help_text
-            )
+            action = add(*names, dest=f.name, action="store_true", default=None, help=help_text)
         else:
-            action = parser.add_argument(
+            action = add(
                 *names,
                 dest=f.name,
                 type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
