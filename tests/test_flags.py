@@ -23,6 +23,8 @@ HAND_WRITTEN = {
         "--nnodes", "--rdzv-endpoint", "--rdzv-id", "--local-addr", "--rdzv-conf",
     },
     "report": {"--out"},
+    # picks the config (ConvergenceConfig or WeakConfig) rather than setting a field of one
+    "bench convergence": {"--mode"},
 }  # fmt: skip
 
 
