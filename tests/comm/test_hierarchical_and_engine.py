@@ -103,3 +103,27 @@ def test_engine_on_hierarchical_transport_matches_gloo():
     assert hier[0][0] == "hierarchical"
     for (_, a), (_, b) in zip(hier, gloo, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def silent_host(rank, world, timeout_s):
+    import time
+
+    os.environ["DPSCALE_HOST_ID"] = f"host{rank}"  # one worker per "host": the reduction crosses hosts
+    t = make_transport("hierarchical", None, timeout_s=timeout_s)
+    try:
+        if rank == 1:  # alive but silent, as a host cut off from the network looks to the others
+            time.sleep(timeout_s * 4)
+            return None
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="[Tt]imed out"):
+            t.all_reduce(t.alloc(4, torch.float32)).wait()
+        return time.monotonic() - start
+    finally:
+        t.close()
+
+
+@pytest.mark.slow
+def test_a_silent_host_fails_the_reduction_within_the_collective_timeout():
+    # the subgroups between hosts once kept torch's 30-minute default instead of the timeout given
+    waited, _ = run_ranks(silent_host, 2, 2.0, timeout_s=120)
+    assert 2.0 <= waited < 8.0, waited

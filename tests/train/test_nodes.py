@@ -37,10 +37,19 @@ def test_the_host_carrying_the_endpoint_address_serves_the_store():
     assert not carries_address("192.0.2.1")  # TEST-NET-1: on no interface of this machine
     assert _nodes().rdzv_configs()["is_host"] is True
     assert _nodes(rdzv_endpoint="192.0.2.1:29400").serves_store() is False
-    assert _nodes(rdzv_conf={"is_host": "0", "join_timeout": "9"}).rdzv_configs() == {
+    assert _nodes(rdzv_conf={"is_host": "0", "join_timeout": "9"}).rdzv_configs(12.5) == {
         "is_host": False,
         "join_timeout": "9",
+        "read_timeout": 13,
     }
+
+
+def test_a_store_call_waits_the_collective_timeout_unless_read_timeout_is_given():
+    # torch's 60 s per call kept a cut-off host's agent waiting minutes after its workers gave up
+    assert _nodes().read_timeout_s(10) == 10
+    assert _nodes(rdzv_conf={"read_timeout": "30"}).read_timeout_s(10) == 30
+    with pytest.raises(ValueError, match="read_timeout"):
+        _nodes(rdzv_conf={"read_timeout": "0"})
 
 
 @pytest.mark.slow

@@ -121,21 +121,34 @@ def publish_host(store, rank: int, peer_addr: str | None = None) -> None:
 
 
 def within(deadline_s: float, call: Callable[[], _T], default: _T) -> _T:
-    """`call()`, or `default` when it has not returned within `deadline_s`.
+    """`call()`, or `default` when it has not returned (or raised) within `deadline_s`."""
+    try:
+        return bounded(deadline_s, call)
+    except Exception:  # the store is gone: the same as no answer
+        return default
+
+
+def bounded(deadline_s: float, call: Callable[[], _T]) -> _T:
+    """`call()`'s result or exception; TimeoutError when it has not returned within `deadline_s`.
 
     A store client blocks in the kernel when the store's host is cut off (no reset ever comes), and
-    its own timeout does not cover every call (`check`, `set`); a daemon thread bounds it. The
-    thread may stay blocked; it dies with the process, which is about to report and exit.
+    its own timeout does not cover every call (`check`, `set`, `compare_set` wait in a plain
+    `recv`); a daemon thread bounds it. The thread may stay blocked; it dies with the process.
     """
     box: list = []
 
     def run() -> None:
         try:
-            box.append(call())
-        except Exception:  # the store is gone: the same as no answer
-            pass
+            box.append((True, call()))
+        except BaseException as e:
+            box.append((False, e))
 
     thread = threading.Thread(target=run, daemon=True, name="dpscale-store-call")
     thread.start()
     thread.join(deadline_s)
-    return box[0] if box else default
+    if not box:
+        raise TimeoutError(f"no answer within {deadline_s:g} s")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value

@@ -10,6 +10,8 @@ order of floating-point additions.
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 import torch.distributed as dist
 
@@ -36,11 +38,18 @@ class HierarchicalTransport:
                 f"{[len(p) for p in per_host]}; start the same number per host or use transport='gloo'"
             )
         local_size = sizes.pop()
-        # every rank must create every subgroup, in the same order
-        local_groups = [dist.new_group([global_rank(process_group, r) for r in p]) for p in per_host]
-        cross_groups = [
-            dist.new_group([global_rank(process_group, p[i]) for p in per_host]) for i in range(local_size)
+        # every rank must create every subgroup, in the same order; with the collective timeout,
+        # which a subgroup does not inherit (torch's default is 30 min: a host cut off mid-step
+        # would hang every rank that long)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        local_groups = [
+            dist.new_group([global_rank(process_group, r) for r in p], timeout=timeout) for p in per_host
         ]
+        cross_groups = [
+            dist.new_group([global_rank(process_group, p[i]) for p in per_host], timeout=timeout)
+            for i in range(local_size)
+        ]
+        self._subgroups = [*local_groups, *cross_groups]
         my_host = hosts.index(host_ids[self.rank])
         self.local_rank = per_host[my_host].index(self.rank)
         self.num_hosts = len(hosts)

@@ -212,7 +212,9 @@ def _ask_peers(log: CollectiveLog, mine: dict | None, wait_s: float) -> _PeerAns
 
     def ask() -> bool:
         store.set(key(members[me]), json.dumps(mine))
-        answers.reached = True
+        # a set can return with the store's host unreachable (the request only has to be sent):
+        # reading this rank's own key back proves the store answers
+        answers.reached = store.check([key(members[me])])
         deadline = time.monotonic() + wait_s
         while len(answers.reports) < len(members) and time.monotonic() <= deadline:
             for r, global_rank in enumerate(members):

@@ -197,11 +197,19 @@ def launch(
 
 def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
     try:
         return _finished(_launch_elastic(cfg, nproc, max_restarts, threads, nodes))
     except ChildFailedError as e:
         raise LaunchError(_describe_failure(e, nproc, max_restarts)) from None
+    except RendezvousConnectionError:
+        # the agent's store calls time out (read_timeout) when this host is cut off from the store's
+        raise LaunchError(
+            f"lost the rendezvous store at {nodes.rdzv_endpoint} (host {nodes.endpoint_host}): it did "
+            f"not answer within {nodes.read_timeout_s(cfg.collective_timeout_s)} s, so that host is gone "
+            "or cut off from this one; this host's workers were stopped"
+        ) from None
 
 
 def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: int, threads: int | None):
@@ -281,7 +289,7 @@ def _launch_elastic(
             run_id=nodes.rdzv_id,
             rdzv_backend=rendezvous.MULTI_HOST_BACKEND,
             rdzv_endpoint=nodes.rdzv_endpoint,
-            rdzv_configs=nodes.rdzv_configs(),
+            rdzv_configs=nodes.rdzv_configs(cfg.collective_timeout_s),
             local_addr=nodes.local_addr,
         )
     launch_cfg = LaunchConfig(

@@ -11,6 +11,7 @@ does not resolve to that address (containers, network namespaces); a bind test d
 
 from __future__ import annotations
 
+import math
 import socket
 from dataclasses import dataclass, field
 
@@ -44,6 +45,11 @@ class Nodes:
             )
         if not self.rdzv_id:
             raise ConfigError("--rdzv-id must name the job (the same on every host), got ''")
+        timeout = self.rdzv_conf.get("read_timeout", "1")
+        if not timeout.isdigit() or int(timeout) < 1:
+            raise ConfigError(
+                f"--rdzv-conf read_timeout must be a whole number of seconds >= 1, got {timeout!r}"
+            )
 
     @property
     def endpoint_host(self) -> str:
@@ -56,8 +62,20 @@ class Nodes:
             return self.rdzv_conf["is_host"].lower() in ("1", "true", "yes", "y", "t")
         return carries_address(self.endpoint_host)
 
-    def rdzv_configs(self) -> dict[str, object]:
-        return {**self.rdzv_conf, "is_host": self.serves_store()}
+    def read_timeout_s(self, collective_timeout_s: float) -> int:
+        """How long one call to the rendezvous store may take: `read_timeout` from --rdzv-conf, else
+        the collective timeout (torch's default, 60 s, would keep a cut-off host's agent waiting
+        minutes after its workers gave up: each of its store calls waits that long)."""
+        if "read_timeout" in self.rdzv_conf:
+            return int(self.rdzv_conf["read_timeout"])
+        return max(1, math.ceil(collective_timeout_s))
+
+    def rdzv_configs(self, collective_timeout_s: float = 60.0) -> dict[str, object]:
+        return {
+            **self.rdzv_conf,
+            "is_host": self.serves_store(),
+            "read_timeout": self.read_timeout_s(collective_timeout_s),
+        }
 
 
 def parse_min_max(flag: str, text: str) -> tuple[int, int]:

@@ -27,7 +27,7 @@ import socket
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from ..comm.attempt import ROUND_ENV, source_address
+from ..comm.attempt import ROUND_ENV, bounded, source_address
 from .nodes import carries_address
 
 BACKEND = "dpscale-loopback"
@@ -94,9 +94,32 @@ class _Backend(C10dRendezvousBackend):
 
 
 class _MultiHostBackend(C10dRendezvousBackend):
+    """torch's c10d backend whose every store call ends within `read_timeout_s`.
+
+    torch's TCPStore client waits in a plain `recv` for most replies; across hosts, when the link
+    to the store's host is cut, no reply and no reset ever come, and the agent (its heartbeat, its
+    check for waiting nodes, its shutdown) would wait for as long as TCP retransmits (~15 min).
+    """
+
+    def __init__(self, store, run_id: str, read_timeout_s: float):
+        self._read_timeout_s = read_timeout_s  # before torch's constructor, which calls the store
+        super().__init__(store, run_id)
+
     @property
     def name(self) -> str:
         return MULTI_HOST_BACKEND
+
+    def _call_store(self, store_op: str, *args, **kwargs):
+        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+        call = super()._call_store
+        try:
+            return bounded(self._read_timeout_s, lambda: call(store_op, *args, **kwargs))
+        except TimeoutError as e:
+            raise RendezvousConnectionError(
+                f"the rendezvous store did not answer within {self._read_timeout_s:g} s "
+                "(its host is gone or cut off from this one)"
+            ) from e
 
 
 def _create_handler(params):
@@ -143,8 +166,8 @@ def create_multi_host_handler(params):
                 "give --local-addr"
             )
     store = _rendezvous_store(params, host, port)
-    handler = create_handler(store, _MultiHostBackend(store, params.run_id), params)
     timeout_s = params.get_as_int("read_timeout", 60)
+    handler = create_handler(store, _MultiHostBackend(store, params.run_id, timeout_s), params)
     # private API, as for the single-host handler (tests/train/test_rendezvous_binding_multi_host.py)
     handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port, timeout_s)
     return export_round(handler)
