@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned, so resolving the project's range never pulls another multi-GB build
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,integrations]"
+	$(PY) -m pip install -q -e ".[lab,dev,integrations]"
 	touch $(STAMP)
 
 test: venv

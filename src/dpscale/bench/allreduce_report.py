@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import fields
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from .allreduce import (
     BUSBW_CONVENTION,
@@ -24,6 +23,9 @@ from .allreduce import (
 from .args import format_size
 from .report import Image, ReportDir, Section, Table, new_figure, size_axis, text_table
 from .trust import timing_warnings
+
+if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
+    from matplotlib.figure import Figure
 
 _COLUMNS = (
     "transport", "world_size", "size", "bytes", "time_us", "time_us_p10", "time_us_p90", "algbw_GBps",

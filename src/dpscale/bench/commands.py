@@ -37,7 +37,7 @@ from . import (
     weak,
     weak_report,
 )
-from .report import ReportDir
+from .report import ReportDir, require_plots
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ def allreduce_config(args: argparse.Namespace) -> allreduce.AllReduceConfig:
 
 
 def run_allreduce(args: argparse.Namespace) -> int:
+    require_plots("bench allreduce")
     result = allreduce.run(allreduce_config(args))
     print(allreduce_report.format_table(result))
     print(allreduce.BUSBW_CONVENTION)
@@ -106,6 +107,7 @@ def scaling_config(args: argparse.Namespace) -> scaling.ScalingConfig:
 
 
 def run_scaling(args: argparse.Namespace) -> int:
+    require_plots("bench scaling")
     result = scaling.run(scaling_config(args))
     print(scaling_report.format_table(result))
     _warn(scaling_report.warnings(result))
@@ -160,6 +162,7 @@ def weak_config(args: argparse.Namespace) -> weak.WeakConfig:
 def run_convergence(args: argparse.Namespace) -> int:
     """Same-batch: exit 0 when every world size is within tolerance, 1 when one departs.
     Weak: exit 0 when N=1 reached the target (the ratios need it), 1 when it did not."""
+    require_plots("bench convergence")
     if getattr(args, "mode", "same-batch") == "weak":
         return _run_weak(args)
     result = convergence.run(convergence_config(args))
@@ -204,6 +207,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_engine(args: argparse.Namespace) -> int:
+    require_plots("bench engine")
     config = engine.EngineBenchConfig(**dataclass_kwargs(args, engine.EngineBenchConfig))
     results = []
     for m in config.models:
@@ -231,6 +235,7 @@ def add_study_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_study(args: argparse.Namespace) -> int:
+    require_plots("study")
     config = study.StudyConfig(**dataclass_kwargs(args, study.StudyConfig))
     result = study.run(config)
     report = ReportDir.create(config.report_dir, "study")
@@ -257,6 +262,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     if len(args.dirs) == 1:
+        require_plots("report")  # a comparison draws nothing
         if args.out is not None:
             raise ConfigError("--out: only a comparison (two or more DIRs) writes a new directory")
         print(f"re-rendered {rerender.rerender(args.dirs[0])}")
@@ -292,6 +298,7 @@ def scale_config(args: argparse.Namespace) -> script_scaling.ScaleConfig:
 
 
 def run_scale(args: argparse.Namespace) -> int:
+    require_plots("scale")
     config = scale_config(args)
     with tempfile.TemporaryDirectory(prefix="dpscale-scale-logs-") as logs:
         try:

@@ -54,7 +54,8 @@ def load_report(directory: str | Path) -> dict:
     path = Path(directory) / "report.json"
     if not path.is_file():
         raise ConfigError(
-            f"{directory}: no report.json there; give a directory written by a `dpscale bench` command"
+            f"{directory}: no report.json there; give a report directory (written by dpscale bench, "
+            "study, predict or scale)"
         )
     try:
         doc = json.loads(path.read_text())

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from .convergence import (
     ConvergenceResult,
@@ -20,6 +19,9 @@ from .convergence import (
     verdict,
 )
 from .report import Image, ReportDir, Section, Table, new_figure
+
+if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
+    from matplotlib.figure import Figure
 
 
 def _rows(result: ConvergenceResult) -> list[dict]:

@@ -24,15 +24,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import NullLocator
-
-from ..errors import ConfigError
+from ..errors import ConfigError, import_extra
 from .args import format_size
 from .sysinfo import collect_system_info, describe_system
+
+if TYPE_CHECKING:  # matplotlib is the lab extra's: imported when a plot is drawn, not before
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # A column format is a format spec (".2f") or a function of the cell's value.
 CellFormat = str | Callable[[object], str]
@@ -146,15 +146,22 @@ def size_axis(ax: Axes, sizes_bytes: Sequence[int]) -> None:
     while len(ticks) > 14:  # thin the labels of long sweeps so they do not overlap
         ticks = ticks[::2]
     ax.set_xticks(ticks, [format_size(s) for s in ticks])
-    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_locator(import_extra("matplotlib.ticker", "drawing a plot").NullLocator())
     ax.set_xlabel("message size (bytes, binary units)")
     ax.grid(True, which="major", alpha=0.35)
 
 
+def require_plots(command: str) -> None:
+    """Refuse a command that ends in a report, before it measures, when matplotlib is missing."""
+    import_extra("matplotlib", f"dpscale {command} (its report's plots)")
+
+
 def new_figure(width_in: float = 8.0, height_in: float = 4.5) -> Figure:
     """A figure on the Agg canvas, made without pyplot: no display, no global figure registry."""
-    fig = Figure(figsize=(width_in, height_in), layout="constrained")
-    FigureCanvasAgg(fig)
+    figure = import_extra("matplotlib.figure", "drawing a report's plots")
+    agg = import_extra("matplotlib.backends.backend_agg", "drawing a report's plots")
+    fig = figure.Figure(figsize=(width_in, height_in), layout="constrained")
+    agg.FigureCanvasAgg(fig)
     return fig
 
 

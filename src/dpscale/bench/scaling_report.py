@@ -6,13 +6,15 @@ Everything here works from a `ScalingResult` alone, so `dpscale report` re-rende
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from matplotlib.figure import Figure
-from matplotlib.transforms import offset_copy
-
+from ..errors import import_extra
 from .report import Image, ReportDir, Section, Table, new_figure
 from .scaling import STEPS_PER_ROUND, ScalingConfig, ScalingPoint, ScalingResult
 from .trust import timing_warnings
+
+if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
+    from matplotlib.figure import Figure
 
 _ENGINE_COLORS = {"dpscale": "C0", "torch": "C1", "local": "C2", "dpscale-gloo": "C3"}
 
@@ -180,6 +182,7 @@ def plot_efficiency(result: ScalingResult) -> Figure:
             if p.world_size > 1:  # N=1 is 100% by definition; labels there would only overlap
                 labels.setdefault(p.world_size, []).append((y, f"{y:.0f}%", color))
     # engines close together at one N would print their labels on top of each other: stack them
+    offset_copy = import_extra("matplotlib.transforms", "drawing a report's plots").offset_copy
     beside = offset_copy(ax.transData, fig=fig, x=8, units="points")  # right of the points
     right = max(_dodge(result, p.engine) for p in result.points)  # ... and of their error bars
     for n, entries in labels.items():

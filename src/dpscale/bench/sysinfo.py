@@ -10,8 +10,12 @@ JSON):
       "hardware": {"cpu_model": str, "logical_cores": int, "usable_cores": int,
                    "memory_GiB": float | null, "gpus": [str, ...]},
       "software": {"python": str, "torch": str, "dpscale": str, "numpy": str, "platform": str,
-                   "git_revision": str | null, "git_dirty": bool}
+                   "git_revision": str | null, "git_dirty": bool,
+                   "cuda": str | null, "cudnn": str | null, "nccl": str | null}
     }
+
+cuda, cudnn and nccl are the versions torch was built with, as torch's collect_env reports them
+(null in a CPU build); reports written before they were kept lack the three keys.
 
 `usable_cores` is what this process may run on (CPU affinity, e.g. a container's limit), which can
 be far below `logical_cores`. `git_dirty` is false when there is no git checkout (revision null).
@@ -54,8 +58,20 @@ def collect_system_info() -> dict:
             "numpy": numpy.__version__,
             "platform": platform.platform(),
             **_git_state(Path(__file__).resolve().parents[1]),
+            **_accelerator_libraries(),
         },
     }
+
+
+def _accelerator_libraries() -> dict:
+    """CUDA, cuDNN and NCCL versions of this torch build (collect_env's facts, without its
+    subprocesses); None for what the build lacks."""
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+    except (AttributeError, RuntimeError):  # a CPU build has no NCCL bindings
+        nccl = None
+    return {"cuda": torch.version.cuda, "cudnn": str(cudnn) if cudnn else None, "nccl": nccl}
 
 
 def utc_timestamp() -> str:
@@ -132,9 +148,17 @@ def describe_system(info: dict) -> list[str]:
     revision = sw.get("git_revision") or "unknown (not a git checkout)"
     if sw.get("git_dirty"):
         revision += " with uncommitted changes"
+    if "cuda" in sw:  # kept since reports name the accelerator libraries
+        libraries = (
+            f" (CUDA {sw['cuda']}, cuDNN {sw.get('cudnn') or 'none'}, NCCL {sw.get('nccl') or 'none'})"
+            if sw["cuda"]
+            else " (CPU build: no CUDA)"
+        )
+    else:
+        libraries = ""
     return [
         f"- **Hardware:** {hw['cpu_model']}, {cores}, {memory}; GPUs: {gpus}",
-        f"- **Software:** Python {sw['python']}, torch {sw['torch']}, numpy {sw['numpy']}, "
+        f"- **Software:** Python {sw['python']}, torch {sw['torch']}{libraries}, numpy {sw['numpy']}, "
         f"dpscale {sw['dpscale']} (git {revision}); {sw['platform']}",
         f"- **Host:** {info['hostname']}, measured {info['timestamp_utc']}",
     ]

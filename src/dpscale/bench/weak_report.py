@@ -6,11 +6,13 @@ Everything here works from a `WeakResult` alone, so `dpscale report` re-renders 
 from __future__ import annotations
 
 import math
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from .report import Image, ReportDir, Section, Table, new_figure
 from .weak import WeakResult
+
+if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
+    from matplotlib.figure import Figure
 
 _COLUMNS = (
     "world_size global_batch lr steps_to_target samples_to_target step_ms time_to_target_s "

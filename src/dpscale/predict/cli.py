@@ -17,7 +17,7 @@ import sys
 from dataclasses import replace
 
 from ..bench.args import parse_int_list
-from ..bench.report import ReportDir
+from ..bench.report import ReportDir, require_plots
 from ..errors import ConfigError
 from ..flags import add_dataclass_arguments, dataclass_kwargs
 from . import goodput, render
@@ -274,6 +274,7 @@ def _run_goodput(
 
 
 def run_predict_from_args(args: argparse.Namespace) -> int:
+    require_plots("predict")
     opts = PredictOptions(**dataclass_kwargs(args, PredictOptions))
     cluster = _cluster(opts)
     if opts.goodput:

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
-
-from matplotlib.figure import Figure
-from matplotlib.ticker import NullLocator
+from typing import TYPE_CHECKING
 
 from ..bench.report import Image, ReportDir, Section, Table, new_figure
+from ..errors import import_extra
 from .cluster import Cluster, Link, MeasuredAllReduce
 from .degrade import ScaleTerms
 from .model import JSON_KEYS, PredictConfig, Prediction
 from .profile import ModelProfile
 from .timeline import BucketSpan
+
+if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
+    from matplotlib.figure import Figure
 
 _COLUMNS = {  # key: (header, format)
     "world_size": ("N", "d"),
@@ -73,7 +75,7 @@ def _workers_axis(ax, sizes: Sequence[int]) -> None:
     while len(ticks) > 12:
         ticks = ticks[::2]
     ax.set_xticks(ticks, [str(n) for n in ticks])
-    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_locator(import_extra("matplotlib.ticker", "drawing a plot").NullLocator())
     ax.set_xlabel("workers N (log scale)")
     ax.grid(True, alpha=0.35)
 

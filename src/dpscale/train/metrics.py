@@ -6,6 +6,7 @@ other tools read the file instead of scraping logs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from dataclasses import asdict, dataclass
@@ -79,7 +80,8 @@ class Progress:
         self.stream = stream or sys.stderr
         self.total = total_steps
         if mode == "auto":
-            mode = "bar" if self.stream.isatty() else "plain"
+            # the bar is rich's, which comes with the lab extra; without it, plain lines
+            mode = "bar" if self.stream.isatty() and importlib.util.find_spec("rich") else "plain"
         self.mode = mode
         self.every = every or max(1, total_steps // 10)
         self._bar = None

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+from ..errors import import_extra
+
 
 @dataclass(frozen=True)
 class TensorData(Dataset):
@@ -32,9 +34,7 @@ class TensorData(Dataset):
 
 
 def digits(seed: int = 0, test_fraction: float = 0.2) -> tuple[TensorData, TensorData]:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
+    bunch = import_extra("sklearn.datasets", "the digits workload").load_digits()
     x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0  # pixel values are 0..16
     y = torch.tensor(bunch.target, dtype=torch.long)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
