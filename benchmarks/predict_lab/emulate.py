@@ -1,18 +1,11 @@
 """An emulated multi-host cluster on this machine: network namespaces joined by rate-limited links.
 
-Topology: a "switch" namespace holds a bridge; every emulated host is a namespace whose only
-interface, eth0 (10.213.0.<i+1>/24, jumbo frames), is a veth pair to a bridge port. A token-bucket
-filter (`tc ... tbf rate R`) caps both directions of every port: the host's eth0 (upload) and its
-switch port (download), so each host has a full-duplex link of R, like a server's NIC on a switch.
-The addresses exist only inside these namespaces, so no traffic leaves them.
-
-Workers run under torchrun, one torchrun per host namespace (`ip netns exec`), with the c10d
-rendezvous on the first host's address; DPSCALE_HOST_ID tells dpscale which host a worker is on
-(the namespaces share the real host name). emulate_worker.py is what each worker runs.
-
-Everything created here is deleted on exit, failure included: processes first (their process
-groups), then the namespaces (which takes their interfaces and queues with them). Names carry this
-process's id, so namespaces left by a killed run are recognised and removed by the next one.
+The hosts are netns.EmulatedHosts (a bridge, one namespace per host, eth0 at 10.213.0.<i+1>, a
+token bucket of `rate_gbit` on both directions of every link) with jumbo frames. Workers run
+under torchrun, one torchrun per host namespace (`ip netns exec`), with the c10d rendezvous on the
+first host's address; DPSCALE_HOST_ID tells dpscale which host a worker is on (the namespaces
+share the real host name). emulate_worker.py is what each worker runs. Everything is deleted on
+exit, failure included (see netns.py).
 """
 
 from __future__ import annotations
@@ -20,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +20,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-SUBNET = "10.213.0"  # private (RFC 1918); only ever configured inside our namespaces
+from predict_lab import netns
+
 PREFIX = "dpsemu"
 # A fresh namespace has no other listener, so a fixed port cannot collide with anything.
 RDZV_PORT = 29400
@@ -75,141 +67,32 @@ class EmulationResult:
         return asdict(self)
 
 
-def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = ["ip", "netns", "exec", ns, *args] if ns else list(args)
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-    if check and out.returncode != 0:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed: {out.stderr.strip() or out.stdout.strip()}")
-    return out
-
-
 def unavailable() -> str | None:
     """Why namespaces cannot be created here, or None when they can."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (this process is not)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` (iproute2) is not installed"
-    probe = f"{PREFIX}-{os.getpid()}-probe"
-    out = _ip("ip", "netns", "add", probe, check=False)
-    if out.returncode != 0:
-        return f"`ip netns add` fails here: {out.stderr.strip()}"
-    _ip("ip", "netns", "del", probe, check=False)
-    return None
+    return netns.unavailable(PREFIX)
 
 
 def remove_stale() -> list[str]:
     """Delete namespaces left by emulations whose process no longer exists; returns their names."""
-    out = _ip("ip", "netns", "list", check=False)
-    removed = []
-    for line in out.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        parts = name.split("-")
-        if len(parts) >= 3 and parts[0] == PREFIX and parts[1].isdigit() and not _alive(int(parts[1])):
-            _ip("ip", "netns", "del", name, check=False)
-            removed.append(name)
-    return removed
+    return netns.remove_stale(PREFIX)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class EmulatedCluster:
-    """Context manager: namespaces and links up on enter, everything torn down on exit."""
+class EmulatedCluster(netns.EmulatedHosts):
+    """Context manager: the config's hosts and rate-limited links up on enter, torn down on exit."""
 
     def __init__(self, config: EmulationConfig):
+        super().__init__(
+            config.hosts, prefix=PREFIX, rate_gbit=config.rate_gbit, burst_kb=config.burst_kb, mtu=MTU
+        )
         self.config = config
-        tag = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(2)}"
-        self.switch = f"{tag}-sw"
-        self.hosts = [f"{tag}-h{i}" for i in range(config.hosts)]
-        self._created: list[str] = []
-        self._procs: list[subprocess.Popen] = []
-
-    def address(self, host: int) -> str:
-        return f"{SUBNET}.{host + 1}"
-
-    def __enter__(self) -> EmulatedCluster:
-        try:
-            self._build()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _build(self) -> None:
-        c = self.config
-        rate = f"{c.rate_gbit * 1000:g}mbit"
-        # queue limit as latency: deep enough that a full-rate TCP flow is shaped, not dropped
-        tbf = ["tbf", "rate", rate, "burst", f"{c.burst_kb}kb", "latency", "100ms"]
-        for ns in [self.switch, *self.hosts]:
-            _ip("ip", "netns", "add", ns)
-            self._created.append(ns)
-            _ip("ip", "link", "set", "lo", "up", ns=ns)
-        _ip("ip", "link", "add", "br0", "type", "bridge", ns=self.switch)
-        _ip("ip", "link", "set", "br0", "up", ns=self.switch)
-        for i, host in enumerate(self.hosts):
-            port = f"p{i}"
-            _ip(
-                "ip",
-                "link",
-                "add",
-                port,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                host,
-                ns=self.switch,
-            )
-            _ip("ip", "link", "set", port, "mtu", str(MTU), "master", "br0", "up", ns=self.switch)
-            _ip("ip", "link", "set", "eth0", "mtu", str(MTU), "up", ns=host)
-            _ip("ip", "addr", "add", f"{self.address(i)}/24", "dev", "eth0", ns=host)
-            _ip("tc", "qdisc", "add", "dev", "eth0", "root", *tbf, ns=host)
-            _ip("tc", "qdisc", "add", "dev", port, "root", *tbf, ns=self.switch)
 
     def start(self, host: int, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-        """Run `argv` inside host namespace `host`, in its own process group; output to `log`.out/.err.
+        """Run `argv` on host `host`; output to `log`.out/.err.
 
         Files, not pipes: a chatty process blocks on a full pipe nobody is reading yet.
         """
         with open(log.with_suffix(".out"), "w") as out, open(log.with_suffix(".err"), "w") as err:
-            proc = subprocess.Popen(
-                ["ip", "netns", "exec", self.hosts[host], *argv],
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=err,
-                start_new_session=True,  # one process group per host: torchrun and its workers
-            )
-        self._procs.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self._procs.clear()
-        for ns in reversed(self._created):
-            _ip("ip", "netns", "del", ns, check=False)
-        self._created.clear()
+            return super().start(host, argv, env={**os.environ, **env}, stdout=out, stderr=err)
 
 
 def _torchrun(cluster: EmulatedCluster, host: int, config: EmulationConfig, run_id: str) -> list[str]:

@@ -1,10 +1,11 @@
-"""Emulated hosts: network namespaces joined by a bridge, for multi-host tests on one machine.
+"""Emulated hosts for the multi-host tests: benchmarks/predict_lab/netns.py's network namespaces.
 
-`hosts` gives two hosts, each a network namespace with one veth link (10.213.N.1 and 10.213.N.2,
-N from the process id) to a bridge that lives in a third namespace, so nothing is added to the
-machine's own network and nothing outside the namespaces is reachable. Needs root and `ip netns`;
-skips with the reason where either is missing. Every process started on a host is killed and
-every namespace (with its links) removed after the test, also when it fails.
+`hosts` gives two hosts, each a network namespace with one veth link (10.213.0.1 and 10.213.0.2)
+to a bridge in a third namespace, so nothing is added to the machine's own network and nothing
+outside the namespaces is reachable. Needs root and `ip netns`; skips with the reason where either
+is missing. Every process started on a host is killed and every namespace (with its links)
+removed after the test, also when it fails. The names start with "dpsmh" (the prediction's
+emulated cluster uses "dpsemu").
 
 The namespaces share the machine's host name and /dev/shm, so each host gets its own
 DPSCALE_HOST_ID (what the transports take a host to be). GLOO_SOCKET_IFNAME is left unset on
@@ -14,117 +15,44 @@ purpose: the host name resolves to 127.0.0.1 here, and the workers must find the
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-from dataclasses import dataclass, field
+import sys
+from pathlib import Path
 
 import pytest
 
-IFNAME = "eth0"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+from predict_lab.netns import EmulatedHosts, remove_stale, unavailable  # noqa: E402
+
+PREFIX = "dpsmh"
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
+class Hosts(EmulatedHosts):
+    """Two emulated hosts; `start` pipes the output (text) and gives each host its own host id."""
 
-
-@dataclass
-class Hosts:
-    names: list[str]  # the namespaces, one per host
-    addrs: list[str]  # each host's address on the link
-    switch: str  # the namespace holding the bridge
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    @property
+    def names(self) -> list[str]:
+        return self.hosts
 
     def env(self, i: int, **extra: str) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
-        return {
-            **base,
-            "DPSCALE_HOST_ID": f"emulated-host-{i}",
-            **extra,
-        }
+        return {**base, "DPSCALE_HOST_ID": f"emulated-host-{i}", **extra}
 
     def start(self, i: int, argv: list[str], **popen) -> subprocess.Popen:
-        """Start `argv` on host `i` (in its own process group, so cleanup reaches its children)."""
         popen.setdefault("env", self.env(i))
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.names[i], *argv],
-            start_new_session=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            **popen,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def link(self, i: int, up: bool) -> None:
-        """Cut (or restore) host i's link, as a pulled cable would."""
-        _ip("-n", self.switch, "link", "set", f"p{i}", "up" if up else "down")
-
-
-def _make(tag: str, count: int) -> Hosts:
-    subnet = f"10.213.{os.getpid() % 250 + 1}"
-    hosts = Hosts(
-        [f"dps-{tag}-h{i}" for i in range(count)],
-        [f"{subnet}.{i + 1}" for i in range(count)],
-        f"dps-{tag}-sw",
-    )
-    _ip("netns", "add", hosts.switch)
-    _ip("-n", hosts.switch, "link", "add", "br0", "type", "bridge")
-    _ip("-n", hosts.switch, "link", "set", "br0", "up")
-    for i, (ns, addr) in enumerate(zip(hosts.names, hosts.addrs, strict=True)):
-        _ip("netns", "add", ns)
-        # the pair is made in the switch namespace, then one end moves to the host under its own name
-        _ip("-n", hosts.switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", f"h{i}")
-        _ip("-n", hosts.switch, "link", "set", f"h{i}", "netns", ns)
-        _ip("-n", ns, "link", "set", f"h{i}", "name", IFNAME)
-        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", IFNAME)
-        _ip("-n", ns, "link", "set", IFNAME, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", hosts.switch, "link", "set", f"p{i}", "master", "br0")
-        _ip("-n", hosts.switch, "link", "set", f"p{i}", "up")
-    return hosts
-
-
-def _remove(hosts: Hosts) -> None:
-    for proc in hosts.procs:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait(timeout=30)
-    # deleting a namespace deletes the links in it (and the veth ends' peers)
-    for ns in [*hosts.names, hosts.switch]:
-        _ip("netns", "del", ns, check=False)
-
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "emulated hosts need root (ip netns add)"
-    probe = f"dps-probe-{os.getpid()}"
-    try:
-        made = _ip("netns", "add", probe, check=False)
-    except FileNotFoundError:
-        return "emulated hosts need iproute2 (`ip` not found)"
-    if made.returncode != 0:
-        return f"ip netns is not permitted here: {made.stderr.strip()}"
-    _ip("netns", "del", probe, check=False)
-    return None
+        popen.setdefault("stdout", subprocess.PIPE)
+        popen.setdefault("stderr", subprocess.PIPE)
+        popen.setdefault("text", True)
+        return super().start(i, argv, **popen)
 
 
 @pytest.fixture
 def hosts():
-    if reason := _why_not():
-        pytest.skip(reason)
-    tag = f"{os.getpid()}"
-    made = None
-    try:
-        made = _make(tag, 2)
+    if reason := unavailable(PREFIX):
+        pytest.skip(f"emulated hosts: {reason}")
+    remove_stale(PREFIX)  # left by a run that was killed before its cleanup
+    with Hosts(2, prefix=PREFIX) as made:
         yield made
-    finally:
-        if made is not None:
-            _remove(made)
-        else:  # a half-built set: remove whatever exists under this tag
-            for ns in _ip("netns", "list").stdout.split():
-                if ns.startswith(f"dps-{tag}-"):
-                    _ip("netns", "del", ns, check=False)
