@@ -13,13 +13,14 @@ from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.predict.profile import ProfileConfig, measure
 from dpscale.run.launch import RunConfig, run_script
 
-# Flags that say how to show a result, not what to run: no config field behind them.
-OUTPUT_FLAGS = {"--json", "--report-dir"}
+# Flags that say how to show a result, not what to run: no config field behind them; and
+# --config FILE.toml, which sets the config's own fields from a file (flags.config_file_kwargs).
+OUTPUT_FLAGS = {"--json", "--report-dir", "--config"}
 # Still hand-written; each entry is a debt (#18): move it into a config dataclass and drop it here.
 HAND_WRITTEN = {
     # the launcher's flags (train/launch.py, train/nodes.py) beside TrainConfig's
     "train": {
-        "--config", "--nproc", "--max-restarts", "--threads",
+        "--nproc", "--max-restarts", "--threads",
         "--nnodes", "--rdzv-endpoint", "--rdzv-id", "--local-addr", "--rdzv-conf",
     },
     "report": {"--out"},

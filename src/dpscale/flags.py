@@ -161,3 +161,40 @@ def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
         else:
             argv += [flag_name(f), str(value)]
     return argv
+
+
+def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
+    """The fields of `cls` a TOML file sets, as `dataclass_kwargs` gives a command line's.
+
+    Keys are the fields' flag names without the dashes (`world-sizes`) or the field names
+    (`world_sizes`). A string goes through the field's parser as the flag's text would
+    ("1,2", "16M"); other TOML values (numbers, booleans, arrays) are taken as they are, an array
+    as a tuple where the field's default is one. A key that is no field: ConfigError naming it.
+    """
+    import tomllib
+
+    from .errors import ConfigError
+
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot read {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{flag}: {path} is not valid TOML: {e}") from None
+    by_key = {}
+    for f in dataclasses.fields(cls):
+        by_key[f.name] = by_key[flag_name(f).removeprefix("--")] = f
+    out = {}
+    for key, value in raw.items():
+        f = by_key.get(key) or by_key.get(key.replace("-", "_"))
+        if f is None:
+            known = ", ".join(flag_name(f).removeprefix("--") for f in dataclasses.fields(cls))
+            raise ConfigError(f"{flag}: {path} sets {key!r}, which is not one of its keys: {known}")
+        parse = (f.metadata.get(_KEY) or {}).get("parse")
+        if isinstance(value, str) and parse:
+            value = parse(value)
+        elif isinstance(value, list) and isinstance(f.default, tuple):
+            value = tuple(value)
+        out[f.name] = value
+    return out

@@ -315,3 +315,58 @@ def test_scaling_plots_name_the_transport_between_workers_and_keep_labels_apart(
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
     # the p10-p90 bars are drawn, one set per engine
     assert len([c for c in ax.containers if c.has_yerr]) == 3
+
+
+# ---- --config FILE.toml for study and the benches -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command, toml, expected",
+    [
+        (
+            ["bench", "allreduce"],
+            'transport = "shm,gloo"\nworld-sizes = [1, 2]\nsizes = "4,16M"\niters = 7\n',
+            {"transports": ["shm", "gloo"], "world_sizes": [1, 2], "sizes_bytes": [4, 16 << 20], "iters": 7},
+        ),
+        (
+            ["bench", "scaling"],
+            'model = "digits"\nworld_sizes = "1,2"\nsteps = 12\n',
+            {"model": "digits", "world_sizes": [1, 2], "steps": 12},
+        ),
+        (["bench", "convergence"], "samples = 256\nseed = 3\n", {"samples": 256, "seed": 3}),
+    ],
+)
+def test_a_bench_takes_its_config_from_a_toml_file_and_flags_override_it(command, toml, expected, tmp_path):
+    path = tmp_path / "bench.toml"
+    path.write_text(toml)
+    config_of = CONFIG_OF[command[1]]
+    config = config_of(build_parser().parse_args([*command, "--config", str(path)]))
+    assert {k: getattr(config, k) for k in expected} == expected
+    # a flag wins over the file
+    config = config_of(build_parser().parse_args([*command, "--config", str(path), "--world-sizes", "2"]))
+    assert config.world_sizes == [2]
+
+
+def test_the_study_takes_its_config_from_a_toml_file(tmp_path):
+    path = tmp_path / "study.toml"
+    path.write_text('quick = true\nmodels = ["mlp"]\nworld-sizes = "1,2,4"\n')
+    args = build_parser().parse_args(["study", "--config", str(path)])
+    assert commands.study_config(args) == study.StudyConfig(
+        quick=True, models=("mlp",), world_sizes=(1, 2, 4)
+    )
+
+
+def test_a_bad_config_file_is_one_line_naming_the_file_and_key(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("stepz = 3\n")
+    with pytest.raises(
+        ValueError, match=r"^--config: .*bad.toml sets 'stepz', which is not one of its keys: model"
+    ):
+        commands.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
+    path.write_text("steps = [\n")
+    with pytest.raises(ValueError, match=r"^--config: .*bad.toml is not valid TOML"):
+        commands.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
+    with pytest.raises(ValueError, match=r"^--config: cannot read .*nowhere.toml"):
+        commands.scaling_config(
+            build_parser().parse_args(["bench", "scaling", "--config", str(tmp_path / "nowhere.toml")])
+        )

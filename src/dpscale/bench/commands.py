@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..cores import usable_cores
 from ..errors import ConfigError
-from ..flags import add_dataclass_arguments, dataclass_kwargs, flag_name
+from ..flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, flag_name
 from ..run.launch import check_script
 from . import (
     allreduce,
@@ -52,11 +52,28 @@ class Command:
 
 
 def _add_output_flags(parser: argparse.ArgumentParser, json_help: str) -> None:
-    """The flags every bench has besides its config's: where the report goes, JSON on stdout."""
+    """The flags every bench has besides its config's: the config file, where the report goes,
+    JSON on stdout."""
+    _add_config_flag(parser)
     parser.add_argument("--json", action="store_true", help=json_help)
     parser.add_argument(
         "--report-dir", default="reports", help="base directory of the report (default reports)"
     )
+
+
+def _add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="set any of the fields below from a TOML file (keys as the flags, without --); flags override",
+    )
+
+
+def _kwargs(args: argparse.Namespace, cls: type) -> dict:
+    """The config's fields from --config FILE.toml, then from the flags given (a flag wins)."""
+    path = getattr(args, "config", None)
+    return (config_file_kwargs(path, cls) if path else {}) | dataclass_kwargs(args, cls)
 
 
 def _warn(warnings: list[str]) -> None:
@@ -74,7 +91,7 @@ def add_allreduce_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def allreduce_config(args: argparse.Namespace) -> allreduce.AllReduceConfig:
-    kwargs = dataclass_kwargs(args, allreduce.AllReduceConfig)
+    kwargs = _kwargs(args, allreduce.AllReduceConfig)
     kwargs.setdefault("transports", allreduce.available_transports())  # not just gloo, as the API's
     return allreduce.AllReduceConfig(**kwargs)
 
@@ -103,7 +120,7 @@ def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def scaling_config(args: argparse.Namespace) -> scaling.ScalingConfig:
-    return scaling.ScalingConfig(**dataclass_kwargs(args, scaling.ScalingConfig))
+    return scaling.ScalingConfig(**_kwargs(args, scaling.ScalingConfig))
 
 
 def run_scaling(args: argparse.Namespace) -> int:
@@ -151,12 +168,12 @@ def _refuse_other_mode_flags(args: argparse.Namespace, mode: str, other: type) -
 
 def convergence_config(args: argparse.Namespace) -> convergence.ConvergenceConfig:
     _refuse_other_mode_flags(args, "same-batch", weak.WeakConfig)
-    return convergence.ConvergenceConfig(**dataclass_kwargs(args, convergence.ConvergenceConfig))
+    return convergence.ConvergenceConfig(**_kwargs(args, convergence.ConvergenceConfig))
 
 
 def weak_config(args: argparse.Namespace) -> weak.WeakConfig:
     _refuse_other_mode_flags(args, "weak", convergence.ConvergenceConfig)
-    return weak.WeakConfig(**dataclass_kwargs(args, weak.WeakConfig))
+    return weak.WeakConfig(**_kwargs(args, weak.WeakConfig))
 
 
 def run_convergence(args: argparse.Namespace) -> int:
@@ -198,6 +215,7 @@ def _run_weak(args: argparse.Namespace) -> int:
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, engine.EngineBenchConfig)
+    _add_config_flag(parser)
     parser.add_argument(
         "--json", action="store_true", help="print the results as a JSON list on the last line"
     )
@@ -208,7 +226,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_engine(args: argparse.Namespace) -> int:
     require_plots("bench engine")
-    config = engine.EngineBenchConfig(**dataclass_kwargs(args, engine.EngineBenchConfig))
+    config = engine.EngineBenchConfig(**_kwargs(args, engine.EngineBenchConfig))
     results = []
     for m in config.models:
         res, measured = engine.run(
@@ -231,12 +249,17 @@ def run_engine(args: argparse.Namespace) -> int:
 
 def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, study.StudyConfig)
+    _add_config_flag(parser)
     parser.add_argument("--json", action="store_true", help="print the summary rows as JSON on the last line")
+
+
+def study_config(args: argparse.Namespace) -> study.StudyConfig:
+    return study.StudyConfig(**_kwargs(args, study.StudyConfig))
 
 
 def run_study(args: argparse.Namespace) -> int:
     require_plots("study")
-    config = study.StudyConfig(**dataclass_kwargs(args, study.StudyConfig))
+    config = study_config(args)
     result = study.run(config)
     report = ReportDir.create(config.report_dir, "study")
     study.write_report(result, report)
@@ -291,7 +314,7 @@ def scale_config(args: argparse.Namespace) -> script_scaling.ScaleConfig:
     if not command:
         raise ConfigError("give the script after --, e.g. dpscale scale --nproc 1,2 -- train.py --lr 0.1")
     check_script(command[0])
-    kwargs = dataclass_kwargs(args, script_scaling.ScaleConfig)
+    kwargs = _kwargs(args, script_scaling.ScaleConfig)
     sizes = kwargs.get("world_sizes", [1, 2])
     kwargs.setdefault("threads_per_worker", max(1, usable_cores() // max(sizes)))
     return script_scaling.ScaleConfig(script=command[0], args=command[1:], **kwargs)
