@@ -62,3 +62,23 @@ def test_the_cli_refuses_half_a_multi_host_command():
     )
     assert p.returncode == 2
     assert "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME" in p.stderr
+
+
+def test_node_rank_means_a_static_rendezvous_of_a_fixed_number_of_hosts():
+    first, second = _nodes(min_nodes=2, node_rank=0), _nodes(min_nodes=2, node_rank=1)
+    # the host of rank 0 serves the store (and holds the checkpoint-directory lock), whatever its addresses
+    assert first.serves_store() and not second.serves_store()
+    assert second.rdzv_configs(10) == {"rank": 1}
+    with pytest.raises(ValueError, match="--node-rank must be 0..1 for --nnodes 2, got 2"):
+        _nodes(min_nodes=2, node_rank=2)
+    with pytest.raises(ValueError, match="fixed number of hosts.*give --nnodes N"):
+        _nodes(node_rank=0)  # --nnodes 1:2
+
+
+def test_node_rank_with_restarts_is_refused_before_anything_starts():
+    from dpscale.train.config import TrainConfig
+    from dpscale.train.launch import launch
+
+    cfg = TrainConfig(workload="digits", max_steps=1)
+    with pytest.raises(ValueError, match="--node-rank .* cannot restart across hosts"):
+        launch(cfg, 1, max_restarts=1, nodes=_nodes(min_nodes=2, node_rank=0))

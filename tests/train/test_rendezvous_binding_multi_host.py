@@ -67,3 +67,24 @@ def test_is_host_on_a_host_without_the_endpoint_address_says_what_to_change():
     # 192.0.2.1 (TEST-NET-1, RFC 5737) is on no interface here
     with pytest.raises(RendezvousConnectionError, match="is_host=0"):
         rendezvous_handler_registry.create_handler(_params("192.0.2.1:29400", "127.0.0.1", is_host=True))
+
+
+def test_the_static_rendezvous_store_listens_on_the_endpoint_only():
+    import socket
+
+    with socket.socket() as s:  # a free port (a static endpoint names one)
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    params = RendezvousParameters(
+        backend=rendezvous.register_static(),
+        endpoint=f"127.0.0.2:{port}",
+        run_id=f"test-{uuid.uuid4().hex[:8]}",
+        min_nodes=1,
+        max_nodes=1,
+        rank=0,
+    )
+    before = set(listening([os.getpid()]))
+    handler = rendezvous_handler_registry.create_handler(params)
+    info = handler.next_rendezvous()
+    assert (info.rank, info.world_size) == (0, 1)
+    assert sorted(set(listening([os.getpid()])) - before) == [f"127.0.0.2:{port}"]  # torch's: *:port

@@ -184,6 +184,13 @@ def launch(
     check_before_start(cfg)
     if nodes is not None and min_nproc != nproc:
         raise ConfigError("--nproc MIN:MAX is for one host; across hosts give --nnodes MIN:MAX and --nproc N")
+    if nodes is not None and nodes.node_rank is not None and max_restarts:
+        # a static rendezvous has no round every host shares, so restarted hosts would meet under
+        # different keys (comm/attempt.py)
+        raise ConfigError(
+            "--node-rank (static rendezvous) cannot restart across hosts: drop --node-rank (the "
+            "dpscale-c10d rendezvous numbers the hosts and restarts them) or give --max-restarts 0"
+        )
     # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
     # so a second job is refused there and the other hosts of one job do not refuse each other
     lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())
@@ -287,7 +294,9 @@ def _launch_elastic(
             min_nodes=nodes.min_nodes,
             max_nodes=nodes.max_nodes,
             run_id=nodes.rdzv_id,
-            rdzv_backend=rendezvous.MULTI_HOST_BACKEND,
+            rdzv_backend=rendezvous.MULTI_HOST_BACKEND
+            if nodes.node_rank is None
+            else rendezvous.register_static(),
             rdzv_endpoint=nodes.rdzv_endpoint,
             rdzv_configs=nodes.rdzv_configs(cfg.collective_timeout_s),
             local_addr=nodes.local_addr,

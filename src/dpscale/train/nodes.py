@@ -32,6 +32,10 @@ class Nodes:
     """The address other hosts reach this one at (`--local-addr`; default: torch's lookup)."""
     rdzv_conf: dict[str, str] = field(default_factory=dict)
     """Passed to torch's rendezvous (`--rdzv-conf k=v,...`), e.g. join_timeout, is_host."""
+    node_rank: int | None = None
+    """This host's rank for a static rendezvous (`--node-rank`, torchrun's meaning: 0..N-1, a
+    fixed number of hosts, the host of rank 0 serves the store at the endpoint); None: dynamic
+    (`dpscale-c10d`), where the rendezvous numbers the hosts."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -45,6 +49,17 @@ class Nodes:
             )
         if not self.rdzv_id:
             raise ConfigError("--rdzv-id must name the job (the same on every host), got ''")
+        if self.node_rank is not None:
+            if self.min_nodes != self.max_nodes:
+                raise ConfigError(
+                    f"--node-rank is for a fixed number of hosts (static rendezvous): give --nnodes N, "
+                    f"not {self.min_nodes}:{self.max_nodes}"
+                )
+            if not 0 <= self.node_rank < self.max_nodes:
+                raise ConfigError(
+                    f"--node-rank must be 0..{self.max_nodes - 1} for --nnodes {self.max_nodes}, "
+                    f"got {self.node_rank}"
+                )
         timeout = self.rdzv_conf.get("read_timeout", "1")
         if not timeout.isdigit() or int(timeout) < 1:
             raise ConfigError(
@@ -58,6 +73,8 @@ class Nodes:
     def serves_store(self) -> bool:
         """Whether this host serves the rendezvous store: `is_host` from --rdzv-conf, else whether
         one of its interfaces carries the endpoint's address."""
+        if self.node_rank is not None:
+            return self.node_rank == 0
         if "is_host" in self.rdzv_conf:
             return self.rdzv_conf["is_host"].lower() in ("1", "true", "yes", "y", "t")
         return carries_address(self.endpoint_host)
@@ -71,6 +88,8 @@ class Nodes:
         return max(1, math.ceil(collective_timeout_s))
 
     def rdzv_configs(self, collective_timeout_s: float = 60.0) -> dict[str, object]:
+        if self.node_rank is not None:  # torch's static handler: its timeout bounds the wait for all hosts
+            return {**self.rdzv_conf, "rank": self.node_rank}
         return {
             **self.rdzv_conf,
             "is_host": self.serves_store(),

@@ -26,12 +26,14 @@ import socket
 
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
 from ..comm.attempt import ROUND_ENV, bounded, source_address
 from .nodes import carries_address
 
 BACKEND = "dpscale-loopback"
 MULTI_HOST_BACKEND = "dpscale-c10d"
+STATIC_BACKEND = "dpscale-static"
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 29400  # torchrun's, for an endpoint given without one
 
@@ -41,12 +43,15 @@ def loopback_store(port: int = 0) -> dist.TCPStore:
     return bound_store(LOOPBACK, port)
 
 
-def bound_store(host: str, port: int = 0, timeout_s: float = 60) -> dist.TCPStore:
+def bound_store(
+    host: str, port: int = 0, timeout_s: float = 60, world_size: int | None = None
+) -> dist.TCPStore:
     """A store server listening on `host`'s address only (port 0: one the OS picks).
 
     torch's own server would listen on every interface whatever `host` says; a socket bound
-    here and handed over (`master_listen_fd`) is all it listens on. OSError when `host` is not
-    an address of this host's interfaces (or the port is taken).
+    here and handed over (`master_listen_fd`) is all it listens on. With `world_size` the
+    constructor waits (up to `timeout_s`) until that many clients, itself included, connected.
+    OSError when `host` is not an address of this host's interfaces (or the port is taken).
     """
     sock = _listening_socket(host, port)
     port = sock.getsockname()[1]
@@ -54,10 +59,11 @@ def bound_store(host: str, port: int = 0, timeout_s: float = 60) -> dist.TCPStor
     return dist.TCPStore(
         host,
         port,
+        world_size,
         is_master=True,
         multi_tenant=True,
         master_listen_fd=sock.detach(),
-        wait_for_workers=False,
+        wait_for_workers=world_size is not None,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
 
@@ -75,6 +81,39 @@ def _listening_socket(host: str, port: int) -> socket.socket:
             sock.close()
             error = e
     raise error or OSError(f"{host} has no address")
+
+
+def register_static() -> str:
+    """Make `dpscale-static` known to torch's launcher (idempotent); returns its name.
+
+    torch's static rendezvous (`--node-rank`: each host is told its rank, the host of rank 0
+    serves the one store everybody meets in) with that store bound to the endpoint's address.
+    """
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    rendezvous_handler_registry.register(STATIC_BACKEND, _create_static_handler)
+    return STATIC_BACKEND
+
+
+def _create_static_handler(params):
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import create_rdzv_handler
+
+    torchs = create_rdzv_handler(params)  # torch's checks and defaults (rank, port, timeout)
+    args = (torchs.master_addr, torchs.master_port, torchs.rank, torchs.world_size, torchs.run_id)
+    return _StaticRendezvous(*args, int(torchs.timeout.total_seconds()))
+
+
+class _StaticRendezvous(StaticTCPRendezvous):
+    def get_backend(self) -> str:
+        return STATIC_BACKEND
+
+    def next_rendezvous(self):
+        if self._store is None and self.rank == 0:
+            # what torch's handler creates here, on every interface; returns once every host's
+            # agent connected (or raises after the timeout)
+            timeout_s = self.timeout.total_seconds()
+            self._store = bound_store(self.master_addr, self.master_port, timeout_s, self.world_size)
+        return super().next_rendezvous()
 
 
 def register() -> str:
