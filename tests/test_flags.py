@@ -18,11 +18,6 @@ from dpscale.run.launch import RunConfig, run_script
 OUTPUT_FLAGS = {"--json", "--report-dir", "--config"}
 # Still hand-written; each entry is a debt (#18): move it into a config dataclass and drop it here.
 HAND_WRITTEN = {
-    # the launcher's flags (train/launch.py, train/nodes.py) beside TrainConfig's
-    "train": {
-        "--nproc", "--max-restarts", "--threads",
-        "--nnodes", "--rdzv-endpoint", "--rdzv-id", "--local-addr", "--rdzv-conf",
-    },
     "report": {"--out"},
     # picks the config (ConvergenceConfig or WeakConfig) rather than setting a field of one
     "bench convergence": {"--mode"},
@@ -80,6 +75,14 @@ def test_a_field_without_default_is_a_required_flag_and_unset_flags_keep_the_def
         (["run", "--engine", "horovod", "train.py"], "--engine: unknown 'horovod'"),
         (["profile", "--model", "mlp", "--steps", "0"], "--steps: must be >= 1, got 0"),
         (["profile", "--model", "mlp", "--co-located", "0"], "--co-located: must be >= 1, got 0"),
+        (["train", "--nproc", "3:2"], "--nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got '3:2'"),
+        (["train", "--max-restarts", "-1"], "--max-restarts must be >= 0, got -1"),
+        (["train", "--threads", "0"], "--threads must be >= 1"),
+        (
+            ["train", "--rdzv-id", "job"],
+            "--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes",
+        ),
+        (["train", "--nnodes", "2", "--rdzv-id", "job"], "--nnodes needs --rdzv-endpoint HOST:PORT"),
     ],
 )
 def test_bad_flags_exit_2_with_the_flag_named(argv, message, capsys):
@@ -92,6 +95,20 @@ def test_profile_needs_a_model(capsys):
     with pytest.raises(SystemExit) as e:
         main(["profile"])
     assert e.value.code == 2 and "--model" in capsys.readouterr().err
+
+
+def test_train_launcher_flags_build_launch_options():
+    from dpscale.train.launch_options import LaunchOptions
+
+    args = build_parser().parse_args(
+        ["train", "--nproc", "1:2", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--rdzv-id", "j"]
+    )
+    opts = LaunchOptions(**dataclass_kwargs(args, LaunchOptions))
+    assert opts.nproc_range == (1, 2) and (opts.max_restarts, opts.threads, opts.config) == (0, None, None)
+    nodes = opts.nodes()
+    assert (nodes.min_nodes, nodes.max_nodes, nodes.rdzv_endpoint, nodes.rdzv_id) == (2, 2, "h:29400", "j")
+    assert LaunchOptions().nodes() is None
+    assert "--config FILE.toml" in build_parser()._subparsers._group_actions[0].choices["train"].format_help()
 
 
 def test_the_library_checks_what_the_flags_check():

@@ -13,6 +13,7 @@ import sys
 from .errors import ConfigError
 from .flags import add_dataclass_arguments, dataclass_kwargs, finite_float
 from .train.config import TrainConfig
+from .train.launch_options import LaunchOptions
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,46 +33,19 @@ def _add_train(sub) -> None:
         "before any worker started; 3 diverged (--max-skipped-steps); 143/130 stopped by SIGTERM/SIGINT "
         "after a checkpoint (continue with --resume). See docs/fault-tolerance.md.",
     )
-    p.add_argument(
-        "--config",
-        metavar="FILE.toml",
-        default=None,
-        help="set any of the fields below from a TOML file (keys as the flags, without --); flags override",
-    )
-    p.add_argument(
-        "--nproc",
-        default="1",
-        help="workers on this host: N, or MIN:MAX to go on with fewer workers (down to MIN) when the "
-        "restarts at MAX are used up (default 1)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        help="restart all workers up to this many times after a failure (resuming from checkpoints)",
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads per worker (default: cores / nproc)"
-    )
+    add_dataclass_arguments(p, LaunchOptions)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
-    # across hosts: torchrun's flags and meanings (train/nodes.py); the same command on every host
-    p.add_argument(
-        "--nnodes", default=None, help="hosts: N, or MIN:MAX (as torchrun); starts a multi-host job"
-    )
-    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous store (multi-host)")
-    p.add_argument("--rdzv-id", default=None, help="the job's name, the same on every host (multi-host)")
-    p.add_argument("--local-addr", default=None, help="the address other hosts reach this one at")
-    p.add_argument("--rdzv-conf", default=None, help="k=v,... passed to torch's rendezvous (e.g. is_host=1)")
     add_dataclass_arguments(p, TrainConfig)
     p.set_defaults(func=_cmd_train)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train.config import config_file_fields
-    from .train.launch import LaunchError, RunStopped, launch, parse_nproc
+    from .train.launch import LaunchError, RunStopped, launch
     from .train.preflight import preflight
 
-    fields = config_file_fields(args.config) if args.config else {}
+    launch_opts = LaunchOptions(**dataclass_kwargs(args, LaunchOptions))
+    fields = config_file_fields(launch_opts.config) if launch_opts.config else {}
     flags = dataclass_kwargs(args, TrainConfig)
     if "task" in flags or "workload" in flags:  # a flag naming what to train replaces the file's choice
         fields.pop("task", None)
@@ -80,16 +54,17 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if fields.get("task") is None and fields.get("workload") is None:
         fields["workload"] = "digits"
     cfg = TrainConfig(**fields)
-    min_nproc, nproc = parse_nproc(args.nproc)
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    if args.threads is not None and args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1 (intra-op threads per worker), got {args.threads}")
-    nodes = _nodes(args)
+    min_nproc, nproc = launch_opts.nproc_range
+    nodes = launch_opts.nodes()
     preflight(cfg, [nproc, min_nproc])
     try:
         result = launch(
-            cfg, nproc, min_nproc=min_nproc, max_restarts=args.max_restarts, threads=args.threads, nodes=nodes
+            cfg,
+            nproc,
+            min_nproc=min_nproc,
+            max_restarts=launch_opts.max_restarts,
+            threads=launch_opts.threads,
+            nodes=nodes,
         )
     except LaunchError as e:  # the workers ran and failed: not bad input, so exit 1 with their traceback
         print(f"dpscale train: error: {e}", file=sys.stderr, flush=True)
@@ -102,30 +77,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict()), flush=True)
     return 0
-
-
-def _nodes(args: argparse.Namespace):
-    """The multi-host flags as a Nodes config, or None for a job on this host."""
-    from .train.nodes import Nodes, parse_nnodes, parse_rdzv_conf
-
-    multi = (args.rdzv_endpoint, args.rdzv_id, args.local_addr, args.rdzv_conf)
-    if args.nnodes is None:
-        if any(v is not None for v in multi):
-            raise ConfigError("--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes")
-        return None
-    if args.rdzv_endpoint is None or args.rdzv_id is None:
-        raise ConfigError(
-            "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME (the same on every host)"
-        )
-    min_nodes, max_nodes = parse_nnodes(args.nnodes)
-    return Nodes(
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        rdzv_endpoint=args.rdzv_endpoint,
-        rdzv_id=args.rdzv_id,
-        local_addr=args.local_addr,
-        rdzv_conf=parse_rdzv_conf(args.rdzv_conf),
-    )
 
 
 def _command(sub, name: str, text: str, add_arguments, run) -> None:

@@ -28,11 +28,14 @@ def flag_spec(
     parse: Callable[[str], object] | None = None,
     help: str | None = None,
     group: str | None = None,
+    metavar: str | None = None,
 ) -> dict:
     """Field metadata for `add_dataclass_arguments`: `field(default=..., metadata=flag_spec(parse=...))`.
 
-    `group` is the title of the argument group the flag is listed under in --help."""
-    return {_KEY: {"name": name, "aliases": aliases, "parse": parse, "help": help, "group": group}}
+    `group` is the title of the argument group the flag is listed under in --help; `metavar` the
+    value's name there (default: the field's name in capitals)."""
+    spec = {"name": name, "aliases": aliases, "parse": parse, "help": help}
+    return {_KEY: {**spec, "group": group, "metavar": metavar}}
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -113,7 +116,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                 dest=f.name,
                 type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
                 default=None,
-                metavar=f.name.upper(),
+                metavar=meta.get("metavar") or f.name.upper(),
                 required=required,
                 help=help_text,
             )

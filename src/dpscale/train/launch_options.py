@@ -1,0 +1,74 @@
+"""`LaunchOptions`: `dpscale train`'s flags beside TrainConfig's, for the launcher rather than the loop.
+
+How many workers on this host (`--nproc N` or `MIN:MAX`), how often to restart them, their threads,
+and, across hosts, torchrun's multi-node flags (`--nnodes`, `--rdzv-*`, `--local-addr`; nodes.py).
+They say where and how the workers run, not what they train, so they are not TrainConfig fields
+and are not saved with it. `--config FILE.toml` sets TrainConfig fields from a file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..flags import flag_spec
+from .nodes import Nodes, parse_min_max, parse_nnodes, parse_rdzv_conf
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """The launcher's flags of `dpscale train`; checked here, so bad input fails before a worker starts."""
+
+    config: str | None = field(default=None, metadata=flag_spec(metavar="FILE.toml"))
+    """set any of the fields below from a TOML file (keys as the flags, without --); flags override"""
+    nproc: str = "1"
+    """workers on this host: N, or MIN:MAX to go on with fewer workers (down to MIN) when the
+    restarts at MAX are used up (default 1)"""
+    max_restarts: int = 0
+    """restart all workers up to this many times after a failure (resuming from checkpoints)"""
+    threads: int | None = None
+    """intra-op threads per worker (default: cores / nproc)"""
+    # across hosts: torchrun's flags and meanings (nodes.py); the same command on every host
+    nnodes: str | None = None
+    """hosts: N, or MIN:MAX (as torchrun); starts a multi-host job"""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the rendezvous store (multi-host)"""
+    rdzv_id: str | None = None
+    """the job's name, the same on every host (multi-host)"""
+    local_addr: str | None = None
+    """the address other hosts reach this one at"""
+    rdzv_conf: str | None = None
+    """k=v,... passed to torch's rendezvous (e.g. is_host=1)"""
+
+    def __post_init__(self) -> None:
+        self.nproc_range  # noqa: B018 -- parsing checks --nproc
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1 (intra-op threads per worker), got {self.threads}")
+
+    @property
+    def nproc_range(self) -> tuple[int, int]:
+        """(fewest, most) workers on this host."""
+        return parse_min_max("--nproc", self.nproc)
+
+    def nodes(self) -> Nodes | None:
+        """The multi-host flags as a Nodes config, or None for a job on this host."""
+        multi = (self.rdzv_endpoint, self.rdzv_id, self.local_addr, self.rdzv_conf)
+        if self.nnodes is None:
+            if any(v is not None for v in multi):
+                raise ConfigError("--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes")
+            return None
+        if self.rdzv_endpoint is None or self.rdzv_id is None:
+            raise ConfigError(
+                "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME (the same on every host)"
+            )
+        min_nodes, max_nodes = parse_nnodes(self.nnodes)
+        return Nodes(
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            rdzv_endpoint=self.rdzv_endpoint,
+            rdzv_id=self.rdzv_id,
+            local_addr=self.local_addr,
+            rdzv_conf=parse_rdzv_conf(self.rdzv_conf),
+        )
