@@ -16,12 +16,11 @@ from torch import nn
 from dpscale.train.checkpoint import (
     CheckpointError,
     CheckpointWarning,
-    capture_rng_state,
     load_checkpoint,
     load_latest,
-    restore_rng_state,
     save_checkpoint,
 )
+from dpscale.train.rank_state import capture_rng_state, restore_rng_state
 
 
 def _assert_same(a, b, where="payload"):
