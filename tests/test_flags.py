@@ -152,3 +152,19 @@ def test_predict_keeps_its_flags_and_defaults():
     assert (opts.preset, opts.bucket_mb, opts.algorithm, opts.engine) == ("cpu-shm", 25.0, "auto", "dpscale")
     assert (opts.bytes_per_param, opts.backward_fraction, opts.oversubscription) == (4.0, 2 / 3, 1.0)
     assert args.report_dir == "reports" and args.json is False
+
+
+def test_train_config_file_reads_through_the_one_toml_reader(tmp_path, capsys):
+    from dpscale.flags import config_file_kwargs
+    from dpscale.train.config import TrainConfig
+
+    path = tmp_path / "run.toml"
+    path.write_text('workload = "synthetic"\nglobal-batch = 32\nmax_steps = 5\n')
+    assert config_file_kwargs(str(path), TrainConfig) == {
+        "workload": "synthetic",
+        "global_batch": 32,
+        "max_steps": 5,
+    }
+    path.write_text("global_bach = 32\n")
+    assert main(["train", "--config", str(path)]) == 2  # refused before a worker starts
+    assert "--config: " in capsys.readouterr().err

@@ -11,7 +11,7 @@ import json
 import sys
 
 from .errors import ConfigError
-from .flags import add_dataclass_arguments, dataclass_kwargs, finite_float
+from .flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, finite_float
 from .train.config import TrainConfig
 from .train.launch_options import LaunchOptions
 
@@ -40,12 +40,11 @@ def _add_train(sub) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .train.config import config_file_fields
     from .train.launch import LaunchError, RunStopped, launch
     from .train.preflight import preflight
 
     launch_opts = LaunchOptions(**dataclass_kwargs(args, LaunchOptions))
-    fields = config_file_fields(launch_opts.config) if launch_opts.config else {}
+    fields = config_file_kwargs(launch_opts.config, TrainConfig) if launch_opts.config else {}
     flags = dataclass_kwargs(args, TrainConfig)
     if "task" in flags or "workload" in flags:  # a flag naming what to train replaces the file's choice
         fields.pop("task", None)

@@ -252,26 +252,3 @@ def _finite_floats(cfg: TrainConfig) -> None:
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-def config_file_fields(path: str) -> dict:
-    """The TrainConfig fields a TOML file sets (keys may use - or _); ValueError naming a bad key."""
-    import tomllib
-
-    try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
-    except OSError as e:
-        raise ConfigError(f"--config: cannot read {path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config: {path} is not valid TOML: {e}") from None
-    known = {f.name for f in fields(TrainConfig)}
-    out = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in known:
-            raise ConfigError(
-                f"--config: {path} sets {key!r}, which is not a TrainConfig field; see dpscale train --help"
-            )
-        out[name] = value
-    return out
