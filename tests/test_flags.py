@@ -80,7 +80,13 @@ def test_a_field_without_default_is_a_required_flag_and_unset_flags_keep_the_def
         (["train", "--threads", "0"], "--threads must be >= 1"),
         (
             ["train", "--rdzv-id", "job"],
-            "--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes",
+            "--rdzv-endpoint, --rdzv-id, --local-addr, --rdzv-conf and --node-rank need --nnodes",
+        ),
+        (["train", "--node-rank", "1"], "--node-rank need --nnodes"),
+        (
+            ["train", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:29400", "--rdzv-id", "j"]
+            + ["--node-rank", "2"],
+            "--node-rank must be 0..1 for --nnodes 2, got 2",
         ),
         (["train", "--nnodes", "2", "--rdzv-id", "job"], "--nnodes needs --rdzv-endpoint HOST:PORT"),
     ],

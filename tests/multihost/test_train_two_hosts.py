@@ -112,3 +112,17 @@ def test_dpscale_train_across_two_hosts_as_one_host_does(hosts):
     for result in results:  # every host's launcher reports the job's result
         for key in ("world_size", "steps", "samples_seen", "final_loss", "test_accuracy", "param_sha256"):
             assert result[key] == reference[key], key
+
+
+def test_static_rendezvous_with_node_rank_trains_as_one_host_does(hosts):
+    # torchrun's --node-rank: each host is told its rank; host 0 serves the store at the endpoint
+    reference = _one_host([])
+    train = [sys.executable, "-m", "dpscale.cli", "train", "--nproc", "1", "--threads", "1", "--nnodes", "2"]
+    train += ["--rdzv-endpoint", f"{hosts.addrs[0]}:29400", "--rdzv-id", f"test-{uuid.uuid4().hex[:8]}"]
+    train += WORKER[2:]
+    argv = [[*train, "--node-rank", str(i), "--local-addr", addr] for i, addr in enumerate(hosts.addrs)]
+    procs = [hosts.start(i, a) for i, a in enumerate(argv)]
+    results = [_result(p, 300) for p in procs]
+    for result in results:
+        for key in ("world_size", "steps", "samples_seen", "final_loss", "test_accuracy", "param_sha256"):
+            assert result[key] == reference[key], key

@@ -39,6 +39,9 @@ class LaunchOptions:
     """the address other hosts reach this one at"""
     rdzv_conf: str | None = None
     """k=v,... passed to torch's rendezvous (e.g. is_host=1)"""
+    node_rank: int | None = None
+    """this host's rank 0..N-1 for a static rendezvous (torchrun's meaning; needs --nnodes N; the
+    host of rank 0 serves the store; no restarts across hosts). Default: the rendezvous numbers the hosts"""
 
     def __post_init__(self) -> None:
         self.nproc_range  # noqa: B018 -- parsing checks --nproc
@@ -54,10 +57,12 @@ class LaunchOptions:
 
     def nodes(self) -> Nodes | None:
         """The multi-host flags as a Nodes config, or None for a job on this host."""
-        multi = (self.rdzv_endpoint, self.rdzv_id, self.local_addr, self.rdzv_conf)
+        multi = (self.rdzv_endpoint, self.rdzv_id, self.local_addr, self.rdzv_conf, self.node_rank)
         if self.nnodes is None:
             if any(v is not None for v in multi):
-                raise ConfigError("--rdzv-endpoint, --rdzv-id, --local-addr and --rdzv-conf need --nnodes")
+                raise ConfigError(
+                    "--rdzv-endpoint, --rdzv-id, --local-addr, --rdzv-conf and --node-rank need --nnodes"
+                )
             return None
         if self.rdzv_endpoint is None or self.rdzv_id is None:
             raise ConfigError(
@@ -71,4 +76,5 @@ class LaunchOptions:
             rdzv_id=self.rdzv_id,
             local_addr=self.local_addr,
             rdzv_conf=parse_rdzv_conf(self.rdzv_conf),
+            node_rank=self.node_rank,
         )
