@@ -9,7 +9,8 @@ zero_grad + forward + loss + backward + optimizer step, one intra-op thread per 
 of record is the median over rounds of (on / off) per-step time, with its 10th-90th percentiles;
 absolute times on a shared host mean little. On a loaded host that ratio spreads by tens of percent
 per round, so the run also times the norms themselves inside the measured rounds (a wrapper around
-the reducer's `bucket_sq_norm`): their share of the step is the direct, steadier figure.
+`bucket_sq_norm` where the reducer calls it: engine/readiness.py and engine/finalize.py): their
+share of the step is the direct, steadier figure.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.engine import reducer as reducer_module
+from dpscale.engine import finalize, readiness
 from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
@@ -55,7 +56,7 @@ def _rank(rank: int, world: int, rounds: int, steps: int, every: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=work.lr)
     g = torch.Generator().manual_seed(rank)
     norm_s = [0.0]
-    plain = reducer_module.bucket_sq_norm
+    plain = readiness.bucket_sq_norm
 
     def timed_norm(buffer):
         t = time.perf_counter()
@@ -63,7 +64,8 @@ def _rank(rank: int, world: int, rounds: int, steps: int, every: int) -> dict:
         norm_s[0] += time.perf_counter() - t
         return out
 
-    reducer_module.bucket_sq_norm = timed_norm
+    # the local norms are taken during backward (readiness.py), the reduced ones after (finalize.py)
+    readiness.bucket_sq_norm = finalize.bucket_sq_norm = timed_norm
 
     model.reducer.noise_scale_every = every
 
