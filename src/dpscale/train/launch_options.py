@@ -20,7 +20,8 @@ class LaunchOptions:
     """The launcher's flags of `dpscale train`; checked here, so bad input fails before a worker starts."""
 
     config: str | None = field(default=None, metadata=flag_spec(metavar="FILE.toml"))
-    """set any of the fields below from a TOML file (keys as the flags, without --); flags override"""
+    """set the training fields (--workload and every flag after it) from a TOML file (keys as the
+    flags, without --); flags override"""
     nproc: str = "1"
     """workers on this host: N, or MIN:MAX to go on with fewer workers (down to MIN) when the
     restarts at MAX are used up (default 1)"""
