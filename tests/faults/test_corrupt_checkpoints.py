@@ -51,7 +51,7 @@ def test_damaged_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path, 
     damage(bad)
     p = _resume(ckpt)
     assert p.returncode == 0, p.stderr
-    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: rejected")]
+    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: warning: rejected")]
     assert len(rejected) == 1 and str(bad) in rejected[0] and reason in rejected[0], p.stderr
     out = last_json(p.stdout)
     assert out["resumed_from_step"] == 20
@@ -85,7 +85,7 @@ def test_pickle_that_runs_code_is_refused_and_never_runs(tmp_path, reference):
     p = _resume(ckpt)
     assert p.returncode == 0, p.stderr
     assert not sentinel.exists(), "unpickling ran the attacker's code"
-    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: rejected")]
+    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: warning: rejected")]
     assert len(rejected) == 1 and str(evil) in rejected[0] and "weights_only" in rejected[0], p.stderr
     out = last_json(p.stdout)
     assert out["resumed_from_step"] == 20 and out["param_sha256"] == reference["param_sha256"]
@@ -102,7 +102,7 @@ def test_bad_entries_of_every_kind_are_skipped_and_the_final_saves_replace_them(
     (ckpt / "step-00000030").write_text("a plain file, not a checkpoint")
     p = _resume(ckpt)
     assert p.returncode == 0, p.stderr
-    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: rejected")]
+    rejected = [line for line in p.stderr.splitlines() if line.startswith("dpscale: warning: rejected")]
     assert len(rejected) == 2, p.stderr
     assert "step-00000030: is not a directory" in rejected[0]
     assert "step-00000020/manifest.json: unparseable (nested too deeply)" in rejected[1]

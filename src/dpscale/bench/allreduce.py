@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,9 +36,12 @@ import torch.distributed as dist
 
 from ..errors import ConfigError
 from ..flags import flag_spec
+from ..log import get_logger
 from ..multirank import run_ranks
 from .args import parse_int_list, parse_name_list, parse_size_list
 from .scaling import quantile
+
+logger = get_logger(__name__)
 
 DEFAULT_SIZES_BYTES = [4 * 4**k for k in range(13)]  # 4 B, 16 B, ..., 64 MiB
 BUSBW_CONVENTION = (
@@ -348,10 +350,11 @@ def run(config: AllReduceConfig) -> AllReduceResult:
     points = []
     for world_size in config.world_sizes:
         if world_size > cores:
-            print(
-                f"warning: world size {world_size} > {cores} logical cores; ranks time-share cores, so "
-                "the figures measure the scheduler as much as the transport",
-                file=sys.stderr,
+            logger.warning(
+                "world size %d > %d logical cores; ranks time-share cores, so the figures measure the "
+                "scheduler as much as the transport",
+                world_size,
+                cores,
             )
         # Generous: a hang still ends (with every rank's stack), a slow shared machine does not.
         timeout_s = 120 + len(numels) * len(specs) * (30 + 2 * (config.iters or 0))

@@ -50,12 +50,15 @@ from ..cores import usable_cores
 from ..engine.registry import BENCH_ENGINES, DEFAULT_BENCH_ENGINES, wrap
 from ..errors import ConfigError
 from ..flags import flag_spec
+from ..log import get_logger
 from ..multirank import run_ranks
 from ..workloads import WORKLOADS
 from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 from ..workloads.task import call_model
 from .args import parse_int_list, parse_name_list
 from .rounds import fixed_round_sizes, run_rounds
+
+logger = get_logger(__name__)
 
 MODES = ("weak", "strong")
 DEFAULT_PER_WORKER_BATCH = 64
@@ -314,12 +317,14 @@ def run(config: ScalingConfig) -> ScalingResult:
     runs = []
     for n in config.world_sizes:
         if n * config.threads_per_worker > cores:
-            print(
-                f"warning: world size {n} x {config.threads_per_worker} thread(s) > {cores} usable cores; "
-                "workers time-share cores, so the figures measure the scheduler as much as the engines",
-                file=sys.stderr,
+            logger.warning(
+                "world size %d x %d thread(s) > %d usable cores; workers time-share cores, so the "
+                "figures measure the scheduler as much as the engines",
+                n,
+                config.threads_per_worker,
+                cores,
             )
-        print(f"scaling: world size {n}, engines {','.join(config.engines)}", file=sys.stderr, flush=True)
+        logger.info("scaling: world size %d, engines %s", n, ",".join(config.engines))
         batch, _ = config.batches(n)
         # Generous: a hang still ends (with every rank's stack); a slow shared machine does not.
         timeout_s = 300 + 5 * (config.steps + config.warmup) * len(config.engines)

@@ -10,13 +10,13 @@ table and the key plots. `--quick` shrinks every bench to fit a test's budget.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 
 from ..engine.registry import TRAIN_ENGINES
 from ..errors import ConfigError
 from ..flags import config_argv, flag_spec
+from ..log import get_logger
 from ..workloads.recipe import load_recipe
 from . import (
     allreduce,
@@ -33,6 +33,8 @@ from .args import parse_int_list
 from .report import Image, ReportDir, Section, Table
 from .study_summary import summary_rows
 from .trust import timing_warnings
+
+logger = get_logger(__name__)
 
 TRANSPORTS = ["shm", "gloo"]
 MiB = 1 << 20
@@ -172,7 +174,7 @@ class StudyResult:
 
 
 def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    logger.info("%s", text)
 
 
 def run(config: StudyConfig) -> StudyResult:

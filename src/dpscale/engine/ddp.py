@@ -12,7 +12,6 @@ torch's C++ reducer is overridden here. Arguments are torch 2.13's, in torch's o
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from torch.distributed.algorithms.join import Joinable
 
 from ..comm import Transport, make_transport
 from ..comm.base import group_rank
+from ..log import get_logger
 from . import ddp_logging, join
 from .autotune import BucketAutotuner
 from .buckets import MB, assign_buckets, build_buckets
@@ -35,6 +35,8 @@ from .model_check import broadcast_coalesced, check_same_model, sparse_gradient_
 from .reducer import Reducer
 from .stats import StepStats
 from .torch_args import check_comm_hook, check_torch_args
+
+logger = get_logger(__name__)
 
 # torch's class, taken at import: a sitecustomize that swaps ours in replaces the name afterwards
 _TorchDDP = torch.nn.parallel.distributed.DistributedDataParallel
@@ -181,7 +183,7 @@ class DistributedDataParallel(_TorchDDP):
         if isinstance(transport, str):
             transport = make_transport(transport, group, self.device, timeout_s=self._collective_timeout_s)
             if group_rank(group) == 0 and sync:
-                print(f"dpscale: transport {transport.describe()}", file=sys.stderr, flush=True)
+                logger.info("transport %s", transport.describe())
         self.transport = transport
         params = [p for _, p in named]
         buckets = build_buckets(params, assignment, alloc=transport.alloc)
@@ -255,7 +257,7 @@ class DistributedDataParallel(_TorchDDP):
         if cap is not None and cap != self.bucket_cap_mb:
             self._rebuild_buckets(cap)
         if self._autotuner.done and group_rank(self.process_group) == 0:
-            print(f"dpscale: {self._autotuner.decision.describe()}", file=sys.stderr, flush=True)
+            logger.info("%s", self._autotuner.decision.describe())
 
     def _rebuild_buckets(self, cap_mb: float) -> None:
         """Collective (the transport allocates): every rank rebuilds at the same synced step."""

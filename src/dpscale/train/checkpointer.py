@@ -12,7 +12,6 @@ feedback) are gathered to rank 0 and saved as `{"ranks": [one per rank]}`.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 from ..comm.base import global_rank
 from ..engine.collective_log import CollectiveLog
+from ..log import get_logger
 from .checkpoint import (
     CheckpointError,
     CheckpointWarning,
@@ -30,6 +30,8 @@ from .checkpoint import (
     load_latest,
     save_checkpoint,
 )
+
+logger = get_logger(__name__)
 
 
 class Stateful(Protocol):
@@ -108,9 +110,7 @@ class Checkpointer:
                     loaded = load_latest(self.directory, expected_stems=self.expected_stems)
                 choice = [str(loaded.path) if loaded else None, None]
                 for line in loaded.skipped if loaded else []:
-                    print(
-                        f"dpscale: rejected {line}; trying an older checkpoint", file=sys.stderr, flush=True
-                    )
+                    logger.warning("rejected %s; trying an older checkpoint", line)
             except Exception as e:  # as in save(): the other ranks must not wait for a path forever
                 choice = [None, f"{type(e).__name__}: {e}"]
         self.log.record("broadcast_object", "checkpoint to resume from")

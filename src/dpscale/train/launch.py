@@ -38,6 +38,7 @@ from ..comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_
 from ..cores import usable_cores
 from ..engine.collective_log import silent_ranks
 from ..errors import ConfigError
+from ..log import get_logger
 from . import dir_lock, rendezvous
 from .callbacks import callbacks_from_env
 from .config import TrainConfig
@@ -47,6 +48,8 @@ from .preflight import check_before_start, resume_note
 from .process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
 from .result import TrainResult
 from .trainer import Trainer
+
+logger = get_logger(__name__)
 
 # how the launcher hands a worker its task: the environment variable names a JSON file with the
 # config and thread count; rank 0 writes its result next to it
@@ -141,11 +144,11 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
     if backend == "gloo" and (ifname := gloo_interface_hint(master)):
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
         if rank == 0:
-            print(
-                f"dpscale: this host's name resolves to loopback; gloo uses {ifname}, the interface "
-                f"toward {master} (set GLOO_SOCKET_IFNAME to choose another)",
-                file=sys.stderr,
-                flush=True,
+            logger.info(
+                "this host's name resolves to loopback; gloo uses %s, the interface toward %s "
+                "(set GLOO_SOCKET_IFNAME to choose another)",
+                ifname,
+                master,
             )
     store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
     store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
@@ -196,7 +199,7 @@ def launch(
     lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())
     with dir_lock.hold(cfg.checkpoint_dir) if lock else contextlib.nullcontext():
         if note := resume_note(cfg):
-            print(f"dpscale: {note}", file=sys.stderr, flush=True)
+            logger.info("%s", note)
         if nodes is not None:
             return _launch_nodes(cfg, nproc, max_restarts, threads or default_threads(nproc), nodes)
         return _launch_sizes(cfg, nproc, min_nproc, max_restarts, threads)
@@ -236,11 +239,7 @@ def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: in
             n = next(smaller, None)
             if n is None:
                 raise LaunchError(failure) from None
-            print(
-                f"dpscale: {failure.splitlines()[0]}; launching again with {n} workers",
-                file=sys.stderr,
-                flush=True,
-            )
+            logger.warning("%s; launching again with %d workers", failure.splitlines()[0], n)
 
 
 def _splits(cfg: TrainConfig, n: int) -> bool:

@@ -8,16 +8,18 @@ nothing of trainer attributes. Loading also resumes at another world size, by re
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..engine import DistributedDataParallel
+from ..log import get_logger
 from .checkpoint import CheckpointError
 from .checkpointer import Checkpointer, Stateful, load_into
 from .optim import sync_lr
 from .rank_state import HookState, RngState
 from .resume import BatchSplit, check_resumable, describe_resplit, plan_split
 from .state import TrainState
+
+logger = get_logger(__name__)
 
 
 class SaveRestore:
@@ -78,10 +80,9 @@ class SaveRestore:
         self.resumed_from, self.last_checkpoint = self.step, path
         if self.rank == 0 and saved[0].world_size != self.world_size:
             old, s = saved[0], self.scheduler
-            print(
+            logger.info(
+                "%s",
                 describe_resplit(old, self.state, self.cfg, s.last_epoch, s.base_lrs[0], self.total_steps),
-                file=sys.stderr,
-                flush=True,
             )
 
     def load_state_dict(self, payload: dict, where: Path | str = "checkpoint") -> TrainState:
