@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 
 import torch
 
@@ -23,18 +24,31 @@ from .noise_scale import bucket_sq_norm
 class Readiness:
     """The hooks autograd calls and the launch of bucket reductions; mixed into `Reducer`."""
 
+    # The hooks hold the reducer weakly. A strong reference would make a cycle through the
+    # parameters' hook dicts that Python's collector cannot see into (torch keeps them on the C++
+    # tensor), so an engine dropped without close() would keep its transport, and the shared
+    # memory under its buckets, until the process ends. A dead reducer's hooks do nothing.
     def _make_hook(self, i: int):
+        reducer = weakref.ref(self)
+
         def hook(param: torch.Tensor) -> None:
-            self._on_grad_ready(i, param)
+            self_ = reducer()
+            if self_ is not None:
+                self_._on_grad_ready(i, param)
 
         return hook
 
     def _make_sparse_hook(self, i: int):
+        reducer = weakref.ref(self)
+
         def hook(param: torch.Tensor) -> None:
+            self_ = reducer()
+            if self_ is None:
+                return
             # the sparse gradient stays in .grad (accumulated there by autograd); reduced in _finalize
-            self._used_since_sync[i] = True
-            if self._expecting:
-                self._mark_ready(i)
+            self_._used_since_sync[i] = True
+            if self_._expecting:
+                self_._mark_ready(i)
 
         return hook
 
