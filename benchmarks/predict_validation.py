@@ -30,7 +30,7 @@ from predict_lab import emulate, emulate_validate, published, validate  # noqa: 
 
 from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
 from dpscale.bench.report import ReportDir, Section, Table  # noqa: E402
-from dpscale.predict import profile, render  # noqa: E402
+from dpscale.predict import profile, profiling, render  # noqa: E402
 from dpscale.predict.cluster import load_allreduce_report  # noqa: E402
 
 MIN_BENCH_S = 2.0
@@ -45,7 +45,7 @@ def run_local(args: argparse.Namespace) -> int:
     for model in args.models.split(","):
         load_before = os.getloadavg()[0]
         # the profile is its own run, before the scaling bench: the prediction takes nothing from it
-        prof = profile.measure(model, args.per_worker_batch, co_located=2)
+        prof = profiling.measure(model, args.per_worker_batch, co_located=2)
         print(render.profile_summary(prof))
         config = scaling.ScalingConfig(
             model=model,
@@ -62,7 +62,7 @@ def run_local(args: argparse.Namespace) -> int:
         prof.save(sc_report.path / "profile.json")  # the prediction's input, next to what it predicts
         # the same one-worker profile once more, after the bench: how far the load moved the compute
         # between the two runs, i.e. the error a perfect model would still show on this machine
-        after = profile.measure(model, args.per_worker_batch, co_located=2)
+        after = profiling.measure(model, args.per_worker_batch, co_located=2)
         after.save(sc_report.path / "profile-after.json")
         print(load_drift(prof, after, load_before))
         for statistic in args.statistics.split(","):
@@ -124,7 +124,7 @@ def run_emulate(args: argparse.Namespace) -> int:
     if why := emulate.unavailable():
         print(f"cannot emulate a cluster here: {why}", file=sys.stderr)
         return 1
-    prof = profile.measure(config.model, config.per_worker_batch)
+    prof = profiling.measure(config.model, config.per_worker_batch)
     result = emulate.run(config)
     rows = emulate_validate.validate_emulation(result, prof)
     cluster = emulate_validate.emulated_cluster(result)

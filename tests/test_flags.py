@@ -10,7 +10,8 @@ import pytest
 from dpscale.cli import build_parser, main
 from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
-from dpscale.predict.profile import ProfileConfig, measure
+from dpscale.predict.profile import ProfileConfig
+from dpscale.predict.profiling import measure
 from dpscale.run.launch import RunConfig, run_script
 
 # Flags that say how to show a result, not what to run: no config field behind them; and

@@ -10,7 +10,7 @@ import pytest
 from predict_lab import emulate
 from predict_lab.emulate_validate import EMULATION_TARGET, validate_emulation
 
-from dpscale.predict.profile import measure
+from dpscale.predict.profiling import measure
 
 WHY = emulate.unavailable()
 pytestmark = [

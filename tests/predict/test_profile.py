@@ -6,7 +6,8 @@ import pytest
 
 from dpscale.comm.select import shm_is_safe
 from dpscale.engine.buckets import MB
-from dpscale.predict.profile import ModelProfile, ParamTiming, explicit, measure
+from dpscale.predict.profile import ModelProfile, ParamTiming, explicit
+from dpscale.predict.profiling import measure
 
 
 def test_explicit_profile_spreads_buckets_evenly_over_backward():

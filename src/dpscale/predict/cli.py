@@ -20,7 +20,7 @@ from ..bench.args import parse_int_list
 from ..bench.report import ReportDir, require_plots
 from ..errors import ConfigError
 from ..flags import add_dataclass_arguments, dataclass_kwargs
-from . import goodput, render
+from . import goodput, profiling, render
 from . import profile as profiles
 from .cluster import (
     Cluster,
@@ -46,7 +46,7 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_profile_from_args(args: argparse.Namespace) -> int:
     config = profiles.ProfileConfig(**dataclass_kwargs(args, profiles.ProfileConfig))
-    prof = profiles.measure(
+    prof = profiling.measure(
         config.model,
         config.per_worker_batch,
         steps=config.steps,
@@ -155,7 +155,7 @@ def _profile(opts: PredictOptions):
     if model is None:
         raise ConfigError("--profile: give --profile FILE, --model NAME, or --params and --step-compute-ms")
     print(f"profiling {model} at batch {batch} on one worker ...", flush=True)
-    return profiles.measure(model, batch)
+    return profiling.measure(model, batch)
 
 
 def _cluster(opts: PredictOptions) -> Cluster:

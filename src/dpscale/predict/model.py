@@ -48,7 +48,7 @@ ENGINE_CHOICES = (*PROFILE_ENGINES, "none")
 # Exposed communication below this share of the step is noise next to compute.
 COMPUTE_BOUND_SHARE = 0.05
 IN_STEP_LABEL = "in-step call overhead (waiting for peers, thread wake-ups)"
-ENGINE_PROFILE_TRANSPORT = "gloo"  # profile.py times the engines on a one-worker gloo group
+ENGINE_PROFILE_TRANSPORT = "gloo"  # profiling.py times the engines on a one-worker gloo group
 SHM_TRANSPORTS = ("shm",)  # all in shared memory (hierarchical also calls gloo between hosts)
 JSON_KEYS = (
     "world_size",
