@@ -370,3 +370,22 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_key(tmp_path):
         commands.scaling_config(
             build_parser().parse_args(["bench", "scaling", "--config", str(tmp_path / "nowhere.toml")])
         )
+
+
+def test_the_terminal_and_the_report_show_the_same_cells():
+    from dpscale.bench import study_summary
+    from dpscale.bench.report import markdown_table, text_table
+
+    rows = study.StudyResult.from_dict(STUDY_V0["results"]).summary()
+    spec = (
+        rows,
+        study_summary.COLUMNS,
+        study_summary.FORMATS,
+        study_summary.HEADERS,
+        study_summary.missing_text,
+    )
+    md = [[c.strip() for c in line.strip("|").split("|")] for line in markdown_table(*spec).splitlines()]
+    text = text_table(*spec).splitlines()
+    assert len(md) == len(text) + 1  # markdown's alignment row
+    for md_cells, line in zip(md[2:], text[1:], strict=True):
+        assert line.split() == [w for cell in md_cells for w in cell.split()]

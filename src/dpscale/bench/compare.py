@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from .report import markdown_table
+from .report import markdown_table, text_table
 from .sysinfo import describe_system
 
 # Which way is better, for the note under the table; every other metric: higher is better.
@@ -345,12 +345,8 @@ def format_comparison(comparison: Comparison) -> str:
     """The comparison as a fixed-width terminal table, preceded by which report is which."""
     lines = [f"{r['label']}: {r['dir']}" for r in comparison.reports]
     lines += [f"warning: {w}" for w in comparison.warnings]
-    columns, flat = comparison.columns, comparison.flat_rows()
-    cells = [[_cell(c, row.get(c)) for c in columns] for row in flat]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines.append("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
-    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(lines)
+    formats = {c: (lambda v, c=c: _cell(c, v)) for c in comparison.columns}
+    return "\n".join([*lines, text_table(comparison.flat_rows(), comparison.columns, formats)])
 
 
 def _note(comparison: Comparison) -> str:

@@ -6,7 +6,6 @@ Everything here works from a `ConvergenceResult` alone, so `dpscale report` re-r
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .convergence import (
@@ -18,7 +17,7 @@ from .convergence import (
     smoothing_window,
     verdict,
 )
-from .report import Image, ReportDir, Section, Table, new_figure
+from .report import Image, ReportDir, Section, Table, new_figure, text_table
 
 if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
     from matplotlib.figure import Figure
@@ -48,24 +47,16 @@ def _pct(fraction: float) -> str:
 
 
 _FORMATS = dict(final_loss=".4f", test_accuracy=".2%", max_gap=".3g", max_rel_gap=_pct, wall_s=".1f")
-# terminal table: (column, header, width)
-_TERMINAL = [("world_size", "world", 6), ("accumulation_steps", "k", 4), ("micro_batch", "micro", 7),
-             ("steps", "steps", 7), ("final_loss", "final_loss", 12), ("test_accuracy", "test_acc", 10),
-             ("max_gap", "max_gap", 11), ("max_rel_gap", "max_rel", 12), ("wall_s", "wall_s", 8)]  # fmt: skip
-
-
-def _cell(value: object, fmt: str | Callable[[float], str]) -> str:
-    return "-" if value is None else fmt(value) if callable(fmt) else format(value, fmt)
+# the terminal table's columns and headers (the report's table has them all)
+_TERMINAL = ["world_size", "accumulation_steps", "micro_batch", "steps", "final_loss", "test_accuracy",
+             "max_gap", "max_rel_gap", "wall_s", "verdict"]  # fmt: skip
+_TERMINAL_HEADERS = {"world_size": "world", "accumulation_steps": "k", "micro_batch": "micro",
+                     "test_accuracy": "test_acc", "max_rel_gap": "max_rel"}  # fmt: skip
 
 
 def format_table(result: ConvergenceResult) -> str:
     """The runs as a fixed-width terminal table, one line per world size."""
-    lines = ["".join(f"{head:>{width}}" for _, head, width in _TERMINAL) + "  verdict"]
-    for row in _rows(result):
-        cells = (_cell(row[k], _FORMATS.get(k, "")) for k, _, _ in _TERMINAL)
-        lines.append("".join(f"{c:>{w}}" for c, (_, _, w) in zip(cells, _TERMINAL, strict=True)))
-        lines[-1] += "  " + row["verdict"]
-    return "\n".join(lines)
+    return text_table(_rows(result), _TERMINAL, _FORMATS, _TERMINAL_HEADERS)
 
 
 def method_text(result: ConvergenceResult) -> str:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from ..errors import import_extra
-from .report import Image, ReportDir, Section, Table, new_figure
+from .report import Image, ReportDir, Section, Table, new_figure, text_table
 from .scaling import STEPS_PER_ROUND, ScalingConfig, ScalingPoint, ScalingResult
 from .trust import timing_warnings
 
@@ -49,19 +49,11 @@ def _describe(config: ScalingConfig) -> str:
 
 
 def format_table(result: ScalingResult) -> str:
-    """The points as a fixed-width terminal table."""
-    widths = {c: max(len(h), 9) + 1 for c, (h, _) in _COLUMNS.items()}
-    widths["engine"] = 14
-    widths["transport"] = 13
-    widths["world_size"] = 4
-
-    def cell(c: str, v: object, text: str | None = None) -> str:
-        text = text or ("-" if v is None else format(v, _COLUMNS[c][1]))
-        return text.ljust(widths[c]) if c in ("engine", "transport") else text.rjust(widths[c])
-
-    lines = [_describe(result.config), "".join(cell(c, None, h) for c, (h, _) in _COLUMNS.items())]
-    lines += ["".join(cell(c, getattr(p, c)) for c in _COLUMNS) for p in result.points]
-    return "\n".join(lines)
+    """The points as a fixed-width terminal table (the report's table, same cells)."""
+    formats = {k: f for k, (_, f) in _COLUMNS.items() if f}
+    headers = {k: h for k, (h, _) in _COLUMNS.items()}
+    table = text_table([asdict(p) for p in result.points], list(_COLUMNS), formats, headers)
+    return f"{_describe(result.config)}\n{table}"
 
 
 def warnings(result: ScalingResult) -> list[str]:

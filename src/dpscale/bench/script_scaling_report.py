@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 
-from .report import Image, ReportDir, Section, Table, new_figure
+from .report import Image, ReportDir, Section, Table, new_figure, text_table
 from .script_scaling import ScaleResult
 
 _COLUMNS = {  # point field: (header, format)
@@ -31,17 +32,11 @@ def _command(result: ScaleResult) -> str:
 
 
 def format_table(result: ScaleResult) -> str:
-    widths = {c: max(len(h), 8) + 2 for c, (h, _) in _COLUMNS.items()}
-    widths["transport"] = 16
-
-    def cell(c: str, v: object) -> str:
-        text = "-" if v is None else format(v, _COLUMNS[c][1])
-        return text.ljust(widths[c]) if c in ("engine", "transport") else text.rjust(widths[c])
-
-    left = ("engine", "transport")
-    head = "".join(h.ljust(widths[c]) if c in left else h.rjust(widths[c]) for c, (h, _) in _COLUMNS.items())
-    rows = ["".join(cell(c, getattr(p, c)) for c in _COLUMNS) for p in result.points]
-    return "\n".join([f"scaling of {_command(result)}", head, *rows])
+    """The points as a fixed-width terminal table (the report's table, same cells)."""
+    formats = {k: f for k, (_, f) in _COLUMNS.items() if f}
+    headers = {k: h for k, (h, _) in _COLUMNS.items()}
+    table = text_table([asdict(p) for p in result.points], list(_COLUMNS), formats, headers)
+    return f"scaling of {_command(result)}\n{table}"
 
 
 def plot(result: ScaleResult):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from ..bench.report import Image, ReportDir, Section, Table, new_figure
+from ..bench.report import Image, ReportDir, Section, Table, new_figure, text_table
 from ..errors import import_extra
 from .cluster import Cluster, Link, MeasuredAllReduce
 from .degrade import ScaleTerms
@@ -58,15 +58,10 @@ def profile_summary(profile: ModelProfile) -> str:
 
 
 def format_table(predictions: Sequence[Prediction]) -> str:
-    rows = [{c: format(getattr(p, c), f) for c, (_, f) in _COLUMNS.items()} for p in predictions]
-    widths = {c: max(len(h), *(len(r[c]) for r in rows)) for c, (h, _) in _COLUMNS.items()}
-    left = ("algorithms", "bottleneck")
-
-    def line(cells: dict[str, str]) -> str:
-        cols = (cells[c].ljust(widths[c]) if c in left else cells[c].rjust(widths[c]) for c in _COLUMNS)
-        return "  ".join(cols).rstrip()
-
-    return "\n".join([line({c: h for c, (h, _) in _COLUMNS.items()}), *(line(r) for r in rows)])
+    """The predictions as a fixed-width terminal table (the report's table, same cells)."""
+    rows = [{**p.to_dict(), "algorithms": p.algorithms} for p in predictions]
+    formats = {c: f for c, (_, f) in _COLUMNS.items() if f}
+    return text_table(rows, list(_COLUMNS), formats, {c: h for c, (h, _) in _COLUMNS.items()})
 
 
 def _workers_axis(ax, sizes: Sequence[int]) -> None:
