@@ -196,6 +196,7 @@ class DistributedDataParallel(_TorchDDP):
             self.find_unused_parameters,
             log,
             sparse=sorted(sparse),
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
         )
         self.reducer.static_graph = self.static_graph
         self._stats = ddp_logging.RuntimeStats()

@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._utils import _unflatten_dense_tensors
 
 from .hooks import GradBucket, checked_future
 from .noise_scale import bucket_sq_norm
@@ -74,13 +75,43 @@ class Finalize:
                 self.params[i].grad = result
         for i in missing:
             bucket, pos = self._slot[i]
+            p = self.params[i]
             if had_grad[i] or used[i]:
-                self.params[i].grad = bucket.views[pos]
+                if p.grad is None or self.gradient_as_bucket_view or self._preset[i]:
+                    p.grad = bucket.views[pos]
+                # else: a tensor of its own, which _copy_out fills
             elif self._preset[i]:
-                self.params[i].grad = None  # unused everywhere: as if we had never set it
+                p.grad = None  # unused everywhere: as if we had never set it
         self._preset = [False] * len(self.params)
+        if not self.gradient_as_bucket_view:
+            self._copy_out()
         grad_sq = self._grad_sq_norms()
         self._record_stats(t_backward_end, grad_sq)
+
+    def _copy_out(self) -> None:
+        """gradient_as_bucket_view=False: give each .grad the reduced values in a tensor that is
+        not its bucket, as torch does (the bucket is overwritten by the next step's reduction).
+
+        A gradient of its own gets the values copied back (one fused copy for all); one that
+        autograd accumulated into the bucket (see _preset_grads) gets a slice of a copy of the
+        bucket, so the small-tensor path stays one operation per bucket, not per tensor."""
+        own, reduced = [], []
+        params = self.params
+        for b in self.buckets:
+            copies = None
+            for k, i in enumerate(b.param_indices):
+                grad, view = params[i].grad, b.views[k]
+                if grad is None:
+                    continue
+                if grad is view:
+                    if copies is None:
+                        copies = _unflatten_dense_tensors(b.buffer.clone(), b.views)
+                    params[i].grad = copies[k]
+                else:
+                    own.append(grad)
+                    reduced.append(view)
+        if own:
+            torch._foreach_copy_(own, reduced)
 
     def _grad_sq_norms(self) -> tuple[float, float] | None:
         """(this rank's local |g|^2, the averaged |G|^2) over the dense buckets, or None."""

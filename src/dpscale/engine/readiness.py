@@ -67,12 +67,17 @@ class Readiness:
         if grad is not view and grad.data_ptr() != view.data_ptr():
             if grad.requires_grad:  # backward(create_graph=True)
                 grad = self._detached(param)
-            if divide:
-                torch.div(grad, self.divisor, out=view)  # copy and pre-divide in one pass
-            else:
-                view.copy_(grad)
-            param.grad = view
-            self._spent.append(grad)
+            # gradient_as_bucket_view=False (torch's default): .grad stays a tensor of its own,
+            # accumulating locally under no_sync; at a synced step its value is copied in here and
+            # the reduced one copied back after the reduction (Finalize._copy_out)
+            if expecting or self.gradient_as_bucket_view:
+                if divide:
+                    torch.div(grad, self.divisor, out=view)  # copy and pre-divide in one pass
+                else:
+                    view.copy_(grad)
+            if self.gradient_as_bucket_view:
+                param.grad = view
+                self._spent.append(grad)
         elif divide:
             # autograd added into the view in place: it holds the local sum, divided now
             view.div_(self.divisor)

@@ -48,8 +48,11 @@ class Reducer(Readiness, Finalize):
         log: CollectiveLog | None = None,
         *,
         sparse: list[int] = (),
+        gradient_as_bucket_view: bool = True,
     ):
         self.params = params
+        # True: .grad is a view into its bucket; False (torch's default): a tensor of its own
+        self.gradient_as_bucket_view = gradient_as_bucket_view
         self.sparse_indices = list(sparse)
         self.dense_indices = [i for i in range(len(params)) if i not in set(sparse)]
         self.names = names
@@ -116,7 +119,7 @@ class Reducer(Readiness, Finalize):
         # where each parameter's gradient lives: (bucket, position in bucket)
         self._slot = {i: (b, pos) for b in buckets for pos, i in enumerate(b.param_indices)}
         self._small = [b.buffer.numel() <= SMALL_TENSOR_NUMEL * len(b.param_indices) for b in buckets]
-        if old is not buckets:
+        if old is not buckets and self.gradient_as_bucket_view:
             for i, p in enumerate(self.params):
                 if p.grad is not None:
                     bucket, pos = self._slot[i]

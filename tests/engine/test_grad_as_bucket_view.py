@@ -1,0 +1,70 @@
+"""gradient_as_bucket_view behaves as torch's: True, .grad is a view into its bucket; False (the
+default), .grad is a tensor apart from the buckets, which the reduced values are copied into.
+
+What a user can see is compared with torch's own DDP in the same ranks: whether a gradient kept
+from one step is overwritten by the next step's reduction, whether `.grad` stays the same tensor
+across steps under `zero_grad(set_to_none=False)`, and the values.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from dpscale import DistributedDataParallel
+from dpscale.engine.reducer import SMALL_TENSOR_NUMEL
+from dpscale.multirank import run_ranks
+
+
+def model(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "small":  # buckets of small tensors: autograd accumulates into the bucket itself
+        return nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 3))
+    n = 128  # one tensor above SMALL_TENSOR_NUMEL: the gradient is copied into its bucket
+    assert n * n > SMALL_TENSOR_NUMEL
+    return nn.Sequential(nn.Linear(n, n, bias=False))
+
+
+def observe(rank, world):
+    torch.manual_seed(rank)
+    out = {}
+    for kind in ("small", "large"):
+        width = 4 if kind == "small" else 128
+        xs = [torch.randn(8, width) for _ in range(4)]
+        for engine in ("torch", "dpscale"):
+            cls = DistributedDataParallel if engine == "dpscale" else DistributedDataParallel.__mro__[1]
+            for as_view in (False, True):
+                ddp = cls(model(kind), gradient_as_bucket_view=as_view)
+                params = list(ddp.parameters())
+                # torch lays its buckets out again after the first step: observe from the second
+                ddp(xs[3]).square().sum().backward()
+                ddp.zero_grad(set_to_none=True)
+                ddp(xs[0]).square().sum().backward()
+                kept = [p.grad for p in params]
+                values = [g.clone() for g in kept]
+                ddp.zero_grad(set_to_none=True)
+                ddp(xs[1]).square().sum().backward()
+                overwritten = any(not torch.equal(g, v) for g, v in zip(kept, values, strict=True))
+                second = [p.grad for p in params]
+                ddp.zero_grad(set_to_none=False)
+                ddp(xs[2]).square().sum().backward()
+                same_tensor = all(p.grad is g for p, g in zip(params, second, strict=True))
+                out[kind, engine, as_view] = {
+                    "overwritten": overwritten,
+                    "same_tensor": same_tensor,
+                    "values": [v for v in values] + [p.grad.clone() for p in params],
+                }
+    return out
+
+
+@pytest.mark.slow
+def test_what_a_user_sees_of_gradient_as_bucket_view_is_torchs():
+    for seen in run_ranks(observe, 2):
+        for kind in ("small", "large"):
+            for as_view in (False, True):
+                ours, theirs = seen[kind, "dpscale", as_view], seen[kind, "torch", as_view]
+                # False: a gradient kept from a step survives the next; True: it is the bucket
+                assert theirs["overwritten"] is as_view, (kind, as_view)
+                assert ours["overwritten"] is theirs["overwritten"], (kind, as_view)
+                assert ours["same_tensor"] and theirs["same_tensor"], (kind, as_view)
+                for a, b in zip(ours["values"], theirs["values"], strict=True):
+                    torch.testing.assert_close(a, b)
