@@ -5,10 +5,11 @@
 A model of 800 small parameter tensors (200 x Linear(16,16) + LayerNorm(16), batch 8) makes the
 per-tensor work of an engine (its gradient hooks, bucket copies, bookkeeping) dominate a step. At
 one worker the all-reduce is nearly free, so (engine step - bare step) / 800 is that work. The
-three variants (bare model, torch DDP, dpscale) run in alternating rounds of `steps` steps in one
+variants (bare model, torch DDP, dpscale with its defaults and with
+gradient_as_bucket_view=True) run in alternating rounds of `steps` steps in one
 process; a round's ratio is dpscale's overhead over torch's, and the median of those ratios is
 the figure of record (an absolute time on a shared machine is not). A step is zero_grad +
-forward + sum + backward, no optimizer (identical for all three).
+forward + sum + backward, no optimizer (identical for all).
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ class PerParameterResult:
     ratio_median: float  # dpscale overhead / torch overhead, median over rounds
     ratio_p10: float
     ratio_p90: float
+    # dpscale with gradient_as_bucket_view=True (.grad left as bucket views, no copy back)
+    dpscale_view_ms: float
+    dpscale_view_us_per_tensor: float
+    view_ratio_median: float
+    view_ratio_p10: float
+    view_ratio_p90: float
 
 
 def run(rounds: int, steps: int) -> PerParameterResult:
@@ -61,6 +68,7 @@ def run(rounds: int, steps: int) -> PerParameterResult:
         "bare": build(),
         "torch": nn.parallel.DistributedDataParallel(build()),
         "dpscale": DistributedDataParallel(build(), transport="gloo"),
+        "dpscale_view": DistributedDataParallel(build(), transport="gloo", gradient_as_bucket_view=True),
     }
     tensors = sum(1 for _ in models["bare"].parameters())
 
@@ -78,13 +86,15 @@ def run(rounds: int, steps: int) -> PerParameterResult:
         order = list(models) if r % 2 == 0 else list(reversed(models))
         for name in order:
             times[name].append(round_ms(models[name]))
-    ratios = [
-        (d - b) / (t - b)
-        for b, t, d in zip(times["bare"], times["torch"], times["dpscale"], strict=True)
-        if t > b
-    ]
+
+    def overhead_ratios(variant: str) -> list[float]:
+        rounds_ = zip(times["bare"], times["torch"], times[variant], strict=True)
+        return [(d - b) / (t - b) for b, t, d in rounds_ if t > b]
+
+    ratios, view_ratios = overhead_ratios("dpscale"), overhead_ratios("dpscale_view")
     med = {k: statistics.median(v) for k, v in times.items()}
     deciles = statistics.quantiles(ratios, n=10)
+    view_deciles = statistics.quantiles(view_ratios, n=10)
     return PerParameterResult(
         tensors=tensors,
         rounds=rounds,
@@ -97,6 +107,11 @@ def run(rounds: int, steps: int) -> PerParameterResult:
         ratio_median=statistics.median(ratios),
         ratio_p10=deciles[0],
         ratio_p90=deciles[-1],
+        dpscale_view_ms=med["dpscale_view"],
+        dpscale_view_us_per_tensor=(med["dpscale_view"] - med["bare"]) * 1e3 / tensors,
+        view_ratio_median=statistics.median(view_ratios),
+        view_ratio_p10=view_deciles[0],
+        view_ratio_p90=view_deciles[-1],
     )
 
 
@@ -120,7 +135,10 @@ def main() -> None:
         f"bare {result.bare_ms:.2f} ms | torch DDP {result.torch_ms:.2f} ms "
         f"({result.torch_us_per_tensor:.2f} us/tensor) | dpscale {result.dpscale_ms:.2f} ms "
         f"({result.dpscale_us_per_tensor:.2f} us/tensor)\n"
-        f"dpscale/torch overhead: {result.ratio_median:.3f} ({result.ratio_p10:.3f}-{result.ratio_p90:.3f})"
+        f"dpscale/torch overhead: {result.ratio_median:.3f} ({result.ratio_p10:.3f}-{result.ratio_p90:.3f})\n"
+        f"dpscale gradient_as_bucket_view=True {result.dpscale_view_ms:.2f} ms "
+        f"({result.dpscale_view_us_per_tensor:.2f} us/tensor), overhead/torch's "
+        f"{result.view_ratio_median:.3f} ({result.view_ratio_p10:.3f}-{result.view_ratio_p90:.3f})"
     )
     if args.json:
         with open(args.json, "w") as f:
