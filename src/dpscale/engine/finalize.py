@@ -14,7 +14,6 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch._utils import _unflatten_dense_tensors
 
 from .hooks import GradBucket, checked_future
 from .noise_scale import bucket_sq_norm
@@ -82,6 +81,7 @@ class Finalize:
                 # else: a tensor of its own, which _copy_out fills
             elif self._preset[i]:
                 p.grad = None  # unused everywhere: as if we had never set it
+                self._all_preset[bucket.index] = False
         self._preset = [False] * len(self.params)
         if not self.gradient_as_bucket_view:
             self._copy_out()
@@ -89,24 +89,25 @@ class Finalize:
         self._record_stats(t_backward_end, grad_sq)
 
     def _copy_out(self) -> None:
-        """gradient_as_bucket_view=False: give each .grad the reduced values in a tensor that is
-        not its bucket, as torch does (the bucket is overwritten by the next step's reduction).
+        """gradient_as_bucket_view=False: give each .grad the reduced values in a tensor of its
+        own, as torch does (the bucket is overwritten by the next step's reduction).
 
-        A gradient of its own gets the values copied back (one fused copy for all); one that
-        autograd accumulated into the bucket (see _preset_grads) gets a slice of a copy of the
-        bucket, so the small-tensor path stays one operation per bucket, not per tensor."""
+        A gradient of its own gets the values copied back, one fused copy for all of them. Where
+        autograd accumulated into the bucket (see _preset_grads), each parameter gets a new tensor,
+        made for the whole bucket in one call: per-tensor Python work is this path's cost."""
         own, reduced = [], []
-        params = self.params
         for b in self.buckets:
-            copies = None
-            for k, i in enumerate(b.param_indices):
-                grad, view = params[i].grad, b.views[k]
+            members = self._members[b.index]
+            if self._all_preset[b.index]:
+                for p, grad in zip(members, torch._foreach_mul(b.views, 1.0), strict=True):
+                    p.grad = grad
+                continue
+            for p, view in zip(members, b.views, strict=True):
+                grad = p.grad
                 if grad is None:
                     continue
                 if grad is view:
-                    if copies is None:
-                        copies = _unflatten_dense_tensors(b.buffer.clone(), b.views)
-                    params[i].grad = copies[k]
+                    p.grad = view.clone()
                 else:
                     own.append(grad)
                     reduced.append(view)

@@ -119,6 +119,8 @@ class Reducer(Readiness, Finalize):
         # where each parameter's gradient lives: (bucket, position in bucket)
         self._slot = {i: (b, pos) for b in buckets for pos, i in enumerate(b.param_indices)}
         self._small = [b.buffer.numel() <= SMALL_TENSOR_NUMEL * len(b.param_indices) for b in buckets]
+        self._all_preset = [False] * len(buckets)
+        self._members = [[self.params[i] for i in b.param_indices] for b in buckets]
         if old is not buckets and self.gradient_as_bucket_view:
             for i, p in enumerate(self.params):
                 if p.grad is not None:
@@ -166,6 +168,7 @@ class Reducer(Readiness, Finalize):
         # would cost more memory traffic than the copy-and-divide it saves, so they keep it.
         # A parameter that then gets no gradient anywhere is given None back after the reduction.
         params, preset = self.params, self._preset
+        self._all_preset = [False] * len(self.buckets)  # every .grad of the bucket is its view
         for b in self.buckets:
             if not self._small[b.index]:
                 continue
@@ -174,6 +177,7 @@ class Reducer(Readiness, Finalize):
                 continue
             if len(missing) == len(b.param_indices):
                 b.buffer.zero_()
+                self._all_preset[b.index] = True
             else:
                 for k in missing:
                     b.views[k].zero_()
