@@ -389,3 +389,24 @@ def test_the_terminal_and_the_report_show_the_same_cells():
     assert len(md) == len(text) + 1  # markdown's alignment row
     for md_cells, line in zip(md[2:], text[1:], strict=True):
         assert line.split() == [w for cell in md_cells for w in cell.split()]
+
+
+def test_on_a_terminal_the_table_is_drawn_by_rich_with_the_same_cells():
+    import re
+
+    from dpscale.bench import study_summary
+    from dpscale.bench.report import text_table
+
+    rows = study.StudyResult.from_dict(STUDY_V0["results"]).summary()
+    spec = (
+        rows,
+        study_summary.COLUMNS,
+        study_summary.FORMATS,
+        study_summary.HEADERS,
+        study_summary.missing_text,
+    )
+    styled = re.sub(r"\x1b\[[0-9;]*m", "", text_table(*spec, styled=True))  # without the bold
+    assert "─" in styled  # rich's rule under the header
+    plain = text_table(*spec, styled=False)
+    words = lambda text: [line.split() for line in text.splitlines() if line.strip() and "─" not in line]
+    assert words(styled) == words(plain)

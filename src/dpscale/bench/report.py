@@ -16,6 +16,8 @@ compared from its report.json alone.
 from __future__ import annotations
 
 import csv
+import importlib.util
+import io
 import json
 import re
 import shlex
@@ -127,9 +129,19 @@ def text_table(
     formats: Mapping[str, CellFormat] | None = None,
     headers: Mapping[str, str] | None = None,
     missing: MissingText | None = None,
+    *,
+    styled: bool | None = None,
 ) -> str:
-    """The same table as `markdown_table`, fixed-width for the terminal (the one renderer of both)."""
+    """The same table as `markdown_table`, for the terminal (the one renderer of both).
+
+    `styled`: drawn by rich, with rules and a bold header, as on a terminal; else plain columns
+    two spaces apart, as in a log or a pipe. None: styled when stdout is a terminal and rich (the
+    lab extra) is installed."""
     head, body, numeric = _cells(Table(rows, columns, formats, headers, missing))
+    if styled is None:
+        styled = sys.stdout.isatty() and importlib.util.find_spec("rich") is not None
+    if styled:
+        return _rich_table(head, body, numeric)
     widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
 
     def line(texts: list[str]) -> str:
@@ -137,6 +149,20 @@ def text_table(
         return "  ".join(cells).rstrip()
 
     return "\n".join([line(head), *(line(row) for row in body)])
+
+
+def _rich_table(head: list[str], body: list[list[str]], numeric: list[bool]) -> str:
+    console_mod = import_extra("rich.console", "a styled table")
+    table_mod = import_extra("rich.table", "a styled table")
+    table = table_mod.Table(box=import_extra("rich.box", "a styled table").SIMPLE_HEAD, header_style="bold")
+    for h, n in zip(head, numeric, strict=True):
+        table.add_column(h, justify="right" if n else "left", no_wrap=True)
+    for row in body:
+        table.add_row(*row)
+    # as wide as the table needs: a wide summary scrolls rather than wraps its cells
+    console = console_mod.Console(file=io.StringIO(), width=10_000, force_terminal=True, soft_wrap=True)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in console.file.getvalue().rstrip("\n").splitlines())
 
 
 def size_axis(ax: Axes, sizes_bytes: Sequence[int]) -> None:
