@@ -67,6 +67,12 @@ def format_table(result: WeakResult) -> str:
     return "\n".join(lines)
 
 
+def _train_loss_note(result: WeakResult) -> str:
+    if result.target_on == "train":
+        return f"; {result.config.workload} has no eval set: its training loss averaged since the last check"
+    return ""
+
+
 def method_text(result: WeakResult) -> str:
     c = result.config
     rule = {
@@ -81,10 +87,11 @@ def method_text(result: WeakResult) -> str:
         f"so the global batch is N x {c.batch_per_worker}; seed {c.seed}. "
         f"Learning rate: {rule}, from {c.lr:g}{warm}. "
         f"Target: {result.target_text}, checked every {c.eval_every_samples} samples (the same sample "
-        f"counts at every N; without an eval set, the training loss averaged since the last check); "
+        f"counts at every N{_train_loss_note(result)}); "
         f"budget {c.max_samples} samples per N. Time to target = steps x the median training step "
         "(evaluations excluded) of the same run. Statistical efficiency = samples to target at N=1 / "
-        "at N; time-to-target speed-up = throughput speed-up x statistical efficiency. The runs were "
+        "at N (above 1: N needed fewer samples, from its learning rate or the noise of one run); "
+        "time-to-target speed-up = throughput speed-up x statistical efficiency. The runs were "
         "sequential on this host: step times carry its load at the time."
     )
 
