@@ -1,0 +1,80 @@
+"""Growing the global batch with the noise scale: the decision, and a real run that grows."""
+
+import json
+import types
+
+import pytest
+
+from dpscale.multirank import run_ranks
+from dpscale.train.adascale import AdaScaleGain
+from dpscale.train.auto_batch import GrowBatch
+from dpscale.train.config import TrainConfig
+from dpscale.train.trainer import Trainer
+
+
+def test_the_batch_doubles_while_the_noise_scale_is_twice_it_and_stops_at_the_cap():
+    grow = GrowBatch(max_global_batch=256)
+    want = grow.wanted_accumulation
+    assert want(b_simple=None, global_batch=32, accumulation=1) == 1
+    assert want(b_simple=63.0, global_batch=32, accumulation=1) == 1  # not yet twice the batch
+    assert want(b_simple=64.0, global_batch=32, accumulation=1) == 2
+    assert want(b_simple=200.0, global_batch=32, accumulation=2) == 8  # 32 -> 64 -> 128, not 256
+    assert want(b_simple=1e6, global_batch=32, accumulation=2) == 16  # up to the cap, 256
+    assert want(b_simple=1e6, global_batch=256, accumulation=16) == 16
+    with pytest.raises(ValueError):
+        GrowBatch(max_global_batch=0)
+
+
+def _fake_trainer(step, b_simple, updates=20):
+    state = types.SimpleNamespace(global_batch=32, micro_batch=16, accumulation_steps=2)
+    calls = []
+
+    def set_batch_split(micro, accumulation):
+        calls.append((micro, accumulation))
+        state.accumulation_steps, state.global_batch = accumulation, micro * accumulation
+
+    estimator = types.SimpleNamespace(updates=updates)
+    noise = types.SimpleNamespace(b_simple=b_simple, estimator=estimator)
+    trainer = types.SimpleNamespace(
+        step=step,
+        state=state,
+        noise_scale=noise,
+        set_batch_split=set_batch_split,
+        plan_total_steps=lambda: 99,
+    )
+    return trainer, calls
+
+
+def test_decisions_come_every_check_every_steps_after_enough_measurements():
+    grow = GrowBatch(max_global_batch=1024, check_every=8, min_updates=8)
+    for step, updates in ((7, 20), (8, 3)):  # off the schedule; too few measurements
+        trainer, calls = _fake_trainer(step, 500.0, updates)
+        grow.after_step(trainer)
+        assert calls == []
+    trainer, calls = _fake_trainer(16, 100.0)
+    grow.after_step(trainer)
+    assert calls == [(16, 4)] and trainer.total_steps == 99  # 32 -> 64, steps replanned
+    assert grow.changes == [(16, 64)]
+
+
+def _grow_run(rank, world, cfg):
+    grow = GrowBatch(max_global_batch=128, check_every=4, min_updates=4)
+    result = Trainer(TrainConfig(**cfg), callbacks=[grow, AdaScaleGain(base_batch=16)]).fit()
+    return result.to_dict(), grow.changes
+
+
+@pytest.mark.slow
+def test_a_run_grows_its_batch_and_keeps_counting_samples(tmp_path):
+    # digits' noise scale (tens of samples) is past 2 x 16 within a few dozen steps
+    cfg = dict(workload="digits", global_batch=16, micro_batch=8, max_steps=60, noise_scale_every=1)
+    cfg |= dict(progress="none", metrics_dir=str(tmp_path), lr=0.05)
+    (result, changes), _ = run_ranks(_grow_run, 2, cfg, timeout_s=300)
+    assert changes and result["global_batch"] == changes[-1][1] > 16
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    seen = [line["samples_seen"] for line in lines]
+    steps_at_16 = changes[0][0]
+    assert seen[steps_at_16 - 1] == 16 * steps_at_16  # 16 per step until the first change ...
+    assert seen[steps_at_16] - seen[steps_at_16 - 1] == changes[0][1]  # ... then the grown batch
+    # the sample budget of 60 steps x 16 is kept in samples once the batch grew (resume.plan_total_steps)
+    assert result["samples_seen"] >= 60 * 16 and result["steps"] < 60
+    assert lines[-1]["loss"] < 0.95 * lines[0]["loss"]  # it still trains after the change
