@@ -410,3 +410,29 @@ def test_on_a_terminal_the_table_is_drawn_by_rich_with_the_same_cells():
     plain = text_table(*spec, styled=False)
     words = lambda text: [line.split() for line in text.splitlines() if line.strip() and "─" not in line]
     assert words(styled) == words(plain)
+
+
+def test_a_scale_report_keeps_the_spread_and_warns_on_it(tmp_path):
+    from dpscale.bench import script_scaling, script_scaling_report
+
+    def point(n, p10, p90):
+        return {
+            "world_size": n, "engine": "torch", "transport": "gloo", "steps": 10, "step_ms": 10.0,
+            "step_ms_p90": p90, "samples_per_step": 64.0 * n, "samples_per_s": 6400.0 * n,
+            "efficiency": 1.0, "exposed_comm_ms": 1.0, "step_ms_p10": p10,
+        }  # fmt: skip
+
+    doc = {"config": {"script": "train.py", "args": [], "world_sizes": [1, 2]}, "profile": None}
+    result = script_scaling.ScaleResult.from_dict(
+        {**doc, "points": [point(1, 9.5, 10.5), point(2, 8.0, 14.0)]}
+    )
+    (warning,) = script_scaling_report.warnings(result)
+    assert "(torch N=2 60%)" in warning
+    old = {k: v for k, v in point(1, None, 11.0).items() if k != "step_ms_p10"}  # an older report's point
+    assert script_scaling.ScaleResult.from_dict({**doc, "points": [old]}).points[0].spread is None
+    d = tmp_path / "scale"
+    d.mkdir()
+    r = report.ReportDir(path=d, command="scale", argv=["dpscale", "scale"], system=STUDY_V0["system"])
+    script_scaling_report.write_report(result, r)
+    assert "- **Warning:** times spread (p10-p90)" in (d / "report.md").read_text()
+    assert "p10 ms" in script_scaling_report.format_table(result)

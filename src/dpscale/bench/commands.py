@@ -333,6 +333,7 @@ def run_scale(args: argparse.Namespace) -> int:
         for log in Path(logs).glob("*.log"):
             shutil.copy(log, report.path / log.name)
     print(script_scaling_report.format_table(result))
+    _warn(script_scaling_report.warnings(result))
     script_scaling_report.write_report(result, report)
     print(f"report: {report.path}")
     if args.json:

@@ -13,6 +13,7 @@ JSON (`ScaleResult.to_dict()`, report.json's "results"):
                 "warmup": int, "threads_per_worker": int},
      "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
                  "step_ms_p90": float, "samples_per_step": float, "samples_per_s": float,
+                 "step_ms_p10": float | null (null in reports written before it was kept),
                  "efficiency": float | null, "exposed_comm_ms": float | null}, ...],
      "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
 """
@@ -85,6 +86,14 @@ class ScalePoint:
     samples_per_s: float
     efficiency: float | None  # samples/s at N over N x samples/s at 1 (same engine)
     exposed_comm_ms: float | None  # median over steps, rank 0
+    step_ms_p10: float | None = None  # last, with a default: older reports' points lack it
+
+    @property
+    def spread(self) -> float | None:
+        """(p90 - p10) / median of the step time."""
+        if self.step_ms_p10 is None or not self.step_ms > 0:
+            return None
+        return (self.step_ms_p90 - self.step_ms_p10) / self.step_ms
 
 
 @dataclass
@@ -159,6 +168,7 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         samples_per_s=sum(samples) / (sum(step_ms) / 1e3),
         efficiency=None,
         exposed_comm_ms=statistics.median(exposed) if exposed else None,
+        step_ms_p10=statistics.quantiles(step_ms, n=10)[0] if len(step_ms) > 1 else step_ms[0],
     )
 
 

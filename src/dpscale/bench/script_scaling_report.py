@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .report import Image, ReportDir, Section, Table, new_figure, text_table
 from .script_scaling import ScaleResult
+from .trust import timing_warnings
 
 _COLUMNS = {  # point field: (header, format)
     "engine": ("engine", ""),
@@ -20,6 +21,7 @@ _COLUMNS = {  # point field: (header, format)
     "steps": ("steps", "d"),
     "samples_per_step": ("samples/step", ".0f"),
     "step_ms": ("step ms", ".2f"),
+    "step_ms_p10": ("p10 ms", ".2f"),
     "step_ms_p90": ("p90 ms", ".2f"),
     "samples_per_s": ("samples/s", ".0f"),
     "efficiency": ("efficiency", ".1%"),
@@ -75,6 +77,11 @@ def plot(result: ScaleResult):
     return fig
 
 
+def warnings(result: ScaleResult) -> list[str]:
+    """The trust checks (bench/trust.py) on the points' step-time spread."""
+    return timing_warnings({**asdict(p), "spread": p.spread} for p in result.points)
+
+
 def write_report(result: ScaleResult, report: ReportDir) -> None:
     """report.json, scale.csv, scale.png, profile.json (when measured) and report.md."""
     doc = result.to_dict()
@@ -109,4 +116,5 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
             Section("Results", [method, definitions, Table(doc["points"], list(_COLUMNS), formats, headers)]),
             Section("Plot", [Image("scale.png", "throughput and efficiency vs workers"), *blocks]),
         ],
+        warnings=warnings(result),
     )
