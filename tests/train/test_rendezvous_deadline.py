@@ -29,8 +29,11 @@ def test_a_store_that_never_answers_fails_the_call_within_read_timeout():
     store = _SilentStore()
     start = time.monotonic()
     try:
-        with pytest.raises(RendezvousConnectionError, match="did not answer within 1 s"):
-            _MultiHostBackend(store, "job", read_timeout_s=1)  # torch's constructor calls compare_set
+        # torch's constructor calls compare_set; the error names the store's host for torchrun users
+        with pytest.raises(
+            RendezvousConnectionError, match="store at 10.0.0.1:29400 did not answer within 1 s"
+        ):
+            _MultiHostBackend(store, "job", read_timeout_s=1, endpoint="10.0.0.1:29400")
         assert time.monotonic() - start < 5
     finally:
         store.release.set()  # let the abandoned call's thread end

@@ -140,8 +140,9 @@ class _MultiHostBackend(C10dRendezvousBackend):
     check for waiting nodes, its shutdown) would wait for as long as TCP retransmits (~15 min).
     """
 
-    def __init__(self, store, run_id: str, read_timeout_s: float):
+    def __init__(self, store, run_id: str, read_timeout_s: float, endpoint: str = "?"):
         self._read_timeout_s = read_timeout_s  # before torch's constructor, which calls the store
+        self._endpoint = endpoint
         super().__init__(store, run_id)
 
     @property
@@ -156,7 +157,7 @@ class _MultiHostBackend(C10dRendezvousBackend):
             return bounded(self._read_timeout_s, lambda: call(store_op, *args, **kwargs))
         except TimeoutError as e:
             raise RendezvousConnectionError(
-                f"the rendezvous store did not answer within {self._read_timeout_s:g} s "
+                f"the rendezvous store at {self._endpoint} did not answer within {self._read_timeout_s:g} s "
                 "(its host is gone or cut off from this one)"
             ) from e
 
@@ -206,7 +207,8 @@ def create_multi_host_handler(params):
             )
     store = _rendezvous_store(params, host, port)
     timeout_s = params.get_as_int("read_timeout", 60)
-    handler = create_handler(store, _MultiHostBackend(store, params.run_id, timeout_s), params)
+    backend = _MultiHostBackend(store, params.run_id, timeout_s, f"{host}:{port}")
+    handler = create_handler(store, backend, params)
     # private API, as for the single-host handler (tests/train/test_rendezvous_binding_multi_host.py)
     handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port, timeout_s)
     return export_round(handler)
