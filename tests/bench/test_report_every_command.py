@@ -270,6 +270,8 @@ def test_trust_warnings_head_the_study_and_scaling_reports(tmp_path):
         assert "negative overhead (mlp torch N=1 -8.08 ms)" in head, md
         assert "times spread (p10-p90) above 20%" in head, md
     assert "indicative only: --quick" in (d / "report.md").read_text()
+    for folder in PARTS:  # a --quick study's parts say so too
+        assert "indicative only: --quick" in (d / folder / "report.md").read_text(), folder
 
 
 # ---- plots ---------------------------------------------------------------------------------------

@@ -199,6 +199,8 @@ class ReportDir:
     command: str
     argv: list[str]
     system: dict
+    # said at the head of report.md besides the bench's own warnings (a --quick study's parts)
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def create(
@@ -278,6 +280,7 @@ class ReportDir:
         `sections` in order."""
         lines = [f"# {title}", "", "## System", "", *describe_system(self.system), ""]
         lines += ["## Command", "", "```", self.command_line, "```", ""]
+        warnings = [*self.notes, *warnings]
         if warnings:
             lines += ["## Warnings", "", *(f"- **Warning:** {w}" for w in warnings), ""]
         for section in sections:

@@ -211,29 +211,33 @@ def part_argv(command: str, config: object) -> list[str]:
     return ["dpscale", "bench", command, *config_argv(config)]
 
 
-def _part(parent: ReportDir, folder: str, command: str, config: object) -> ReportDir:
+def _part(parent: ReportDir, folder: str, command: str, config: object, quick: bool) -> ReportDir:
     path = parent.path / folder
     path.mkdir(exist_ok=True)  # `dpscale report` re-renders the parts in place
-    return ReportDir(path=path, command=command, argv=part_argv(command, config), system=parent.system)
+    notes = (QUICK_NOTE,) if quick else ()  # a --quick study's parts are indicative too
+    return ReportDir(path, command, part_argv(command, config), parent.system, notes)
 
 
 def write_report(result: StudyResult, report: ReportDir) -> None:
     """The combined report: each bench in its own subdirectory, the summary on top."""
-    ar = _part(report, "allreduce", "allreduce", result.allreduce.config)
+    quick = bool(result.config.quick)
+    ar = _part(report, "allreduce", "allreduce", result.allreduce.config, quick)
     allreduce_report.write_report(result.allreduce, ar)
     images = [Image("allreduce/allreduce_busbw.png", "all-reduce bus bandwidth vs message size")]
     for res in result.scaling:
         # a task spec's colon cannot name a folder
-        sub = _part(report, f"scaling-{res.config.model.replace(':', '-')}", "scaling", res.config)
+        sub = _part(report, f"scaling-{res.config.model.replace(':', '-')}", "scaling", res.config, quick)
         scaling_report.write_report(res, sub)
         images.append(
             Image(f"{sub.path.name}/scaling_efficiency.png", f"scaling efficiency, {res.config.model}")
         )
-    cv = _part(report, "convergence", "convergence", result.convergence.config)
+    cv = _part(report, "convergence", "convergence", result.convergence.config, quick)
     convergence_report.write_report(result.convergence, cv)
     images.append(Image("convergence/convergence.png", "loss vs samples seen per world size"))
     for res in result.weak:
-        sub = _part(report, f"weak-{res.config.workload}-{res.config.engine}", WEAK_COMMAND, res.config)
+        sub = _part(
+            report, f"weak-{res.config.workload}-{res.config.engine}", WEAK_COMMAND, res.config, quick
+        )
         weak_report.write_report(res, sub)
         images.append(Image(f"{sub.path.name}/weak_speedup.png", f"time-to-target speed-up, {sub.path.name}"))
     doc = result.to_dict()
