@@ -1,10 +1,13 @@
 """Growing the global batch with the noise scale: the decision, and a real run that grows."""
 
+import argparse
 import json
 import types
 
 import pytest
+from test_noise_scale_train import _task as regression_task  # tests/train is on sys.path
 
+from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.multirank import run_ranks
 from dpscale.train.adascale import AdaScaleGain
 from dpscale.train.auto_batch import GrowBatch
@@ -78,3 +81,43 @@ def test_a_run_grows_its_batch_and_keeps_counting_samples(tmp_path):
     # the sample budget of 60 steps x 16 is kept in samples once the batch grew (resume.plan_total_steps)
     assert result["samples_seen"] >= 60 * 16 and result["steps"] < 60
     assert lines[-1]["loss"] < 0.95 * lines[0]["loss"]  # it still trains after the change
+
+
+# ---- --global-batch auto -------------------------------------------------------------------------
+
+
+def test_global_batch_auto_starts_at_the_default_and_survives_the_trip_to_the_workers():
+    config = TrainConfig(workload="digits", global_batch="auto")
+    assert (config.global_batch, config.auto_batch) == (64, True)
+    assert TrainConfig.from_dict(config.to_dict()).auto_batch is True
+    with pytest.raises(ValueError, match="^global_batch auto: .*cannot be resumed"):
+        TrainConfig(workload="digits", global_batch="auto", resume=True, checkpoint_dir="/tmp/x")
+
+
+def test_the_global_batch_flag_takes_auto_or_a_number():
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, TrainConfig)
+    assert (
+        dataclass_kwargs(parser.parse_args(["--global-batch", "auto"]), TrainConfig)["global_batch"] == "auto"
+    )
+    assert dataclass_kwargs(parser.parse_args(["--global-batch", "32"]), TrainConfig)["global_batch"] == 32
+    with pytest.raises(ValueError, match="^--global-batch: 'big' is neither"):
+        dataclass_kwargs(parser.parse_args(["--global-batch", "big"]), TrainConfig)
+
+
+def _auto_run(rank, world, cfg):
+    trainer = Trainer(TrainConfig(**cfg), regression_task())
+    result = trainer.fit()
+    grow = next(c for c in trainer.callbacks if isinstance(c, GrowBatch))
+    return result.to_dict(), grow.changes
+
+
+@pytest.mark.slow
+def test_global_batch_auto_grows_to_the_measured_noise_scale():
+    # the linear regression of test_noise_scale_train at fixed weights (lr 0): B_simple ~ 480
+    # samples throughout, so 64 doubles while 2 x G <= 480: 64 -> 128 -> 256, and no further
+    cfg = dict(global_batch="auto", lr=0.0, optimizer="sgd", momentum=0.0, max_steps=40)
+    cfg |= dict(progress="none", drift_check_every=0, noise_scale_every=1, seed=1)
+    (result, changes), _ = run_ranks(_auto_run, 2, cfg, timeout_s=300)
+    assert result["global_batch"] == 256 and changes[-1][1] == 256
+    assert all(g in (128, 256) for _, g in changes)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from ..comm.select import TRANSPORT_NAMES
 from ..data.sampler import TAIL_POLICIES
 from ..engine.hooks import COMPRESSIONS
 from ..engine.registry import TRAIN_ENGINES
 from ..errors import ConfigError
+from ..flags import flag_spec
 from ..workloads import WORKLOADS
 from .device import DEVICES, PRECISIONS
 
@@ -38,8 +39,9 @@ class TrainConfig:
     task: str | None = None
     """Your own task instead of a workload: module:callable returning a dpscale.Task (module.py in the
     current directory); unset fields take global_batch 64, sgd, lr 0.01, 1 epoch."""
-    global_batch: int | None = None
-    """Samples per optimizer step across all workers (default: the workload's)."""
+    global_batch: int | None = field(default=None, metadata=flag_spec(parse=lambda s: _global_batch(s)))
+    """Samples per optimizer step across all workers (default: the workload's); auto: start at the
+    default and grow it with the measured noise scale (see auto_batch)."""
     micro_batch: int | None = None
     """Samples per forward/backward on one worker; give this or accumulation_steps, not both."""
     accumulation_steps: int | None = None
@@ -111,11 +113,18 @@ class TrainConfig:
     """DataLoader worker processes per training worker (0: load in the training process)."""
     no_noise_scale: bool = False
     """Do not measure the gradient noise scale (it costs two reads of each gradient per measured step)."""
+    auto_batch: bool = False
+    """Grow the global batch during training (what --global-batch auto sets): the accumulation steps
+    double while the noise scale is at least twice the global batch, up to 16x the start, and the
+    learning rate takes AdaScale's gain (train/auto_batch.py); needs two gradients per step (two
+    workers, or two micro-batches on one)."""
     noise_scale_every: int = 8
     """Measure the gradient noise scale on every this many steps (each measurement reads every
     gradient twice; 1 gives the steadiest estimate, 8 keeps its cost under 1% of a step)."""
 
     def __post_init__(self) -> None:
+        if self.global_batch == "auto":  # from the flag or a config file: the default batch, grown
+            self.global_batch, self.auto_batch = None, True
         _finite_floats(self)
         if self.workload is not None and self.task is not None:
             raise ConfigError("workload and task: give one (task is your own, workload a built-in)")
@@ -193,6 +202,11 @@ class TrainConfig:
             raise ConfigError(f"data_workers must be >= 0, got {self.data_workers}")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs checkpoint_dir: say where the checkpoints are")
+        if self.auto_batch and (self.resume or self.no_noise_scale):
+            raise ConfigError(
+                "global_batch auto: a growing batch needs the noise scale and cannot be resumed yet; "
+                "drop no_noise_scale / resume, or give a number"
+            )
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")
         if self.engine == "torch" and self.transport not in ("auto", "gloo", "nccl"):
@@ -237,6 +251,16 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def _global_batch(text: str) -> int | str:
+    """The --global-batch flag: a number of samples, or auto."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--global-batch: {text!r} is neither a number of samples nor auto") from None
 
 
 def _finite_floats(cfg: TrainConfig) -> None:

@@ -32,6 +32,8 @@ from ..errors import ConfigError
 from ..workloads import WORKLOADS
 from ..workloads.load import load_task
 from ..workloads.task import Task
+from .adascale import AdaScaleGain
+from .auto_batch import GrowBatch
 from .batches import MicroBatches
 from .callbacks import TrainerCallback, checked
 from .config import TrainConfig
@@ -110,6 +112,14 @@ class Trainer(TrainStep, SaveRestore):
             micro_batch=micro_batch,
             accumulation_steps=accumulation_steps,
         )
+        if config.auto_batch:  # global_batch auto: the batch grows with the noise scale (auto_batch.py)
+            if self.world_size == 1 and accumulation_steps < 2:
+                raise ConfigError(
+                    "global_batch auto on one worker needs accumulation_steps >= 2: the noise scale "
+                    "that drives it needs two gradients per step"
+                )
+            growth = GrowBatch(max_global_batch=16 * global_batch)
+            self.callbacks += [growth, AdaScaleGain(base_batch=global_batch)]
         self.task = task if task is not None else resolve_task(config)
         self.train_data = self.task.train_data
         if len(self.train_data) < global_batch and config.tail == "drop":
