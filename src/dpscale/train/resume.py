@@ -118,7 +118,7 @@ def describe_resplit(
     base_lr: float,
     total_steps: int,
 ) -> str:
-    """The line rank 0 prints when a checkpoint written by another number of workers is resumed."""
+    """The line rank 0 logs when a checkpoint written by another number of workers is resumed."""
     old_micro, old_k, old_g = saved.micro_batch, saved.accumulation_steps, saved.global_batch
     if now.global_batch == old_g:
         how = (
@@ -136,4 +136,4 @@ def describe_resplit(
             f"{lr_to:.4g} over {s.steps} steps); the run ends at step {total_steps} to keep its "
             "sample budget"
         )
-    return f"dpscale: checkpoint written by {saved.world_size} workers, resuming with {now.world_size}: {how}"
+    return f"checkpoint written by {saved.world_size} workers, resuming with {now.world_size}: {how}"
