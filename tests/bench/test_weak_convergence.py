@@ -82,6 +82,7 @@ def test_lr_rules_and_evaluation_points():
         (["--mode", "weak", "--target-metric", "bleu=3"], "--target-metric"),
         (["--mode", "weak", "--target-loss", "1", "--world-sizes", "2,4"], "--world-sizes"),
         (["--mode", "weak", "--target-loss", "1", "--lr-rule", "cubic"], "--lr-rule"),
+        (["--mode", "weak", "--target-loss", "1", "--lr-rule", "adascale", "--engine", "torch"], "--lr-rule"),
         (
             ["--mode", "weak", "--target-loss", "1", "--batch-per-worker", "1000", "--world-sizes", "1,2"],
             "--batch",

@@ -90,6 +90,8 @@ def test_global_batch_auto_starts_at_the_default_and_survives_the_trip_to_the_wo
     config = TrainConfig(workload="digits", global_batch="auto")
     assert (config.global_batch, config.auto_batch) == (64, True)
     assert TrainConfig.from_dict(config.to_dict()).auto_batch is True
+    with pytest.raises(ValueError, match="^global_batch auto: engine torch does not measure"):
+        TrainConfig(workload="digits", global_batch="auto", engine="torch")
     with pytest.raises(ValueError, match="^global_batch auto: .*cannot be resumed"):
         TrainConfig(workload="digits", global_batch="auto", resume=True, checkpoint_dir="/tmp/x")
 

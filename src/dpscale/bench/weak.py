@@ -113,6 +113,11 @@ class WeakConfig:
             )
         if self.lr_rule not in LR_RULES:
             raise ConfigError(f"--lr-rule: unknown {self.lr_rule!r}; choose one of {', '.join(LR_RULES)}")
+        if self.lr_rule == "adascale" and self.engine != "dpscale":
+            raise ConfigError(
+                f"--lr-rule: adascale needs the noise scale, which engine {self.engine} does not measure "
+                "with several workers; use --engine dpscale or another rule"
+            )
         if (self.target_loss is None) == (self.target_metric is None):
             raise ConfigError(
                 "--target-loss / --target-metric: give exactly one, e.g. --target-loss 0.2 or "

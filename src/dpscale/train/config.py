@@ -202,6 +202,11 @@ class TrainConfig:
             raise ConfigError(f"data_workers must be >= 0, got {self.data_workers}")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs checkpoint_dir: say where the checkpoints are")
+        if self.auto_batch and self.engine != "dpscale":
+            raise ConfigError(
+                f"global_batch auto: engine {self.engine} does not measure the noise scale that drives "
+                "it; use engine dpscale or give a number"
+            )
         if self.auto_batch and (self.resume or self.no_noise_scale):
             raise ConfigError(
                 "global_batch auto: a growing batch needs the noise scale and cannot be resumed yet; "
