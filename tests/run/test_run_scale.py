@@ -101,6 +101,7 @@ def test_scale_measures_a_nanogpt_style_script_and_writes_a_report_predict_reads
     assert set(rows[0]) == {
         "world_size",
         "engine",
+        "hosts",
         "steps",
         "step_ms",
         "samples_per_s",
@@ -108,6 +109,7 @@ def test_scale_measures_a_nanogpt_style_script_and_writes_a_report_predict_reads
         "exposed_comm_ms",
     }
     assert rows[0]["efficiency"] == 1.0 and 0 < rows[1]["efficiency"] < 1.5
+    assert [r["hosts"] for r in rows] == [1, 1]
     (report,) = (tmp_path / "reports").iterdir()
     doc = json.loads((report / "report.json").read_text())
     # nanoGPT keeps the global batch: 4 micro-steps x 8 at N=1, 2 x 8 on each of 2 ranks at N=2

@@ -316,7 +316,9 @@ def scale_config(args: argparse.Namespace) -> script_scaling.ScaleConfig:
     check_script(command[0])
     kwargs = _kwargs(args, script_scaling.ScaleConfig)
     sizes = kwargs.get("world_sizes", [1, 2])
-    kwargs.setdefault("threads_per_worker", max(1, usable_cores() // max(sizes)))
+    # across hosts, N / hosts workers share one host's cores
+    per_host = max(sizes) // (kwargs.get("nnodes") or 1)
+    kwargs.setdefault("threads_per_worker", max(1, usable_cores() // max(1, per_host)))
     return script_scaling.ScaleConfig(script=command[0], args=command[1:], **kwargs)
 
 

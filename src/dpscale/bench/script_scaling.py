@@ -8,13 +8,22 @@ synchronized steps, at the same step on every rank (run/child.py). A step counts
 rank; samples are summed over ranks. Every worker gets the same intra-op threads at every world
 size (cores / largest N), so efficiency compares like with like.
 
+Across hosts (`--nnodes H --rdzv-endpoint HOST:PORT --rdzv-id ID`, torchrun's flags as `dpscale
+train` takes them; the same command on every host) each world size N > 1 runs as its own job of
+H hosts x N/H workers, with rendezvous id ID-ENGINE-nN, and every host gets every rank's telemetry
+(gathered inside the job, run/child.py). The 1-worker baseline that efficiency divides by runs on
+one host: the one that serves the rendezvous store; the other hosts skip it and report no efficiency.
+
 JSON (`ScaleResult.to_dict()`, report.json's "results"):
     {"config": {"script": str, "args": [str], "world_sizes": [int], "engines": [str], "steps": int,
                 "warmup": int, "threads_per_worker": int},
+                "nnodes": int | null, "rdzv_endpoint": str | null, "rdzv_id": str | null,
+                "local_addr": str | null, "rdzv_conf": str | null, "node_rank": int | null},
      "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
                  "step_ms_p90": float, "samples_per_step": float, "samples_per_s": float,
                  "step_ms_p10": float | null (null in reports written before it was kept),
-                 "efficiency": float | null, "exposed_comm_ms": float | null}, ...],
+                 "efficiency": float | null, "exposed_comm_ms": float | null,
+                 "hosts": int | null (distinct hosts of the ranks; null in older reports)}, ...],
      "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
 """
 
@@ -23,16 +32,26 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..engine.registry import RUN_ENGINES
 from ..errors import ConfigError
 from ..flags import flag_spec
 from ..run.launch import run_script
+from ..train.nodes import Nodes, nodes_from_flags
 from .args import parse_int_list, parse_name_list
 
-JSON_ROW = ("world_size", "engine", "steps", "step_ms", "samples_per_s", "efficiency", "exposed_comm_ms")
+JSON_ROW = (
+    "world_size",
+    "engine",
+    "hosts",
+    "steps",
+    "step_ms",
+    "samples_per_s",
+    "efficiency",
+    "exposed_comm_ms",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +80,20 @@ class ScaleConfig:
         default=1, metadata=flag_spec(help="intra-op threads (default: cores / largest N)")
     )
     """Intra-op threads per worker."""
+    # across hosts: torchrun's flags with `dpscale train`'s names and meanings (train/nodes.py)
+    nnodes: int | None = None
+    """hosts, a fixed number (the same command on every host); each world size > 1 is split evenly
+    over them"""
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the rendezvous store (multi-host)"""
+    rdzv_id: str | None = None
+    """the measurement's name, the same on every host; each run's rendezvous id is ID-ENGINE-nN"""
+    local_addr: str | None = None
+    """the address other hosts reach this one at"""
+    rdzv_conf: str | None = None
+    """k=v,... passed to torch's rendezvous (e.g. is_host=1)"""
+    node_rank: int | None = None
+    """this host's rank 0..H-1 for a static rendezvous (default: the rendezvous numbers the hosts)"""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -72,6 +105,25 @@ class ScaleConfig:
         for e in self.engines:
             if e not in RUN_ENGINES:
                 raise ConfigError(f"--engine: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
+        self.nodes()  # checks the multi-host flags
+        if self.nnodes is not None:
+            uneven = [n for n in self.world_sizes if n > 1 and n % self.nnodes]
+            if uneven:
+                raise ConfigError(
+                    f"--nproc: world sizes {uneven} do not split evenly over --nnodes {self.nnodes} hosts; "
+                    f"give 1 (the one-host baseline) or multiples of {self.nnodes}"
+                )
+
+    def nodes(self) -> Nodes | None:
+        """The multi-host flags as a Nodes config, or None for a measurement on this host."""
+        return nodes_from_flags(
+            nnodes=None if self.nnodes is None else str(self.nnodes),
+            rdzv_endpoint=self.rdzv_endpoint,
+            rdzv_id=self.rdzv_id,
+            local_addr=self.local_addr,
+            rdzv_conf=self.rdzv_conf,
+            node_rank=self.node_rank,
+        )
 
 
 @dataclass(frozen=True)
@@ -86,7 +138,8 @@ class ScalePoint:
     samples_per_s: float
     efficiency: float | None  # samples/s at N over N x samples/s at 1 (same engine)
     exposed_comm_ms: float | None  # median over steps, rank 0
-    step_ms_p10: float | None = None  # last, with a default: older reports' points lack it
+    step_ms_p10: float | None = None  # with a default: older reports' points lack it
+    hosts: int | None = None  # distinct hosts the ranks ran on (comm.select.host_id)
 
     @property
     def spread(self) -> float | None:
@@ -119,14 +172,17 @@ class ScriptFailed(RuntimeError):
     """The script failed or ended early; the message says which run and shows its output's tail."""
 
 
-def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path) -> list[dict]:
+def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: Nodes | None) -> list[dict]:
+    """Every rank's telemetry from one run of the script: on this host, or with `nodes` as one host
+    of a job over all of them (n / hosts workers here)."""
     limit = config.warmup + config.steps
     with tempfile.TemporaryDirectory(prefix="dpscale-scale-") as out:
         log = logs / f"{engine}-{n}.log"
         code = run_script(
             config.script,
             config.args,
-            nproc=n,
+            nproc=n if nodes is None else n // nodes.max_nodes,
+            nodes=nodes,
             engine=engine,
             telemetry_dir=out,
             steps=limit,
@@ -169,6 +225,7 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         efficiency=None,
         exposed_comm_ms=statistics.median(exposed) if exposed else None,
         step_ms_p10=statistics.quantiles(step_ms, n=10)[0] if len(step_ms) > 1 else step_ms[0],
+        hosts=len({r.get("host") for r in ranks}),
     )
 
 
@@ -201,11 +258,17 @@ def profile_from(rank0: dict, config: ScaleConfig, point: ScalePoint) -> dict:
 
 
 def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
-    """Run the script at every world size with every engine (engines alternate within a size)."""
-    points, profile = [], None
+    """Run the script at every world size with every engine (engines alternate within a size).
+    Across hosts, N = 1 runs only on the host that serves the rendezvous store."""
+    points, profile, nodes = [], None, config.nodes()
     for n in config.world_sizes:
         for engine in config.engines:
-            ranks = _measure_one(config, n, engine, logs)
+            if nodes is not None and n == 1 and not nodes.serves_store():
+                continue
+            job = (
+                None if nodes is None or n == 1 else replace(nodes, rdzv_id=f"{nodes.rdzv_id}-{engine}-n{n}")
+            )
+            ranks = _measure_one(config, n, engine, logs, job)
             points.append(_point(n, engine, ranks, config))
             if n == 1 and engine == "dpscale":
                 profile = profile_from(next(r for r in ranks if r["rank"] == 0), config, points[-1])

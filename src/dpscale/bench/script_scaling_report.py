@@ -18,6 +18,7 @@ _COLUMNS = {  # point field: (header, format)
     "engine": ("engine", ""),
     "transport": ("transport", ""),
     "world_size": ("N", "d"),
+    "hosts": ("hosts", "d"),
     "steps": ("steps", "d"),
     "samples_per_step": ("samples/step", ".0f"),
     "step_ms": ("step ms", ".2f"),
@@ -64,6 +65,15 @@ def plot(result: ScaleResult):
         )
     thr.plot([], [], ls="--", color="gray", label="ideal: N x same engine at N=1")
     eff.axhline(100, color="gray", ls="--", lw=1)
+    if all(p.efficiency is None for p in result.points):  # say why the panel is empty
+        where = (
+            "ran on the rendezvous store's host"
+            if result.config.nnodes
+            else "was not measured (add 1 to --nproc)"
+        )
+        eff.text(
+            0.5, 0.5, f"no efficiency: the 1-worker baseline\n{where}", ha="center", transform=eff.transAxes
+        )
     for ax, ylabel in ((thr, "samples/s (all workers)"), (eff, "scaling efficiency (% of linear)")):
         ax.set_xticks(sizes, [str(n) for n in sizes])
         threads = result.config.threads_per_worker
@@ -103,6 +113,12 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
         "step's (backward, optimizer, data loading included) and counts at its slowest rank; samples are "
         "dim 0 of the DDP module's first tensor input, over the step's micro-steps and all ranks."
     )
+    if c.nnodes is not None:
+        method += (
+            f" Across {c.nnodes} hosts: each N > 1 ran as one job of {c.nnodes} hosts x N/{c.nnodes} workers "
+            "(every rank's telemetry gathered inside the job); the 1-worker baseline that efficiency divides "
+            "by ran on one host, the one serving the rendezvous store (the other hosts report no efficiency)."
+        )
     definitions = (
         "efficiency = samples/s(N) / (N x samples/s(1)), same engine; exposed = communication not hidden "
         "behind backward, median over steps on rank 0 (dpscale: the engine's own stats; torch: from the "

@@ -9,7 +9,9 @@ as `__main__`, with its own directory first on sys.path and sys.argv[0] set to i
 With a step limit (`dpscale scale`), each rank writes its telemetry once the limit is reached and
 the run ends there: all ranks meet at a barrier at the same synchronized step (the step count is
 the same everywhere), give the engine's buffers back and raise SystemExit(0), which unwinds the
-script through its own `finally` blocks. Nothing is killed.
+script through its own `finally` blocks. Nothing is killed. At the limit the ranks first gather
+every rank's record, and each host's local rank 0 writes them all: a job across hosts leaves the
+whole job's telemetry on every host, with no shared directory.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import os
 import runpy
 import sys
 from pathlib import Path
+
+from ..comm.attempt import gloo_interface_hint
+from ..comm.select import host_id
 
 ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
@@ -52,21 +57,28 @@ def stand_in(engine: str, telemetry_dir: str | None, limit: int | None) -> type:
     return Measured
 
 
-def _write(ddp, directory: str, *, final: bool) -> None:
+def _record(ddp, *, final: bool) -> dict:
     rank, world, backend = ddp._where
-    path = Path(directory) / f"rank{rank}.json"
-    if path.exists():
-        return  # the final record was written at the limit
     modules = list(ddp.module.parameters())
-    doc = {
+    return {
         "rank": rank,
         "world_size": world,
         "final": final,
         "transport": ddp.transport.name if hasattr(ddp, "transport") else backend,
         "param_count": sum(p.numel() for p in modules),
         "param_bytes": sum(p.numel() * p.element_size() for p in modules),
+        "host": host_id(),  # what the transports take a host to be (hostname + /dev/shm, DPSCALE_HOST_ID)
         **ddp.telemetry.to_dict(),
     }
+
+
+def _write(ddp, directory: str, *, final: bool) -> None:
+    path = Path(directory) / f"rank{ddp._where[0]}.json"
+    if not path.exists():  # else the final record was written at the limit
+        _write_doc(path, _record(ddp, final=final))
+
+
+def _write_doc(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
     tmp.replace(path)
@@ -75,7 +87,11 @@ def _write(ddp, directory: str, *, final: bool) -> None:
 def _stop(ddp, directory: str) -> None:
     import torch.distributed as dist
 
-    _write(ddp, directory, final=True)
+    docs = [None] * ddp._where[1]
+    dist.all_gather_object(docs, _record(ddp, final=True), group=ddp.process_group)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        for doc in docs:
+            _write_doc(Path(directory) / f"rank{doc['rank']}.json", doc)
     # every rank reaches this at the same step; meeting here means no rank leaves while a peer
     # still reads its part of the last reduction
     dist.barrier(group=ddp.process_group)
@@ -102,6 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     limit = os.environ.get(LIMIT_ENV)
     engine, telemetry_dir = os.environ.get(ENGINE_ENV, "dpscale"), os.environ.get(TELEMETRY_ENV)
     install(engine, telemetry_dir, int(limit) if limit else None)
+    # the script's own init_process_group: where this host's name resolves to loopback, gloo would
+    # advertise 127.0.0.1 to the other hosts; name the interface toward the store (as `dpscale train`)
+    if ifname := gloo_interface_hint(os.environ.get("MASTER_ADDR")):
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
     sys.argv = [argv[0], *argv[1:]]
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` does (here it was the cwd for -m)
     runpy.run_path(script, run_name="__main__")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..flags import flag_spec
-from .nodes import Nodes, parse_min_max, parse_nnodes, parse_rdzv_conf
+from .nodes import Nodes, nodes_from_flags, parse_min_max
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,24 +58,11 @@ class LaunchOptions:
 
     def nodes(self) -> Nodes | None:
         """The multi-host flags as a Nodes config, or None for a job on this host."""
-        multi = (self.rdzv_endpoint, self.rdzv_id, self.local_addr, self.rdzv_conf, self.node_rank)
-        if self.nnodes is None:
-            if any(v is not None for v in multi):
-                raise ConfigError(
-                    "--rdzv-endpoint, --rdzv-id, --local-addr, --rdzv-conf and --node-rank need --nnodes"
-                )
-            return None
-        if self.rdzv_endpoint is None or self.rdzv_id is None:
-            raise ConfigError(
-                "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME (the same on every host)"
-            )
-        min_nodes, max_nodes = parse_nnodes(self.nnodes)
-        return Nodes(
-            min_nodes=min_nodes,
-            max_nodes=max_nodes,
+        return nodes_from_flags(
+            nnodes=self.nnodes,
             rdzv_endpoint=self.rdzv_endpoint,
             rdzv_id=self.rdzv_id,
             local_addr=self.local_addr,
-            rdzv_conf=parse_rdzv_conf(self.rdzv_conf),
+            rdzv_conf=self.rdzv_conf,
             node_rank=self.node_rank,
         )

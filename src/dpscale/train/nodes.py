@@ -97,6 +97,40 @@ class Nodes:
         }
 
 
+def nodes_from_flags(
+    *,
+    nnodes: str | None,
+    rdzv_endpoint: str | None,
+    rdzv_id: str | None,
+    local_addr: str | None,
+    rdzv_conf: str | None,
+    node_rank: int | None,
+) -> Nodes | None:
+    """torchrun's multi-node flags (as `dpscale train` and `dpscale scale` take them) as a Nodes
+    config, or None for a job on this host; ConfigError naming the flag that is missing."""
+    multi = (rdzv_endpoint, rdzv_id, local_addr, rdzv_conf, node_rank)
+    if nnodes is None:
+        if any(v is not None for v in multi):
+            raise ConfigError(
+                "--rdzv-endpoint, --rdzv-id, --local-addr, --rdzv-conf and --node-rank need --nnodes"
+            )
+        return None
+    if rdzv_endpoint is None or rdzv_id is None:
+        raise ConfigError(
+            "--nnodes needs --rdzv-endpoint HOST:PORT and --rdzv-id NAME (the same on every host)"
+        )
+    min_nodes, max_nodes = parse_nnodes(nnodes)
+    return Nodes(
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        local_addr=local_addr,
+        rdzv_conf=parse_rdzv_conf(rdzv_conf),
+        node_rank=node_rank,
+    )
+
+
 def parse_min_max(flag: str, text: str) -> tuple[int, int]:
     """`N` or `MIN:MAX` -> (min, max), torchrun's syntax for --nnodes and an elastic --nproc;
     ConfigError naming `flag` and saying what is accepted."""

@@ -1,0 +1,40 @@
+"""`dpscale scale` across two emulated hosts: torchrun's multi-node flags, one job per world size."""
+
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+NANOGPT = str(Path(__file__).resolve().parents[2] / "examples" / "nanogpt_style.py")
+
+
+def _rows(proc, timeout_s: float) -> list[dict]:
+    out, err = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("rendezvous", ["dynamic", "static"])
+def test_scale_measures_a_world_size_that_spans_two_hosts(hosts, tmp_path, rendezvous):
+    scale = [sys.executable, "-m", "dpscale.cli", "scale", "--nproc", "1,2", "--steps", "4", "--warmup", "1"]
+    scale += ["--threads-per-worker", "1", "--nnodes", "2", "--rdzv-endpoint", f"{hosts.addrs[0]}:29400"]
+    scale += ["--rdzv-id", f"test-{uuid.uuid4().hex[:8]}", "--json"]
+    procs = []
+    for i, addr in enumerate(hosts.addrs):
+        (tmp_path / f"h{i}").mkdir()
+        rank = ["--node-rank", str(i)] if rendezvous == "static" else []
+        argv = [*scale, "--local-addr", addr, *rank, "--report-dir", "reports", "--", NANOGPT]
+        procs.append(hosts.start(i, [*argv, "--eval_interval=1000"], cwd=tmp_path / f"h{i}"))
+    first, second = (_rows(p, 300) for p in procs)
+    # host 0 serves the store, so it alone runs the 1-worker baseline and knows the efficiency
+    assert [(r["world_size"], r["hosts"]) for r in first] == [(1, 1), (2, 2)]
+    assert first[0]["efficiency"] == 1.0 and first[1]["efficiency"] > 0
+    # the other host measured the same N = 2 job: every rank's telemetry reached it too
+    assert [(r["world_size"], r["hosts"], r["efficiency"]) for r in second] == [(2, 2, None)]
+    assert second[0]["steps"] == first[1]["steps"] == 4
+    (report,) = (tmp_path / "h0" / "reports").iterdir()
+    assert "Across 2 hosts" in (report / "report.md").read_text()
