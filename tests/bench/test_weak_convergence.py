@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dpscale.bench import commands, compare, rerender, weak_report
+from dpscale.bench import commands, compare, rerender, study, weak, weak_report
 from dpscale.bench.report import ReportDir
 from dpscale.bench.weak import SUMMARY_KEYS, WeakConfig, WeakResult, WeakRun
 from dpscale.train.adascale import AdaScaleGain, adascale_gain
@@ -184,6 +185,54 @@ def test_two_weak_reports_compare_per_n(tmp_path):
     assert n2["ratios"]["statistical_efficiency"] == [pytest.approx(1.0)]
 
 
+# ---- trust checks (bench/trust.py) ----------------------------------------------------------------
+
+
+def _timed(run, p10, p90):
+    return dataclasses.replace(run, step_ms_p10=p10, step_ms_p90=p90)
+
+
+def test_weak_trust_checks_name_each_n_with_a_wide_spread_or_an_impossible_time():
+    result = _hand_built()
+    assert weak_report.warnings(result) == []  # no p10/p90 (an older report): nothing to judge
+    result.runs[:2] = [_timed(result.runs[0], 1.9, 2.1), _timed(result.runs[1], 2.0, 2.875)]
+    (spread,) = weak_report.warnings(result)  # N=1 10%: fine; N=2 35%: the load moved
+    assert "times spread (p10-p90) above 20% of the median (digits dpscale N=2 35%)" in spread
+    assert result.runs[1].spread == pytest.approx(0.35)
+    # N=2 more than twice as fast as N=1, with the same threads per worker: N=1 was slowed
+    result.runs[1] = _timed(_run(2, 1536, 0.8), 0.79, 0.81)
+    (faster,) = weak_report.warnings(result)
+    assert faster.startswith("throughput speed-up above N (digits dpscale N=2 x5.00)")
+    result.runs[1] = _run(2, 1536, -0.5)  # e.g. an evaluation subtracted from a step it was not in
+    (broken,) = weak_report.warnings(result)  # the speed-up check divides by it: not repeated
+    assert broken.startswith("step times that are not positive (digits dpscale N=2 -0.5 ms)")
+
+
+def test_weak_warnings_head_the_report_survive_rerender_and_reach_the_terminal(tmp_path, capsys, monkeypatch):
+    result = _hand_built()
+    result.runs[:2] = [_timed(result.runs[0], 1.9, 2.1), _timed(result.runs[1], 2.0, 2.875)]
+    report = _report_dir(tmp_path / "weak")
+    weak_report.write_report(result, report)
+    md = (report.path / "report.md").read_text()
+    head = md[md.index("## Warnings") : md.index("## Method")]
+    assert "- **Warning:** times spread (p10-p90) above 20% of the median (digits dpscale N=2 35%)" in head
+    assert "| 2 | 128 | 0.2 | 12 | 1536 | 2.50 | 35% |" in md  # the spread is in its own row
+    doc = json.loads((report.path / "report.json").read_text())
+    assert doc["results"]["runs"][1]["step_ms_p90"] == 2.875
+    (report.path / "report.md").unlink()
+    rerender.rerender(report.path)
+    assert (report.path / "report.md").read_text() == md
+    # the command prints them on stderr
+    monkeypatch.setattr(weak, "run", lambda config: result)
+    run = _run_cli(["--mode", "weak", "--target-loss", "0.2", "--report-dir", str(tmp_path / "cli")])
+    assert run.rc == 0
+    assert "warning: times spread (p10-p90) above 20%" in capsys.readouterr().err
+    # and a study with this weak run says so in its own warnings
+    v0 = json.loads((Path(__file__).parent / "data" / "study-quick-v0.json").read_text())["results"]
+    with_weak = dataclasses.replace(study.StudyResult.from_dict(v0), weak=[result])
+    assert any("(digits dpscale N=2 35%)" in w for w in with_weak.warnings())
+
+
 # ---- a real run ---------------------------------------------------------------------------------
 
 
@@ -202,6 +251,7 @@ def test_weak_run_stops_at_the_target_and_reports_each_n(tmp_path):
         assert r["steps_run"] == s["steps_to_target"]  # the run ended at the check that met the target
         assert r["checks"][-1]["value"] >= 0.8 > max(c["value"] for c in r["checks"][:-1])
         assert s["time_to_target_s"] == pytest.approx(s["steps_to_target"] * s["step_ms"] / 1e3)
+        assert 0 < r["step_ms_p10"] <= r["step_ms"] <= r["step_ms_p90"]  # kept for the trust checks
     assert summary[0]["statistical_efficiency"] == 1.0
     assert summary[1]["statistical_efficiency"] == pytest.approx(
         summary[0]["samples_to_target"] / summary[1]["samples_to_target"]

@@ -202,6 +202,7 @@ def _run_weak(args: argparse.Namespace) -> int:
     result = weak.run(weak_config(args))
     print(weak_report.format_table(result))
     print(weak_report.findings_text(result))
+    _warn(weak_report.warnings(result))
     report = ReportDir.create(args.report_dir, study.WEAK_COMMAND)
     weak_report.write_report(result, report)
     print(f"report: {report.path}")

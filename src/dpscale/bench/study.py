@@ -142,9 +142,12 @@ class StudyResult:
         return summary_rows(self.allreduce, self.scaling, self.convergence, self.weak)
 
     def warnings(self) -> list[str]:
-        """The trust checks on the summary (bench/trust.py); a --quick study says it is indicative."""
+        """The trust checks on the summary and on each weak-scaling run (bench/trust.py); a --quick
+        study says it is indicative."""
         quick = [QUICK_NOTE] if self.config.quick else []
-        return quick + timing_warnings(self.summary())
+        return (
+            quick + timing_warnings(self.summary()) + [w for r in self.weak for w in weak_report.warnings(r)]
+        )
 
     @classmethod
     def from_dict(cls, doc: dict) -> StudyResult:

@@ -13,10 +13,11 @@ the learning-rate rule decides how much of the bigger batch a step uses:
               (Johnson et al. 2020; train/adascale.py), the noise scale measured every step
 
 Per N: steps and samples to target, time to target = steps x the median training step time of
-that run (evaluations excluded), statistical efficiency = samples to target at N=1 / at N (1 = a
-sample is worth as much as at N=1), throughput speed-up = (samples/s at N) / (samples/s at N=1),
-and time-to-target speed-up = T(1) / T(N), which is their product. The runs are one after the
-other (not alternating): on a shared host their step times carry its load.
+that run (evaluations excluded; its p10 and p90 are kept for the trust checks), statistical
+efficiency = samples to target at N=1 / at N (1 = a sample is worth as much as at N=1),
+throughput speed-up = (samples/s at N) / (samples/s at N=1), and time-to-target speed-up =
+T(1) / T(N), which is their product. The runs are one after the other (not alternating): on a
+shared host their step times carry its load.
 
 The eval set is scored every `eval_every_samples` samples, the same sample counts at every N (a
 multiple of every N's global batch), so steps to target have the same resolution in samples.
@@ -46,6 +47,7 @@ from ..train.config import TrainConfig
 from ..train.trainer import Trainer
 from ..workloads import WORKLOADS, get_workload
 from .args import parse_int_list
+from .scaling import quantile
 
 LR_RULES = ("none", "linear", "sqrt", "adascale")
 DEFAULT_MAX_EPOCHS = 20
@@ -186,6 +188,16 @@ class WeakRun:
     gns_at_target: float | None  # the smoothed noise scale (samples) at the last step run
     checks: list[dict]  # per evaluation: step, samples, value (the target's quantity), gns
     steps_run: int
+    # p10 and p90 of the same steps; None in reports written before they were kept
+    step_ms_p10: float | None = None
+    step_ms_p90: float | None = None
+
+    @property
+    def spread(self) -> float | None:
+        """(p90 - p10) / median of the step time: how much the host's load moved the steps."""
+        if self.step_ms_p10 is None or self.step_ms_p90 is None or not self.step_ms > 0:
+            return None
+        return (self.step_ms_p90 - self.step_ms_p10) / self.step_ms
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -322,7 +334,8 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
         )[0]
         steps = [json.loads(line) for line in Path(metrics_dir, "metrics.jsonl").read_text().splitlines()]
     evals = {int(k): v for k, v in out["eval_s"].items()}
-    step_ms = statistics.median(s["step_ms"] - 1e3 * evals.get(s["step"], 0.0) for s in steps)
+    step_times = [s["step_ms"] - 1e3 * evals.get(s["step"], 0.0) for s in steps]
+    step_ms = statistics.median(step_times)
     checks = out["checks"]
     last = checks[-1] if checks else None
     reached = last is not None and (last["value"] <= value if name == "loss" else last["value"] >= value)
@@ -340,6 +353,8 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
         gns_at_target=steps[-1]["gns"] if steps else None,
         checks=checks,
         steps_run=len(steps),
+        step_ms_p10=quantile(step_times, 0.1),
+        step_ms_p90=quantile(step_times, 0.9),
     )
 
 

@@ -9,13 +9,14 @@ import math
 from typing import TYPE_CHECKING
 
 from .report import Image, ReportDir, Section, Table, new_figure
+from .trust import timing_warnings
 from .weak import WeakResult
 
 if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
     from matplotlib.figure import Figure
 
 _COLUMNS = (
-    "world_size global_batch lr steps_to_target samples_to_target step_ms time_to_target_s "
+    "world_size global_batch lr steps_to_target samples_to_target step_ms spread time_to_target_s "
     "statistical_efficiency throughput_speedup time_to_target_speedup gns_at_target"
 ).split()
 _HEADERS = {
@@ -23,6 +24,7 @@ _HEADERS = {
     "global_batch": "batch",
     "steps_to_target": "steps",
     "samples_to_target": "samples",
+    "spread": "p10-p90",
     "time_to_target_s": "time_to_target_s",
     "statistical_efficiency": "stat_eff",
     "throughput_speedup": "throughput_x",
@@ -32,6 +34,7 @@ _HEADERS = {
 _FORMATS = dict(
     lr=".4g",
     step_ms=".2f",
+    spread=".0%",
     time_to_target_s=".2f",
     statistical_efficiency=".2f",
     throughput_speedup=".2f",
@@ -44,7 +47,7 @@ NOT_REACHED = "not reached"
 def _rows(result: WeakResult) -> list[dict]:
     rows = []
     for r in result.runs:
-        row = r.to_dict() | result.ratios(r)
+        row = r.to_dict() | result.ratios(r) | {"spread": r.spread}
         if not r.reached:  # say so in the cells a reader looks at, rather than leave them blank
             row |= {"steps_to_target": NOT_REACHED, "samples_to_target": NOT_REACHED}
         rows.append(row)
@@ -89,11 +92,48 @@ def method_text(result: WeakResult) -> str:
         f"Target: {result.target_text}, checked every {c.eval_every_samples} samples (the same sample "
         f"counts at every N{_train_loss_note(result)}); "
         f"budget {c.max_samples} samples per N. Time to target = steps x the median training step "
-        "(evaluations excluded) of the same run. Statistical efficiency = samples to target at N=1 / "
+        "(evaluations excluded) of the same run; p10-p90 = (p90 - p10) / median of those steps. "
+        "Statistical efficiency = samples to target at N=1 / "
         "at N (above 1: N needed fewer samples, from its learning rate or the noise of one run); "
         "time-to-target speed-up = throughput speed-up x statistical efficiency. The runs were "
         "sequential on this host: step times carry its load at the time."
     )
+
+
+def warnings(result: WeakResult) -> list[str]:
+    """The trust checks (bench/trust.py) on each N's step-time spread, plus two figures no weak run
+    can honestly produce: a step time that is not positive, and N workers more than N times as fast
+    as one (every N gets the same threads per worker, so only a slowed N=1 explains it)."""
+    c = result.config
+    where = f"{c.workload} {c.engine} N="
+    rows = [
+        {"model": c.workload, "engine": c.engine, "world_size": r.world_size, "spread": r.spread}
+        for r in result.runs
+    ]
+    out = timing_warnings(rows, more="steps (a stricter target)")
+    broken = [
+        f"{where}{r.world_size} {r.step_ms:g} ms"
+        for r in result.runs
+        if not (math.isfinite(r.step_ms) and r.step_ms > 0)
+    ]
+    if broken:  # every ratio divides by a step time: say only this
+        return [
+            *out,
+            f"step times that are not positive ({', '.join(broken)}): the per-step timings are broken, "
+            "so no time or speed-up here means anything; rerun",
+        ]
+    faster = [
+        f"{where}{r.world_size} x{q:.2f}"
+        for r in result.runs
+        if (q := result.ratios(r)["throughput_speedup"]) > r.world_size
+    ]
+    if faster:
+        out.append(
+            f"throughput speed-up above N ({', '.join(faster)}): N workers with the same threads each "
+            "cannot do more than N times the work of one, so N=1 was slowed by the host's load and "
+            "every speed-up here is overstated; rerun on a quieter host"
+        )
+    return out
 
 
 def findings_text(result: WeakResult) -> str:
@@ -190,4 +230,5 @@ def write_report(result: WeakResult, report: ReportDir) -> None:
                 ],
             ),
         ],
+        warnings=warnings(result),
     )
