@@ -83,7 +83,9 @@ def fit(rank, world, strategy_name, manual, hook):
     model = Regression()
     trainer.fit(model, DataLoader(data, batch_size=4))
     params = [p.detach().clone() for p in model.parameters()]
-    return params, model.engine_seen, type(trainer.strategy).__name__
+    # teardown closed the engine: its gradient hooks are off the parameters
+    hooks_left = sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
+    return params, model.engine_seen, type(trainer.strategy).__name__, hooks_left
 
 
 @pytest.mark.parametrize("manual", [False, True], ids=["accumulate2", "manual"])
@@ -92,6 +94,7 @@ def test_dpscale_strategy_matches_ddp_strategy(manual):
     theirs = run_ranks(fit, 2, "ddp", manual, False, timeout_s=300)
     assert ours[0][2] == "DPScaleStrategy" and theirs[0][2] == "DDPStrategy"
     assert ours[0][1] == "dpscale.engine.ddp" and theirs[0][1] == "torch.nn.parallel.distributed"
+    assert ours[0][3] == ours[1][3] == 0
     for rank in range(2):
         for a, b in zip(ours[rank][0], theirs[rank][0], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -1,8 +1,10 @@
 """During backward: each gradient into its bucket, and each bucket reduced once its last gradient is in.
 
 `Reducer`'s autograd side (its state is set up in reducer.py). A post-accumulate-grad hook on every
-parameter moves the fresh gradient into its bucket view (and makes `param.grad` that view, so the
-optimizer reads the reduced values with no copy back). When a bucket's last gradient arrives, its
+parameter moves the fresh gradient into its bucket view. With gradient_as_bucket_view=True it
+makes `param.grad` that view, so the optimizer reads the reduced values with no copy back; with
+False (torch's default) `.grad` stays its own tensor and finalize.py copies the reduced values
+into it. When a bucket's last gradient arrives, its
 reduction starts asynchronously while autograd goes on with earlier layers; buckets launch strictly
 in bucket order. The first gradient of a synced backward queues `_finalize` (finalize.py) on the
 autograd engine. Sparse gradients stay in `.grad` and are only marked ready here.
