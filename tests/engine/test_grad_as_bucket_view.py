@@ -44,12 +44,20 @@ def observe(rank, world):
                 ddp.zero_grad(set_to_none=True)
                 ddp(xs[1]).square().sum().backward()
                 overwritten = any(not torch.equal(g, v) for g, v in zip(kept, values, strict=True))
+                # a view kept of a gradient (no reference to the tensor itself) survives too
+                kept = [p.grad.view(-1) for p in params]
+                values = [g.clone() for g in kept]
+                ddp.zero_grad(set_to_none=True)
+                ddp(xs[0]).square().sum().backward()
+                view_overwritten = any(not torch.equal(g, v) for g, v in zip(kept, values, strict=True))
+                del kept
                 second = [p.grad for p in params]
                 ddp.zero_grad(set_to_none=False)
                 ddp(xs[2]).square().sum().backward()
                 same_tensor = all(p.grad is g for p, g in zip(params, second, strict=True))
                 out[kind, engine, as_view] = {
                     "overwritten": overwritten,
+                    "view_overwritten": view_overwritten,
                     "same_tensor": same_tensor,
                     "values": [v for v in values] + [p.grad.clone() for p in params],
                 }
@@ -65,6 +73,8 @@ def test_what_a_user_sees_of_gradient_as_bucket_view_is_torchs():
                 # False: a gradient kept from a step survives the next; True: it is the bucket
                 assert theirs["overwritten"] is as_view, (kind, as_view)
                 assert ours["overwritten"] is theirs["overwritten"], (kind, as_view)
+                assert theirs["view_overwritten"] is as_view, (kind, as_view)
+                assert ours["view_overwritten"] is theirs["view_overwritten"], (kind, as_view)
                 assert ours["same_tensor"] and theirs["same_tensor"], (kind, as_view)
                 for a, b in zip(ours["values"], theirs["values"], strict=True):
                     torch.testing.assert_close(a, b)

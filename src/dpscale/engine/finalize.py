@@ -51,7 +51,7 @@ class Finalize:
             bucket, pos = self._slot[i]
             p, view = self.params[i], bucket.views[pos]
             # a gradient of the user's (accumulated in no_sync steps), not the zeros we preset
-            had_grad[i] = p.grad is not None and not (self._preset[i] and p.grad is view)
+            had_grad[i] = p.grad is not None and not self._preset[i]
             if p.grad is None:
                 view.zero_()  # contributes nothing from this rank
             elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
@@ -76,12 +76,11 @@ class Finalize:
             bucket, pos = self._slot[i]
             p = self.params[i]
             if had_grad[i] or used[i]:
-                if p.grad is None or self.gradient_as_bucket_view or self._preset[i]:
+                if p.grad is None or self.gradient_as_bucket_view:
                     p.grad = bucket.views[pos]
                 # else: a tensor of its own, which _copy_out fills
             elif self._preset[i]:
                 p.grad = None  # unused everywhere: as if we had never set it
-                self._all_preset[bucket.index] = False
         self._preset = [False] * len(self.params)
         if not self.gradient_as_bucket_view:
             self._copy_out()
@@ -89,24 +88,22 @@ class Finalize:
         self._record_stats(t_backward_end, grad_sq)
 
     def _copy_out(self) -> None:
-        """gradient_as_bucket_view=False: give each .grad the reduced values in a tensor of its
-        own, as torch does (the bucket is overwritten by the next step's reduction).
-
-        A gradient of its own gets the values copied back, one fused copy for all of them. Where
-        autograd accumulated into the bucket (see _preset_grads), each parameter gets a new tensor,
-        made for the whole bucket in one call: per-tensor Python work is this path's cost."""
+        """gradient_as_bucket_view=False: the reduced values into each .grad, a tensor apart
+        from the bucket as in torch (the bucket is overwritten by the next step's reduction):
+        one copy per bucket of small tensors (its pool, see reducer.GradPool), one fused copy
+        for the other gradients."""
         own, reduced = [], []
         for b in self.buckets:
             members = self._members[b.index]
-            if self._all_preset[b.index]:
-                for p, grad in zip(members, torch._foreach_mul(b.views, 1.0), strict=True):
-                    p.grad = grad
+            pool = self._pools[b.index]
+            if pool is not None and pool.holds([p.grad for p in members]):
+                pool.flat.copy_(b.buffer)
                 continue
             for p, view in zip(members, b.views, strict=True):
                 grad = p.grad
                 if grad is None:
                     continue
-                if grad is view:
+                if grad is view:  # used only on other ranks: no gradient of its own yet
                     p.grad = view.clone()
                 else:
                     own.append(grad)

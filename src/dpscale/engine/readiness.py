@@ -66,20 +66,27 @@ class Readiness:
         # a bucket of large tensors is divided tensor by tensor, fused with the copy; one of
         # small tensors once, at launch (see _preset_grads)
         divide = expecting and not more_to_come and self.comm_hook is None and not self._small[bucket.index]
-        if grad is not view and grad.data_ptr() != view.data_ptr():
+        as_view = self.gradient_as_bucket_view
+        if grad is not view and (not as_view or grad.data_ptr() != view.data_ptr()):
             if grad.requires_grad:  # backward(create_graph=True)
                 grad = self._detached(param)
-            # gradient_as_bucket_view=False (torch's default): .grad stays a tensor of its own,
-            # accumulating locally under no_sync; at a synced step its value is copied in here and
-            # the reduced one copied back after the reduction (Finalize._copy_out)
-            if expecting or self.gradient_as_bucket_view:
+            if as_view:
                 if divide:
                     torch.div(grad, self.divisor, out=view)  # copy and pre-divide in one pass
                 else:
                     view.copy_(grad)
-            if self.gradient_as_bucket_view:
                 param.grad = view
                 self._spent.append(grad)
+            elif expecting and not self._small[bucket.index]:
+                # gradient_as_bucket_view=False (torch's default): .grad stays a tensor of its own
+                # (accumulating locally under no_sync); its value goes into the bucket at a synced
+                # step, here for a large tensor, at launch for a bucket of small ones (one call
+                # for the bucket, see _start_reduction), and the reduced one comes back after the
+                # reduction (Finalize._copy_out)
+                if divide:
+                    torch.div(grad, self.divisor, out=view)
+                else:
+                    view.copy_(grad)
         elif divide:
             # autograd added into the view in place: it holds the local sum, divided now
             view.div_(self.divisor)
@@ -163,6 +170,18 @@ class Readiness:
         timing.blocking_s = time.perf_counter() - timing.start_s
 
     def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
+        if not self.gradient_as_bucket_view and self._small[bucket.index]:
+            # gradients apart from the bucket (see _preset_grads) go into it: one copy of the pool
+            grads = [p.grad for p in self._members[bucket.index]]
+            pool = self._pools[bucket.index]
+            if pool is not None and all(g is v for g, v in zip(grads, pool.views, strict=True)):
+                bucket.buffer.copy_(pool.flat)
+            else:
+                for view, grad in zip(bucket.views, grads, strict=True):
+                    if grad is None:
+                        view.zero_()
+                    else:
+                        view.copy_(grad)
         if self.comm_hook is None and self.divisor != 1 and self._small[bucket.index]:
             bucket.buffer.div_(self.divisor)  # the views hold local sums: average once per bucket
         if self._measure_now:

@@ -15,6 +15,7 @@ launch a bucket when every expected gradient has arrived.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -119,8 +120,8 @@ class Reducer(Readiness, Finalize):
         # where each parameter's gradient lives: (bucket, position in bucket)
         self._slot = {i: (b, pos) for b in buckets for pos, i in enumerate(b.param_indices)}
         self._small = [b.buffer.numel() <= SMALL_TENSOR_NUMEL * len(b.param_indices) for b in buckets]
-        self._all_preset = [False] * len(buckets)
         self._members = [[self.params[i] for i in b.param_indices] for b in buckets]
+        self._pools: list[GradPool | None] = [None] * len(buckets)
         if old is not buckets and self.gradient_as_bucket_view:
             for i, p in enumerate(self.params):
                 if p.grad is not None:
@@ -167,24 +168,44 @@ class Reducer(Readiness, Finalize):
         # (see benchmarks/per_parameter.py); for large ones, zeroing the bucket and adding into it
         # would cost more memory traffic than the copy-and-divide it saves, so they keep it.
         # A parameter that then gets no gradient anywhere is given None back after the reduction.
+        # With gradient_as_bucket_view=False the same is done with the bucket's pool (GradPool).
         params, preset = self.params, self._preset
-        self._all_preset = [False] * len(self.buckets)  # every .grad of the bucket is its view
         for b in self.buckets:
             if not self._small[b.index]:
                 continue
             missing = [k for k, i in enumerate(b.param_indices) if params[i].grad is None]
             if not missing:
                 continue
-            if len(missing) == len(b.param_indices):
-                b.buffer.zero_()
-                self._all_preset[b.index] = True
-            else:
-                for k in missing:
-                    b.views[k].zero_()
+            if self.gradient_as_bucket_view:
+                if len(missing) == len(b.param_indices):
+                    b.buffer.zero_()
+                else:
+                    for k in missing:
+                        b.views[k].zero_()
+            grads = b.views
+            if not self.gradient_as_bucket_view:
+                # torch's default, gradients apart from the bucket: views into the bucket's pool
+                # (its copy of the same layout), copied into the bucket at launch and back after
+                grads = self._pool(b, missing).views
             for k in missing:
+                grad = grads[k]
                 i = b.param_indices[k]
-                params[i].grad = b.views[k]
+                params[i].grad = grad
                 preset[i] = True
+
+    def _pool(self, b: Bucket, missing: list[int]) -> GradPool:
+        """The bucket's pool with the views of `missing` zeroed; a new pool if anyone but us
+        still holds one of the old one's gradients (a user keeping last step's .grad must find
+        it unchanged, as with torch, where each step's gradients are new tensors)."""
+        pool = self._pools[b.index]
+        if pool is None or not pool.free():
+            pool = self._pools[b.index] = GradPool(b)
+        elif len(missing) == len(b.param_indices):
+            pool.flat.zero_()
+        else:
+            for k in missing:
+                pool.views[k].zero_()
+        return pool
 
     def release_spent(self) -> None:
         # Autograd's own gradient tensors, already copied into the buckets, are freed here, at the
@@ -212,3 +233,33 @@ class Reducer(Readiness, Finalize):
                 "the last synced forward was not followed by a backward that finished: call "
                 "backward on its output (or run the forward under no_sync) before the next step"
             )
+
+
+class GradPool:
+    """gradient_as_bucket_view=False, a bucket of small tensors: the `.grad` tensors, views into
+    one flat buffer laid out as the bucket. Autograd accumulates into them; the bucket gets one
+    copy of the buffer at launch and gives one back after the reduction. Reused from step to
+    step while nobody else holds a reference to one of them, so a step allocates nothing."""
+
+    def __init__(self, bucket: Bucket):
+        self.flat = torch.zeros_like(bucket.buffer)
+        spans = zip(bucket.offsets, bucket.views, strict=True)
+        self.views = [self.flat[o : o + v.numel()].view_as(v) for o, v in spans]
+        self._storage_refs = self._storage_use_count()
+
+    def _storage_use_count(self) -> int:
+        return torch._C._storage_Use_Count(self.flat.untyped_storage()._cdata)
+
+    def free(self) -> bool:
+        """Whether nobody else refers to a view (a view someone took of one counts too: it
+        shares the storage). `.grad` pointing at a view adds no Python reference (autograd holds
+        the tensor in C++); a user's `g = p.grad` does."""
+        for view in self.views:
+            # self.views, this loop's `view` and getrefcount's argument
+            if sys.getrefcount(view) > 3:
+                return False
+        return self._storage_use_count() == self._storage_refs
+
+    def holds(self, grads: list[torch.Tensor | None]) -> bool:
+        """Whether every gradient given (None aside) is this pool's view at its place."""
+        return all(g is None or g is v for g, v in zip(grads, self.views, strict=True))
