@@ -222,3 +222,11 @@ def test_a_python_work_whose_wait_needs_a_timeout_is_waited_on_like_torch_does()
     assert group.waits > 0
     model(torch.randn(4, 3)).sum().backward()
     assert model.module.weight.grad is not None
+
+
+def test_wrapping_a_wrapped_model_is_refused_in_one_line():
+    torch_ddp = DistributedDataParallel.__mro__[1]  # torch's class
+    for inner in (ddp(), torch_ddp(nn.Linear(3, 2), process_group=LonelyGroup())):
+        with pytest.raises(ValueError, match="already wrapped") as err:
+            DistributedDataParallel(inner, process_group=LonelyGroup())
+        assert "\n" not in str(err.value) and "its .module" in str(err.value)
