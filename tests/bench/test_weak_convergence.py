@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dpscale.bench import commands, compare, rerender, study, weak, weak_report
+from dpscale.bench import report as report_module
 from dpscale.bench.report import ReportDir
 from dpscale.bench.weak import SUMMARY_KEYS, WeakConfig, WeakResult, WeakRun
 from dpscale.train.adascale import AdaScaleGain, adascale_gain
@@ -224,6 +225,7 @@ def test_weak_warnings_head_the_report_survive_rerender_and_reach_the_terminal(t
     assert (report.path / "report.md").read_text() == md
     # the command prints them on stderr
     monkeypatch.setattr(weak, "run", lambda config: result)
+    monkeypatch.setattr(report_module, "collect_system_info", lambda: SYSTEM)  # no uname: fast tier
     run = _run_cli(["--mode", "weak", "--target-loss", "0.2", "--report-dir", str(tmp_path / "cli")])
     assert run.rc == 0
     assert "warning: times spread (p10-p90) above 20%" in capsys.readouterr().err
