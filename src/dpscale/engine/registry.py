@@ -65,10 +65,17 @@ def wrap(
     device_ids: list[int] | None = None,
     process_group: dist.ProcessGroup | None = None,
     bucket_cap_mb: float = 25.0,
+    gradient_as_bucket_view: bool = True,
     **dpscale_options,
 ) -> nn.Module:
     """`model` wrapped by `engine`; `dpscale_options` (transport, collective_timeout_s, ...) go to
-    dpscale's DistributedDataParallel only, and an entry's pinned transport wins over theirs."""
+    dpscale's DistributedDataParallel only, and an entry's pinned transport wins over theirs.
+
+    `gradient_as_bucket_view` goes to both DDPs alike. True here (torch's default is False):
+    dpscale's loops, benches and profiles own their optimizer step and keep no gradient past it,
+    so the copy of every reduced gradient back into a tensor of its own would be pure cost, and
+    the engines are compared on the same setting.
+    """
     spec = ENGINES.get(engine)
     if spec is None:
         raise ConfigError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
@@ -76,11 +83,20 @@ def wrap(
         if spec.transport is not None:
             dpscale_options["transport"] = spec.transport
         return DistributedDataParallel(
-            model, device_ids, process_group=process_group, bucket_cap_mb=bucket_cap_mb, **dpscale_options
+            model,
+            device_ids,
+            process_group=process_group,
+            bucket_cap_mb=bucket_cap_mb,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            **dpscale_options,
         )
     if spec.kind == "torch":
         return nn.parallel.DistributedDataParallel(
-            model, device_ids, process_group=process_group, bucket_cap_mb=bucket_cap_mb
+            model,
+            device_ids,
+            process_group=process_group,
+            bucket_cap_mb=bucket_cap_mb,
+            gradient_as_bucket_view=gradient_as_bucket_view,
         )
     return model
 
