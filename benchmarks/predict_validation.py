@@ -3,8 +3,9 @@
     python benchmarks/predict_validation.py local [--models mlp,transformer] [--steps 30]
         this machine: all-reduce bench (gloo, shm) for calibration, then per model a one-worker
         profile (with the in-step sync calibration of two co-located workers, predict/sync.py) and,
-        in another run, a scaling bench at world sizes 1 and 2; predicted vs measured step times,
-        and the bare step profiled again after the bench (the drift the machine's load alone causes)
+        in another run, a scaling bench at world sizes 1 and 2 (dpscale on shm once more, alone:
+        with_shm_alone); predicted vs measured step times, and the bare step profiled again after
+        the bench (the drift the machine's load alone causes)
     python benchmarks/predict_validation.py validate SCALING_DIR --profile FILE [--calibrate ALLREDUCE_DIR]
         the same check for reports you already have (the profile must come from another run)
     python benchmarks/predict_validation.py emulate [--hosts 2] [--rate-gbit 1] [--transport gloo]
@@ -21,7 +22,7 @@ import argparse
 import math
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_lab, beside this script
@@ -59,6 +60,7 @@ def run_local(args: argparse.Namespace) -> int:
         sc = scaling.run(config)
         sc_report = ReportDir.create(args.report_dir, "scaling")
         scaling_report.write_report(sc, sc_report)
+        scaling_doc = with_shm_alone(sc.to_dict(), config, args.report_dir)
         prof.save(sc_report.path / "profile.json")  # the prediction's input, next to what it predicts
         # the same one-worker profile once more, after the bench: how far the load moved the compute
         # between the two runs, i.e. the error a perfect model would still show on this machine
@@ -66,8 +68,32 @@ def run_local(args: argparse.Namespace) -> int:
         after.save(sc_report.path / "profile-after.json")
         print(load_drift(prof, after, load_before))
         for statistic in args.statistics.split(","):
-            _check(sc.to_dict(), prof, calibration, str(sc_report.path), str(ar_report.path), statistic, args)
+            _check(scaling_doc, prof, calibration, str(sc_report.path), str(ar_report.path), statistic, args)
     return 0
+
+
+def with_shm_alone(doc: dict, config: scaling.ScalingConfig, report_dir) -> dict:
+    """`doc` with dpscale's shm rows timed in a run of their own, as a training job runs.
+
+    Between the gloo engines' 5-step rounds, shm steps 2-5x faster on a loaded machine than it
+    does alone (benchmarks/shm_interleaved.py, docs/performance-model.md), and the prediction's
+    shm calibration (predict/sync.py) times continuous synchronized steps.
+    """
+    shm = [p for p in doc["points"] if p["engine"] == "dpscale" and p["transport"] == "shm"]
+    if not shm:
+        return doc
+    sizes = sorted({p["world_size"] for p in shm})
+    alone = scaling.run(replace(config, engines=["dpscale"], world_sizes=sizes))
+    scaling_report.write_report(alone, ReportDir.create(report_dir, "scaling-shm-alone"))
+    alone_doc = alone.to_dict()
+    keys = {(p["engine"], p["world_size"]) for p in shm}
+
+    def merged(name: str) -> list:
+        kept = [r for r in doc.get(name, []) if (r["engine"], r["world_size"]) not in keys]
+        return kept + [r for r in alone_doc.get(name, []) if (r["engine"], r["world_size"]) in keys]
+
+    print(f"dpscale on shm timed alone (N = {', '.join(str(n) for _, n in sorted(keys))}), as a job runs")
+    return {**doc, "points": merged("points"), "runs": merged("runs")}
 
 
 def load_drift(before: profile.ModelProfile, after: profile.ModelProfile, load_before: float) -> str:

@@ -188,3 +188,40 @@ def test_local_validation_reports_how_far_the_load_moved_the_bare_step():
         replace(before, contention={2: 2.2}), replace(after, contention={2: 3.3}), 9
     )
     assert "2 co-located workers 2.20x slower before, 3.30x after" in line
+
+
+def test_local_validation_times_dpscale_on_shm_alone(monkeypatch, tmp_path):
+    # shm between the gloo engines' 5-step rounds steps 2-5x faster on a loaded machine than a job
+    # running it alone does (docs/performance-model.md): its rows come from a run of their own
+    config = predict_validation.scaling.ScalingConfig(
+        model="digits", per_worker_batch=8, world_sizes=[1, 2], engines=["dpscale", "torch", "local"]
+    )
+    doc = {
+        "points": [
+            _point("dpscale", "gloo", 1, 101.0),
+            _point("dpscale", "shm", 2, 102.0),
+            _point("torch", "gloo", 2, 103.0),
+        ],
+        "runs": [{"engine": "dpscale", "world_size": 2, "step_ms": [[1.0, 2.0]]}],
+    }
+    ran = []
+
+    class Alone:
+        def to_dict(self):
+            return {
+                "points": [_point("dpscale", "shm", 2, 555.0)],
+                "runs": [{"engine": "dpscale", "world_size": 2, "step_ms": [[5.0, 6.0]]}],
+            }
+
+    monkeypatch.setattr(predict_validation.scaling, "run", lambda c: ran.append(c) or Alone())
+    monkeypatch.setattr(predict_validation.scaling_report, "write_report", lambda *a: None)
+    with contextlib.redirect_stdout(io.StringIO()):
+        out = predict_validation.with_shm_alone(doc, config, str(tmp_path))
+    assert [(c.engines, c.world_sizes) for c in ran] == [(["dpscale"], [2])]
+    steps = {(p["engine"], p["world_size"]): p["step_ms"] for p in out["points"]}
+    assert steps == {("dpscale", 1): 101.0, ("dpscale", 2): 555.0, ("torch", 2): 103.0}
+    assert out["runs"] == [{"engine": "dpscale", "world_size": 2, "step_ms": [[5.0, 6.0]]}]
+    # nothing on shm (no x86-64): no extra run
+    ran.clear()
+    gloo_only = {**doc, "points": [p for p in doc["points"] if p["transport"] != "shm"]}
+    assert predict_validation.with_shm_alone(gloo_only, config, str(tmp_path)) is gloo_only and not ran
