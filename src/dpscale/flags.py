@@ -39,9 +39,13 @@ def flag_spec(
 
 
 def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring, also those of fields inherited from dataclass bases."""
+    docs = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs |= field_docs(base)
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
-    docs = {}
     for node, nxt in zip(body, body[1:], strict=False):
         if (
             isinstance(node, ast.AnnAssign)

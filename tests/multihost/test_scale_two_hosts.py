@@ -38,3 +38,30 @@ def test_scale_measures_a_world_size_that_spans_two_hosts(hosts, tmp_path, rende
     assert second[0]["steps"] == first[1]["steps"] == 4
     (report,) = (tmp_path / "h0" / "reports").iterdir()
     assert "Across 2 hosts" in (report / "report.md").read_text()
+
+
+def test_bench_scaling_measures_a_world_size_that_spans_two_hosts(hosts, tmp_path):
+    bench = [sys.executable, "-m", "dpscale.cli", "bench", "scaling", "--world-sizes", "1,2", "--steps", "5"]
+    bench += ["--warmup", "1", "--engines", "dpscale,torch", "--nnodes", "2", "--json"]
+    bench += ["--rdzv-endpoint", f"{hosts.addrs[0]}:29400", "--rdzv-id", f"test-{uuid.uuid4().hex[:8]}"]
+    procs = []
+    for i, addr in enumerate(hosts.addrs):
+        (tmp_path / f"h{i}").mkdir()
+        argv = [*bench, "--local-addr", addr, "--report-dir", "reports"]
+        procs.append(hosts.start(i, argv, cwd=tmp_path / f"h{i}"))
+    first, second = (_rows(p, 300) for p in procs)
+    rows = {(r["engine"], r["world_size"]): r for r in first}
+    assert {k: r["hosts"] for k, r in rows.items()} == {
+        ("dpscale", 1): 1,
+        ("torch", 1): 1,
+        ("dpscale", 2): 2,
+        ("torch", 2): 2,
+    }
+    assert all(rows[(e, 2)]["efficiency"] > 0 for e in ("dpscale", "torch"))
+    # the other host: the same job's rows, with every rank's times, but no baseline of its own
+    assert sorted((r["engine"], r["world_size"], r["hosts"], r["efficiency"]) for r in second) == [
+        ("dpscale", 2, 2, None),
+        ("torch", 2, 2, None),
+    ]
+    (report,) = (tmp_path / "h0" / "reports").iterdir()
+    assert "Across 2 hosts" in (report / "report.md").read_text()

@@ -21,16 +21,21 @@ Figures per (engine, world size N), all from the per-step per-rank times kept in
 
 JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
     {"config": {"model", "mode", "per_worker_batch", "global_batch", "world_sizes", "engines",
-                "steps", "warmup", "threads_per_worker"},
+                "steps", "warmup", "threads_per_worker", and bench/hosts.py's HostFlags: "nnodes",
+                "rdzv_endpoint", "rdzv_id", "local_addr", "rdzv_conf", "node_rank"},
      "points": [{"engine": str, "transport": str, "model": str, "mode": "weak" | "strong",
                  "world_size": int, "per_worker_batch": int, "global_batch": int, "step_ms": float,
                  "step_ms_p90": float, "samples_per_s": float, "efficiency": float | null,
                  "comm_ms": float | null, "exposed_comm_ms": float | null,
                  "ceiling_fraction": float | null, "overhead_ms": float | null,
                  "overlap_pct": float | null, "straggler_ms": float, "steps": int,
-                 "step_ms_p10": float | null}, ...],
+                 "step_ms_p10": float | null, "hosts": int | null}, ...],
      "runs": [{"engine", "world_size", "transport", "step_ms": [[float per rank] per step],
-               "comm_ms": [float per step] | null, "exposed_comm_ms": [float per step] | null}, ...]}
+               "comm_ms": [float per step] | null, "exposed_comm_ms": [float per step] | null,
+               "hosts": int | null (distinct hosts of the ranks; null in older reports)}, ...]}
+Across hosts (`--nnodes H --rdzv-endpoint HOST:PORT --rdzv-id ID ...`, the same command on every
+host; bench/hosts.py) each world size N > 1 is one job of H hosts x N/H workers, and every host gets
+every rank's times; N = 1, the baseline of efficiency, runs on the store's host only.
 `transport` is dpscale's transport name, torch's process-group backend, or "none" for local.
 """
 
@@ -46,6 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm.select import host_id
 from ..cores import usable_cores
 from ..engine.registry import BENCH_ENGINES, DEFAULT_BENCH_ENGINES, wrap
 from ..errors import ConfigError
@@ -56,6 +62,7 @@ from ..workloads import WORKLOADS
 from ..workloads.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 from ..workloads.task import call_model
 from .args import parse_int_list, parse_name_list
+from .hosts import HostFlags, job_nodes, run_ranks_across_hosts
 from .rounds import fixed_round_sizes, run_rounds
 
 logger = get_logger(__name__)
@@ -68,7 +75,7 @@ STEPS_PER_ROUND = 5
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScalingConfig:
+class ScalingConfig(HostFlags):
     model: str = field(default="mlp", metadata=flag_spec(help=TASK_CONVENTION))
     """A built-in workload or module:callable returning a Task."""
     mode: str = "weak"
@@ -111,6 +118,7 @@ class ScalingConfig:
         parse_name_list(",".join(self.engines), flag="--engines", choices=list(BENCH_ENGINES))
         if any(n < 1 for n in self.world_sizes):
             raise ConfigError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
+        self.check_hosts(self.world_sizes, flag="--world-sizes")
         if self.mode == "weak":
             if self.global_batch is not None:
                 raise ConfigError(
@@ -159,6 +167,7 @@ class EngineRun:
     step_ms: list[list[float]]  # [step][rank]: wall time of each timed step on each rank
     comm_ms: list[float] | None  # per step, rank 0 (dpscale only)
     exposed_comm_ms: list[float] | None
+    hosts: int | None = None  # distinct hosts of the ranks (comm.select.host_id); None in older reports
 
 
 @dataclass(frozen=True)
@@ -183,7 +192,8 @@ class ScalingPoint:
     overlap_pct: float | None
     straggler_ms: float
     steps: int
-    step_ms_p10: float | None = None  # last, with a default: older reports' points lack it
+    step_ms_p10: float | None = None  # with a default: older reports' points lack it
+    hosts: int | None = None  # distinct hosts the ranks ran on
 
     @property
     def spread(self) -> float | None:
@@ -304,23 +314,29 @@ def _rank_measure(
     rounds = run_rounds(engines, step, fixed_round_sizes(steps, STEPS_PER_ROUND))
     times = {e: [ms for rnd in rounds[e] for ms, _ in rnd] for e in engines}
     comm = {e: [c for rnd in rounds[e] for _, c in rnd if c is not None] for e in engines}
-    return {"times": times, "comm": comm, "transport": {e: _transport_name(runs[e][0], e) for e in engines}}
+    transport = {e: _transport_name(runs[e][0], e) for e in engines}
+    return {"times": times, "comm": comm, "transport": transport, "host": host_id()}
 
 
 # ---- orchestration and figures ------------------------------------------------------------------
 
 
 def run(config: ScalingConfig) -> ScalingResult:
-    """Measure every (engine, world size) of `config`; one set of ranks per world size."""
+    """Measure every (engine, world size) of `config`; one set of ranks per world size (across
+    hosts: one job per world size > 1, and N = 1 on the store's host only; bench/hosts.py)."""
     load_recipe(config.model, check=True)  # a broken task fails here, once, not in every rank
     cores = usable_cores()
-    runs = []
+    runs, nodes = [], config.nodes()
     for n in config.world_sizes:
-        if n * config.threads_per_worker > cores:
+        job = job_nodes(nodes, n, "scaling")
+        if job is False:  # the one-worker baseline runs on the store's host only
+            continue
+        here = n if job is None else n // job.max_nodes  # this host's workers
+        if here * config.threads_per_worker > cores:
             logger.warning(
-                "world size %d x %d thread(s) > %d usable cores; workers time-share cores, so the "
+                "%d worker(s) x %d thread(s) > %d usable cores; workers time-share cores, so the "
                 "figures measure the scheduler as much as the engines",
-                n,
+                here,
                 config.threads_per_worker,
                 cores,
             )
@@ -328,19 +344,22 @@ def run(config: ScalingConfig) -> ScalingResult:
         batch, _ = config.batches(n)
         # Generous: a hang still ends (with every rank's stack); a slow shared machine does not.
         timeout_s = 300 + 5 * (config.steps + config.warmup) * len(config.engines)
-        per_rank = run_ranks(
-            _rank_measure,
-            n,
-            *(config.model, batch, config.engines, config.steps, config.warmup, list(sys.path)),
-            threads=config.threads_per_worker,
-            timeout_s=timeout_s,
-        )
+        args = (config.model, batch, config.engines, config.steps, config.warmup, list(sys.path))
+        if job is None:
+            per_rank = run_ranks(
+                _rank_measure, n, *args, threads=config.threads_per_worker, timeout_s=timeout_s
+            )
+        else:
+            per_rank = run_ranks_across_hosts(
+                _rank_measure, n, *args, nodes=job, threads=config.threads_per_worker, timeout_s=timeout_s
+            )
+        hosts = len({r["host"] for r in per_rank})
         for e in config.engines:
             step_ms = [list(ts) for ts in zip(*(r["times"][e] for r in per_rank), strict=True)]
             stats = per_rank[0]["comm"][e]  # [(comm_ms, exposed_ms) per step], dpscale only
             comm = [c for c, _ in stats] or None
             exposed = [x for _, x in stats] or None
-            runs.append(EngineRun(e, n, per_rank[0]["transport"][e], step_ms, comm, exposed))
+            runs.append(EngineRun(e, n, per_rank[0]["transport"][e], step_ms, comm, exposed, hosts))
     return ScalingResult(config, summarize(config, runs), runs)
 
 
@@ -378,6 +397,7 @@ def summarize(config: ScalingConfig, runs: list[EngineRun]) -> list[ScalingPoint
                 straggler_ms=statistics.median(max(s) - min(s) for s in r.step_ms),
                 steps=len(r.step_ms),
                 step_ms_p10=quantile(slowest[key], 0.1),
+                hosts=r.hosts,
             )
         )
     return points

@@ -23,6 +23,7 @@ _COLUMNS = {  # point field: (table header, format); None = "-"
     "engine": ("engine", ""),
     "transport": ("transport", ""),
     "world_size": ("N", "d"),
+    "hosts": ("hosts", "d"),
     "per_worker_batch": ("batch/worker", "d"),
     "global_batch": ("global batch", "d"),
     "step_ms": ("step ms", ".2f"),
@@ -207,6 +208,12 @@ def write_report(result: ScalingResult, report: ReportDir) -> None:
         f"steps each. A step (zero_grad, forward, loss, backward, SGD step) counts at its slowest rank; "
         f"step ms and p90 are over steps. Intra-op threads per worker: {c.threads_per_worker}."
     )
+    if c.nnodes is not None:
+        method += (
+            f" Across {c.nnodes} hosts: each N > 1 ran as one job of {c.nnodes} hosts x N/{c.nnodes} workers "
+            "(every rank's times gathered inside the job); N = 1, the baseline of efficiency, ran on one "
+            "host, the one serving the rendezvous store (the other hosts report no efficiency)."
+        )
     definitions = (
         "efficiency = samples/s(N) / (N x samples/s(1)) for the same engine; of ceiling = samples/s / "
         "local engine's samples/s at the same N; overhead = step ms - local step ms; comm and exposed = "

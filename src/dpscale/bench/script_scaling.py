@@ -32,15 +32,16 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..engine.registry import RUN_ENGINES
 from ..errors import ConfigError
 from ..flags import flag_spec
 from ..run.launch import run_script
-from ..train.nodes import Nodes, nodes_from_flags
+from ..train.nodes import Nodes
 from .args import parse_int_list, parse_name_list
+from .hosts import HostFlags, job_nodes
 
 JSON_ROW = (
     "world_size",
@@ -55,7 +56,7 @@ JSON_ROW = (
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScaleConfig:
+class ScaleConfig(HostFlags):
     script: str
     """Your training script (given after --, not as a flag)."""
     args: list[str] = field(default_factory=list)
@@ -80,20 +81,6 @@ class ScaleConfig:
         default=1, metadata=flag_spec(help="intra-op threads (default: cores / largest N)")
     )
     """Intra-op threads per worker."""
-    # across hosts: torchrun's flags with `dpscale train`'s names and meanings (train/nodes.py)
-    nnodes: int | None = None
-    """hosts, a fixed number (the same command on every host); each world size > 1 is split evenly
-    over them"""
-    rdzv_endpoint: str | None = None
-    """HOST:PORT of the rendezvous store (multi-host)"""
-    rdzv_id: str | None = None
-    """the measurement's name, the same on every host; each run's rendezvous id is ID-ENGINE-nN"""
-    local_addr: str | None = None
-    """the address other hosts reach this one at"""
-    rdzv_conf: str | None = None
-    """k=v,... passed to torch's rendezvous (e.g. is_host=1)"""
-    node_rank: int | None = None
-    """this host's rank 0..H-1 for a static rendezvous (default: the rendezvous numbers the hosts)"""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -105,25 +92,7 @@ class ScaleConfig:
         for e in self.engines:
             if e not in RUN_ENGINES:
                 raise ConfigError(f"--engine: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
-        self.nodes()  # checks the multi-host flags
-        if self.nnodes is not None:
-            uneven = [n for n in self.world_sizes if n > 1 and n % self.nnodes]
-            if uneven:
-                raise ConfigError(
-                    f"--nproc: world sizes {uneven} do not split evenly over --nnodes {self.nnodes} hosts; "
-                    f"give 1 (the one-host baseline) or multiples of {self.nnodes}"
-                )
-
-    def nodes(self) -> Nodes | None:
-        """The multi-host flags as a Nodes config, or None for a measurement on this host."""
-        return nodes_from_flags(
-            nnodes=None if self.nnodes is None else str(self.nnodes),
-            rdzv_endpoint=self.rdzv_endpoint,
-            rdzv_id=self.rdzv_id,
-            local_addr=self.local_addr,
-            rdzv_conf=self.rdzv_conf,
-            node_rank=self.node_rank,
-        )
+        self.check_hosts(self.world_sizes)
 
 
 @dataclass(frozen=True)
@@ -263,11 +232,9 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
     points, profile, nodes = [], None, config.nodes()
     for n in config.world_sizes:
         for engine in config.engines:
-            if nodes is not None and n == 1 and not nodes.serves_store():
+            job = job_nodes(nodes, n, engine)
+            if job is False:  # the one-worker baseline runs on the store's host only
                 continue
-            job = (
-                None if nodes is None or n == 1 else replace(nodes, rdzv_id=f"{nodes.rdzv_id}-{engine}-n{n}")
-            )
             ranks = _measure_one(config, n, engine, logs, job)
             points.append(_point(n, engine, ranks, config))
             if n == 1 and engine == "dpscale":
