@@ -196,7 +196,11 @@ def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
     for key, value in raw.items():
         f = by_key.get(key) or by_key.get(key.replace("-", "_"))
         if f is None:
-            known = ", ".join(flag_name(f).removeprefix("--") for f in dataclasses.fields(cls))
+            # in --help's order: ungrouped fields first (inherited ones may be grouped)
+            listed = sorted(
+                dataclasses.fields(cls), key=lambda f: bool((f.metadata.get(_KEY) or {}).get("group"))
+            )
+            known = ", ".join(flag_name(f).removeprefix("--") for f in listed)
             raise ConfigError(f"{flag}: {path} sets {key!r}, which is not one of its keys: {known}")
         parse = (f.metadata.get(_KEY) or {}).get("parse")
         if isinstance(value, str) and parse:

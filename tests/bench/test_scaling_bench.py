@@ -40,7 +40,15 @@ REQUIRED_KEYS = {
     "comm_ms",
     "exposed_comm_ms",
 }
-EXTRA_KEYS = {"ceiling_fraction", "overhead_ms", "overlap_pct", "straggler_ms", "steps", "step_ms_p10"}
+EXTRA_KEYS = {
+    "ceiling_fraction",
+    "overhead_ms",
+    "overlap_pct",
+    "straggler_ms",
+    "steps",
+    "step_ms_p10",
+    "hosts",
+}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -124,7 +132,7 @@ def test_report_directory_has_json_csv_markdown_and_valid_pngs(cli_run):
     order = [md.index(h) for h in ("## System", "**Hardware:**", "## Command", "## Results", "## Plots")]
     assert order == sorted(order)
     assert "dpscale bench scaling --model digits --world-sizes 1,2" in md
-    assert "| engine | transport | N |" in md and "| local | none | 2 | 64 | 128 |" in md
+    assert "| engine | transport | N | hosts |" in md and "| local | none | 2 | 1 | 64 | 128 |" in md
     assert "![throughput vs workers](scaling_throughput.png)" in md
 
 

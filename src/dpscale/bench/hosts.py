@@ -19,31 +19,34 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..flags import flag_spec
 from ..run.launch import torchrun_node_args
 from ..train.nodes import Nodes, nodes_from_flags
+
+GROUP = "across hosts (the same command on every host)"  # their --help section, after the bench's own
 
 
 @dataclass(frozen=True, kw_only=True)
 class HostFlags:
     """Across hosts: torchrun's flags with `dpscale train`'s names and meanings (train/nodes.py)."""
 
-    nnodes: int | None = None
+    nnodes: int | None = field(default=None, metadata=flag_spec(group=GROUP))
     """hosts, a fixed number (the same command on every host); each world size > 1 is split evenly
     over them"""
-    rdzv_endpoint: str | None = None
+    rdzv_endpoint: str | None = field(default=None, metadata=flag_spec(group=GROUP))
     """HOST:PORT of the rendezvous store (multi-host)"""
-    rdzv_id: str | None = None
-    """the measurement's name, the same on every host; each run's rendezvous id is ID-ENGINE-nN"""
-    local_addr: str | None = None
+    rdzv_id: str | None = field(default=None, metadata=flag_spec(group=GROUP))
+    """the measurement's name, the same on every host; each job's rendezvous id is ID-...-nN"""
+    local_addr: str | None = field(default=None, metadata=flag_spec(group=GROUP))
     """the address other hosts reach this one at"""
-    rdzv_conf: str | None = None
+    rdzv_conf: str | None = field(default=None, metadata=flag_spec(group=GROUP))
     """k=v,... passed to torch's rendezvous (e.g. is_host=1)"""
-    node_rank: int | None = None
+    node_rank: int | None = field(default=None, metadata=flag_spec(group=GROUP))
     """this host's rank 0..H-1 for a static rendezvous (default: the rendezvous numbers the hosts)"""
 
     def check_hosts(self, world_sizes: list[int], flag: str = "--nproc") -> None:

@@ -334,9 +334,9 @@ def run(config: ScalingConfig) -> ScalingResult:
         here = n if job is None else n // job.max_nodes  # this host's workers
         if here * config.threads_per_worker > cores:
             logger.warning(
-                "%d worker(s) x %d thread(s) > %d usable cores; workers time-share cores, so the "
+                "%s x %d thread(s) > %d usable cores; workers time-share cores, so the "
                 "figures measure the scheduler as much as the engines",
-                here,
+                f"world size {n}" if job is None else f"{here} workers on this host",
                 config.threads_per_worker,
                 cores,
             )
