@@ -29,13 +29,15 @@ def flag_spec(
     help: str | None = None,
     group: str | None = None,
     metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
 ) -> dict:
     """Field metadata for `add_dataclass_arguments`: `field(default=..., metadata=flag_spec(parse=...))`.
 
     `group` is the title of the argument group the flag is listed under in --help; `metavar` the
-    value's name there (default: the field's name in capitals)."""
+    value's name there (default: the field's name in capitals); `choices` the only values argparse
+    accepts (--help lists them; the config's own check still guards the API)."""
     spec = {"name": name, "aliases": aliases, "parse": parse, "help": help}
-    return {_KEY: {**spec, "group": group, "metavar": metavar}}
+    return {_KEY: {**spec, "group": group, "metavar": metavar, "choices": choices}}
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -120,7 +122,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                 dest=f.name,
                 type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
                 default=None,
-                metavar=meta.get("metavar") or f.name.upper(),
+                metavar=meta.get("metavar") or (None if meta.get("choices") else f.name.upper()),
+                choices=meta.get("choices"),
                 required=required,
                 help=help_text,
             )

@@ -14,12 +14,12 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..cores import usable_cores
 from ..errors import ConfigError
-from ..flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, flag_name
+from ..flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, flag_name, flag_spec
 from ..run.launch import check_script
 from . import (
     allreduce,
@@ -139,21 +139,34 @@ def run_scaling(args: argparse.Namespace) -> int:
 # ---- convergence --------------------------------------------------------------------------------
 
 
-def add_convergence_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--mode",
-        choices=CONVERGENCE_MODES,
+CONVERGENCE_MODES = ("same-batch", "weak")
+_SHARED_CONVERGENCE_FIELDS = ("workload", "world_sizes", "seed")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvergenceMode:
+    """Which experiment `bench convergence` runs; each mode has a config of its own (below)."""
+
+    mode: str = field(
         default="same-batch",
-        help="same-batch: the loss curve at every world size must equal W=1's (a correctness check); "
-        "weak: the global batch grows with N, time to a target per N (default same-batch)",
+        metadata=flag_spec(
+            choices=CONVERGENCE_MODES,
+            help="same-batch: the loss curve at every world size must equal W=1's (a correctness check); "
+            "weak: the global batch grows with N, time to a target per N (default same-batch)",
+        ),
     )
+    """same-batch: ConvergenceConfig; weak: WeakConfig."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in CONVERGENCE_MODES:
+            raise ConfigError(f"--mode: unknown {self.mode!r}; choose one of {', '.join(CONVERGENCE_MODES)}")
+
+
+def add_convergence_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataclass_arguments(parser, ConvergenceMode)
     add_dataclass_arguments(parser, convergence.ConvergenceConfig)
     add_dataclass_arguments(parser, weak.WeakConfig, skip=_SHARED_CONVERGENCE_FIELDS)
     _add_output_flags(parser, "print one object per world size as JSON on the last line")
-
-
-CONVERGENCE_MODES = ("same-batch", "weak")
-_SHARED_CONVERGENCE_FIELDS = ("workload", "world_sizes", "seed")
 
 
 def _refuse_other_mode_flags(args: argparse.Namespace, mode: str, other: type) -> None:
@@ -180,7 +193,7 @@ def run_convergence(args: argparse.Namespace) -> int:
     """Same-batch: exit 0 when every world size is within tolerance, 1 when one departs.
     Weak: exit 0 when N=1 reached the target (the ratios need it), 1 when it did not."""
     require_plots("bench convergence")
-    if getattr(args, "mode", "same-batch") == "weak":
+    if ConvergenceMode(**dataclass_kwargs(args, ConvergenceMode)).mode == "weak":
         return _run_weak(args)
     result = convergence.run(convergence_config(args))
     print(convergence_report.format_table(result))
@@ -279,21 +292,18 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="one report directory to re-render, or two or more to compare (the first is the baseline A)",
     )
-    parser.add_argument(
-        "--out", default=None, help="where a comparison goes (default: compare-<UTC> next to the first DIR)"
-    )
+    add_dataclass_arguments(parser, compare.ReportConfig, skip=("dirs",))
 
 
 def run_report(args: argparse.Namespace) -> int:
-    if len(args.dirs) == 1:
+    config = compare.ReportConfig(**dataclass_kwargs(args, compare.ReportConfig) | {"dirs": tuple(args.dirs)})
+    if len(config.dirs) == 1:
         require_plots("report")  # a comparison draws nothing
-        if args.out is not None:
-            raise ConfigError("--out: only a comparison (two or more DIRs) writes a new directory")
-        print(f"re-rendered {rerender.rerender(args.dirs[0])}")
+        print(f"re-rendered {rerender.rerender(config.dirs[0])}")
         return 0
-    comparison = compare.compare(args.dirs)
+    comparison = compare.compare(config.dirs)
     print(compare.format_comparison(comparison))
-    path = compare.write_comparison(comparison, compare.output_dir(args.dirs[0], args.out))
+    path = compare.write_comparison(comparison, compare.output_dir(config.dirs[0], config.out))
     print(f"report: {path.parent}")
     return 0
 

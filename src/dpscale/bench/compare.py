@@ -362,6 +362,22 @@ def _note(comparison: Comparison) -> str:
     return "; ".join([matched, ratio, *parts]) + "."
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReportConfig:
+    """`dpscale report DIR [DIR...]`: one directory is re-rendered (rerender.py), two or more compared."""
+
+    dirs: tuple[str, ...]
+    """The report directories; the first is the baseline A of a comparison."""
+    out: str | None = None
+    """where a comparison goes (default: compare-<UTC> next to the first DIR)"""
+
+    def __post_init__(self) -> None:
+        if not self.dirs:
+            raise ConfigError("dirs: give one report directory to re-render, or two or more to compare")
+        if self.out is not None and len(self.dirs) == 1:
+            raise ConfigError("--out: only a comparison (two or more DIRs) writes a new directory")
+
+
 def output_dir(first: str | Path, out: str | Path | None) -> Path:
     if out is not None:
         path = Path(out)
