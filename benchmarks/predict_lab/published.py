@@ -37,6 +37,8 @@ class FitParams:
     node_cv: float = 0.0  # std / mean of the delay a node's host and network add to its GPUs' steps
     interference: float = 0.0  # backward slowdown per ms of hidden communication
     congestion_per_doubling: float = 0.0  # inter-node bandwidth lost per doubling of the nodes
+    # samples/s one host CPU core prepares (decode, augment) for the input pipeline; None: unlimited
+    input_per_core: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +70,9 @@ class PublishedCase:
     # cases that reduce after backward: k micro-batches and one reduction are then one step of k
     # times the compute and the batch)
     accumulation: tuple[int, int] = (1, 1)
+    # CPU cores of one node's host, from the system's datasheet, where the source decodes its input
+    # on them (the input-pipeline term: the node's rate = cores x FitParams.input_per_core)
+    host_cores: int | None = None
 
     def __post_init__(self) -> None:
         if self.accumulation != (1, 1) and self.overlap:
@@ -106,9 +111,13 @@ class PublishedCase:
         inter = c.inter
         if self.on_ethernet:
             inter = replace(inter, efficiency=fit.eth_efficiency)
+        rate = None
+        if self.host_cores is not None and fit.input_per_core is not None:
+            rate = self.host_cores * fit.input_per_core
         return replace(
             c,
             workers_per_node=self.workers_per_node,
+            input_samples_per_s=rate,
             inter=inter,
             interference=fit.interference,
             congestion_per_doubling=fit.congestion_per_doubling,
@@ -374,6 +383,9 @@ def cases() -> list[PublishedCase]:
             for gpus, k, weak in rows
         ]
     dle_rn50 = "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md"
+    # the hosts' CPU cores, which decode the JPEGs: NVIDIA DGX A100 datasheet (2 x AMD EPYC 7742,
+    # 128 cores) and NVIDIA DGX-1 datasheet (2 x 20-core Intel Xeon E5-2698 v4)
+    host_cores = {"DGX A100": 128, "DGX-1 16G": 40, "DGX-1 32G": 40}
     # (system, table, intra link, precision, per-GPU batch (configs.yml), img/s on 1 GPU, strong scaling)
     for system, table, intra, precision, batch, one, strong in (
         ("DGX A100", "NVIDIA DGX A100 (8x A100 80GB)", "nvlink3", "TF32", 256, 938, 7.72),
@@ -415,6 +427,7 @@ def cases() -> list[PublishedCase]:
                     "and precision. Real ImageNet JPEGs decoded on the host's CPUs (the README recommends "
                     "DALI's CPU backend on DGX A100 and DGX-1), shared by the node's 8 GPUs."
                 ),
+                host_cores=host_cores[system],
             )
         )
     out.append(
@@ -484,8 +497,14 @@ GRID = {
 }
 
 
+# samples/s per host core for the input pipeline, in the order a tie is broken: unlimited first (a
+# term the training half cannot see stays off), then from the fastest down
+INPUT_PER_CORE_GRID = (None, 400.0, 300.0, 250.0, 200.0, 175.0, 150.0, 125.0, 100.0, 75.0, 50.0, 25.0)
+
+
 def fit(train: Sequence[PublishedCase]) -> FitParams:
-    """The grid point with the smallest largest training error (then the smallest mean error).
+    """The grid point with the smallest largest training error (then the smallest mean error), then
+    the input pipeline's rate per host core given it (`fit_input_per_core`).
 
     Every grid point is scored; only Ethernet cases depend on eth_efficiency, so the others are
     reproduced once per setting of the remaining parameters."""
@@ -502,7 +521,36 @@ def fit(train: Sequence[PublishedCase]) -> FitParams:
             key = (max(errors), sum(errors) / len(errors))
             if key < best_key:
                 best, best_key = params, key
+    return replace(best, input_per_core=fit_input_per_core(train, best))
+
+
+def fit_input_per_core(train: Sequence[PublishedCase], params: FitParams) -> float | None:
+    """The host input rate per core (INPUT_PER_CORE_GRID) with the smallest largest error on the
+    training cases that decode on their hosts (then the smallest mean; ties: the earlier, so
+    unlimited). Only those cases depend on it, so it is fitted after the other parameters."""
+    fed = [c for c in train if c.host_cores is not None]
+    best, best_key = None, (float("inf"), float("inf"))
+    for rate in INPUT_PER_CORE_GRID:
+        errors = [abs(reproduce(c, replace(params, input_per_core=rate)).error_points) for c in fed]
+        key = (round(max(errors), 6), round(sum(errors) / len(errors), 6))
+        if key < best_key:
+            best, best_key = rate, key
     return best
+
+
+def input_per_core_lower_bound(train: Sequence[PublishedCase], params: FitParams) -> float:
+    """The slowest input rate per host core that leaves every training prediction as it is: what the
+    training half says about the rate (it only bounds it from below: no training case waits for data)."""
+    bound = 0.0
+    for c in train:
+        if c.host_cores is None:
+            continue
+        # the node's demand at the predicted (unlimited) speed, per core
+        terms = ScaleTerms(compute_cv=params.compute_cv, node_cv=params.node_cv)
+        at_n = _predict_at(c, replace(params, input_per_core=None), terms, c.gpus, 1)
+        demand = min(c.gpus, c.workers_per_node) * c.per_gpu_batch / (at_n.step_ms / 1e3)
+        bound = max(bound, demand / c.host_cores)
+    return bound
 
 
 # each at-scale term switched off in turn: its share is the efficiency gained without it
@@ -510,7 +558,11 @@ TERMS_OFF = {
     "no stragglers": ScaleTerms(stragglers=False),
     "nominal bandwidth": ScaleTerms(achieved_bandwidth=False),
     "all terms off": ScaleTerms(
-        stragglers=False, achieved_bandwidth=False, congestion=False, overlap_interference=False
+        stragglers=False,
+        achieved_bandwidth=False,
+        congestion=False,
+        overlap_interference=False,
+        input_pipeline=False,
     ),
 }
 
@@ -542,7 +594,11 @@ def format_study(study: Study) -> str:
     lines = [
         f"fitted on the {len(study.errors(False))} training cases: Ethernet achieved {p.eth_efficiency:.0%} "
         f"of nominal, GPU compute CV {p.compute_cv:.3f}, node CV {p.node_cv:.3f}, "
-        f"interference {p.interference:g}, congestion {p.congestion_per_doubling:.0%} per doubling of nodes",
+        f"interference {p.interference:g}, congestion {p.congestion_per_doubling:.0%} per doubling of nodes, "
+        "input pipeline "
+        + ("unlimited" if p.input_per_core is None else f"{p.input_per_core:g} samples/s per host core")
+        + f" (the training half bounds it from below only: >= "
+        f"{input_per_core_lower_bound(training_cases(), p):.0f} samples/s per core)",
         "",
         "| case | GPUs | split | published | predicted | error (points) | "
         + " | ".join(TERMS_OFF)

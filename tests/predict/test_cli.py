@@ -82,6 +82,7 @@ def test_nodes_alone_is_one_world_size_and_flags_override_the_preset(tmp_path, m
         (["--nodes-per-switch", "0"], "--nodes-per-switch"),
         (["--congestion-per-doubling", "1.5"], "--congestion-per-doubling"),
         (["--interference", "2"], "--interference"),
+        (["--input-samples-per-s", "0"], "--input-samples-per-s"),
         (["--inter-efficiency", "1.5"], "--inter-efficiency"),
         (["--intra-efficiency", "0"], "--intra-efficiency"),
         (["--model", "mlp"], "--model"),  # together with the explicit numbers
@@ -116,6 +117,17 @@ def test_help_shows_worked_examples(capsys):
     help_text = parser.format_help()
     assert "worked examples:" in help_text and "--preset dgx-h100" in help_text
     assert "--no-stragglers" in help_text and "--preset pcie3-x16+roce-25g" in help_text
+    assert "--input-samples-per-s 12000" in help_text and "--no-input-pipeline" in help_text
+
+
+def test_the_input_pipeline_flags_reach_the_terms():
+    parser = argparse.ArgumentParser()
+    cli.add_predict_arguments(parser)
+    opts = cli.PredictOptions(**cli.dataclass_kwargs(parser.parse_args([]), cli.PredictOptions))
+    assert cli.scale_terms(opts).input_samples_per_s is None and cli.scale_terms(opts).input_pipeline
+    opts = replace(opts, input_samples_per_s=9000.0, no_input_pipeline=True)
+    terms = cli.scale_terms(opts)
+    assert terms.input_samples_per_s == 9000.0 and not terms.input_pipeline
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import pytest
 
 from dpscale.predict.cluster import INTER, INTRA, Cluster, Link
 from dpscale.predict.degrade import (
+    INPUT_PIPELINE,
     INTERFERENCE,
     STRAGGLERS,
     ScaleTerms,
@@ -162,3 +163,41 @@ def test_losses_add_up_and_the_bottleneck_is_the_largest():
     assert sum(p.losses_ms.values()) == pytest.approx(p.step_ms - 100.0)
     assert p.losses_ms["inter-node congestion"] == pytest.approx(p.losses_ms["inter-node bandwidth"])
     assert p.bottleneck == max(p.losses_ms, key=p.losses_ms.__getitem__)
+
+
+def test_the_input_pipeline_makes_the_step_wait_once_the_nodes_demand_exceeds_its_rate():
+    # 8 workers of batch 8 per node, 100 ms steps: one worker asks 80 samples/s, a node 640
+    config = PredictConfig(world_sizes=[1, 8, 64], algorithm="ring", terms=ScaleTerms(compute_cv=0.0))
+    free = predict(_profile(), _cluster(), config)
+    # a node that prepares 1000 samples/s feeds 8 workers: nothing changes
+    assert [p.step_ms for p in predict(_profile(), _cluster(input_samples_per_s=1000.0), config)] == [
+        pytest.approx(p.step_ms) for p in free
+    ]
+    # 320 samples/s: 8 workers' 64 samples take 200 ms to prepare, the step waits for them
+    fed = predict(_profile(), _cluster(input_samples_per_s=320.0), config)
+    one, node, many = fed
+    assert one.step_ms == pytest.approx(100.0) and one.efficiency == pytest.approx(1.0)
+    assert node.step_ms == pytest.approx(200.0) and node.efficiency == pytest.approx(0.5)
+    assert node.losses_ms[INPUT_PIPELINE] == pytest.approx(200.0 - free[1].step_ms)
+    assert node.bottleneck == INPUT_PIPELINE
+    # every node has its own host: 64 workers on 8 nodes wait as long as one node's 8
+    assert many.step_ms == pytest.approx(max(200.0, free[2].step_ms))
+    # the flag overrides the cluster's rate; --no-input-pipeline switches it off
+    (p,) = predict(_profile(), _cluster(), replace(config, world_sizes=[8], terms=ScaleTerms(
+        compute_cv=0.0, input_samples_per_s=128.0)))  # fmt: skip
+    assert p.step_ms == pytest.approx(500.0)
+    off = ScaleTerms(compute_cv=0.0, input_pipeline=False, input_samples_per_s=128.0)
+    (p,) = predict(
+        _profile(), _cluster(input_samples_per_s=320.0), replace(config, world_sizes=[8], terms=off)
+    )
+    assert p.step_ms == pytest.approx(free[1].step_ms) and INPUT_PIPELINE not in p.losses_ms
+
+
+def test_a_host_too_slow_for_one_worker_limits_the_baseline_too():
+    # 40 samples/s cannot feed even one worker (80/s): the baseline is the pipeline's 200 ms per step
+    config = PredictConfig(world_sizes=[1, 2], algorithm="ring", terms=ScaleTerms(compute_cv=0.0))
+    one, two = predict(_profile(), _cluster(input_samples_per_s=40.0), config)
+    assert one.step_ms == pytest.approx(200.0) and one.efficiency == pytest.approx(1.0)
+    assert two.step_ms == pytest.approx(400.0) and two.efficiency == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="--input-samples-per-s"):
+        ScaleTerms(input_samples_per_s=0.0)

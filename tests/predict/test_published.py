@@ -1,6 +1,8 @@
 """Published results at 8 to 1024 GPUs: cited cases, a split by rule, the fit the docs state, and the
 held-out error docs/performance-model.md reports (pure computation, no processes)."""
 
+from dataclasses import replace
+
 import pytest
 from predict_lab import published
 from predict_lab.published import (
@@ -8,9 +10,11 @@ from predict_lab.published import (
     FITTED,
     cases,
     fit,
+    fit_input_per_core,
     format_study,
     held_out_cases,
     held_out_study,
+    input_per_core_lower_bound,
     reproduce,
     training_cases,
     with_accumulation,
@@ -111,3 +115,32 @@ def test_the_bert_throughput_rows_ran_one_all_reduce_per_step_not_the_loss_table
         assert abs(reproduce(c, FITTED).error_points) < 1.0
     with pytest.raises(ValueError, match="reduce after backward"):
         with_accumulation(cases()[0], FITTED, 1, 2)
+
+
+def test_the_training_half_bounds_the_host_input_rate_from_below_only():
+    # the ResNet-50 tables decode JPEGs on the host: its cores from the DGX datasheets
+    fed = [c for c in cases() if c.host_cores is not None]
+    assert {(c.name.split("(")[-1].rstrip(")"), c.host_cores) for c in fed} == {
+        ("DGX A100", 128), ("DGX-1 16G", 40), ("DGX-1 32G", 40)
+    }  # fmt: skip
+    train = [c for c in training_cases() if c.host_cores is not None]
+    assert len(train) == 3  # FP32 / TF32: 938, 367, 356 img/s per GPU against 2470, 1200, 1156
+    bound = input_per_core_lower_bound(training_cases(), FITTED)
+    assert bound == pytest.approx(71.3, abs=0.1)
+    # at or above the bound no training prediction moves; below it one waits for data and misses more
+    at = replace(FITTED, input_per_core=bound * 1.001)
+    assert [reproduce(c, at).predicted for c in train] == [reproduce(c, FITTED).predicted for c in train]
+    below = replace(FITTED, input_per_core=bound * 0.9)
+    assert max(abs(reproduce(c, below).error_points) for c in train) > 5
+    # so the fit leaves the term off (unlimited), and the held-out half cannot be used to pick a rate
+    assert fit_input_per_core(training_cases(), FITTED) is None and FITTED.input_per_core is None
+
+
+def test_no_single_rate_per_host_core_fits_the_three_mixed_precision_rows():
+    # docs/performance-model.md: a diagnostic of the term's form, not a fit: DGX A100 needs 125-134
+    # samples/s per core, the DGX-1s 201-215; no rate puts all three within 3 points
+    held = [c for c in held_out_cases() if c.host_cores is not None]
+    assert len(held) == 3
+    for rate in range(60, 400, 2):
+        params = replace(FITTED, input_per_core=float(rate))
+        assert max(abs(reproduce(c, params).error_points) for c in held) > published.TARGET_POINTS, rate

@@ -76,6 +76,10 @@ EXAMPLES = """worked examples:
       --preset pcie3-x16+roce-25g --workers-per-node 4 --world-sizes 128,512 --algorithm ring
   # the share of one term: the same with it switched off
   dpscale predict ... --no-stragglers | --no-achieved-bandwidth | --no-congestion | --no-interference
+  # ResNet-50 in mixed precision on one DGX A100 whose host decodes 12000 images/s (measure it:
+  # your data loader alone on that node); the step waits for data once 8 GPUs ask for more
+  dpscale predict --params 25.6e6 --step-compute-ms 104 --per-worker-batch 256 --preset dgx-a100 \
+      --world-sizes 1,8 --input-samples-per-s 12000
   # a 2:1 oversubscribed fabric beyond 16 nodes per leaf switch
   dpscale predict ... --preset dgx-a100 --oversubscription 2 --nodes-per-switch 16
   # your model, profiled here (CPU), on this machine's transports
@@ -115,6 +119,8 @@ def scale_terms(opts: PredictOptions) -> ScaleTerms:
         congestion_per_doubling=opts.congestion_per_doubling,
         overlap_interference=not opts.no_interference,
         interference=opts.interference,
+        input_pipeline=not opts.no_input_pipeline,
+        input_samples_per_s=opts.input_samples_per_s,
     )
 
 

@@ -221,6 +221,9 @@ class Cluster:
     # the same for the delay a node's host and network path add to all its workers (GPU presets:
     # GPU_NODE_CV), used unless --node-cv gives one
     node_cv: float = 0.0
+    # samples/s its hosts' input pipeline delivers per node (degrade.py); None: unlimited (no preset
+    # carries one: no source at hand publishes a host's decode rate)
+    input_samples_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.workers_per_node < 1:

@@ -29,6 +29,14 @@ cost time, and a prediction that leaves them out is optimistic by 5-15 points of
 - **Overlap interference**: backward runs slower while a reduction runs beside it (memory bandwidth,
   SMs or cores taken by the collective): backward is stretched by `interference` x the communication
   it hides.
+- **Input pipeline**: a node's host decodes and augments the samples all of its workers consume
+  (JPEG decode for images: NVIDIA's ResNet-50 examples run it on the host's CPUs, 8-16 loader
+  workers per GPU). With prefetching the pipeline runs beside the step, so the step takes
+  max(step, workers on the node x per-worker batch / the node's input rate): a job whose demand
+  stays below the rate loses nothing, one above it waits for data. The rate (`input_samples_per_s`,
+  samples/s per node) is an input: `--input-samples-per-s`, measured on the node in question (the
+  data loader's rate with nothing else running); no preset carries one, since no source at hand
+  publishes a host's decode rate (docs/performance-model.md, "Published results").
 
 The model (model.py) applies them; each has a switch here and a `--no-...` flag on the CLI, so a term's
 share of the step is the difference with and without it.
@@ -45,6 +53,7 @@ from ..errors import ConfigError
 
 STRAGGLERS = "stragglers (waiting for the slowest worker)"
 INTERFERENCE = "overlap interference (backward slowed by the reductions)"
+INPUT_PIPELINE = "input pipeline (the host cannot feed the node's workers)"
 # Gaussian quantile of the p99 tail: p99 = mean + 2.326 sigma, for --compute-tail
 _P99_Z = NormalDist().inv_cdf(0.99)
 
@@ -92,6 +101,10 @@ class ScaleTerms:
     congestion_per_doubling: float | None = None  # --congestion-per-doubling; None: the cluster's
     overlap_interference: bool = True  # --no-interference
     interference: float | None = None  # --interference: backward slowdown per hidden ms; None: cluster's
+    input_pipeline: bool = True  # --no-input-pipeline: the host feeds any demand
+    # --input-samples-per-s: samples/s a node's host input pipeline delivers to all its workers
+    # together; None: the cluster's, unlimited where it has none
+    input_samples_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.compute_cv is not None and not 0 <= self.compute_cv < 1:
@@ -110,6 +123,11 @@ class ScaleTerms:
             )
         if self.interference is not None and not 0 <= self.interference <= 1:
             raise ConfigError(f"--interference: must be in [0, 1], got {self.interference}")
+        if self.input_samples_per_s is not None and not self.input_samples_per_s > 0:
+            raise ConfigError(
+                f"--input-samples-per-s: must be > 0 (samples/s per node; omit it for no limit), "
+                f"got {self.input_samples_per_s}"
+            )
 
     def straggler_factor(self, cv: float, world_size: int, nodes: int = 1, node_cv: float = 0.0) -> float:
         """Slowest-of-N compute over one worker's mean compute: each worker's own noise (cv) and each
@@ -127,3 +145,10 @@ class ScaleTerms:
             factor = self.oversubscription
         # a fraction `per_doubling` of the bandwidth is lost per doubling of the nodes
         return factor / (1.0 - per_doubling) ** math.log2(nodes)
+
+    def input_ms(self, workers_on_node: int, per_worker_batch: int, rate: float | None) -> float:
+        """How long the node's host pipeline takes to prepare one step's samples for its workers
+        (0: no limit, or the term switched off)."""
+        if not self.input_pipeline or rate is None:
+            return 0.0
+        return 1e3 * workers_on_node * per_worker_batch / rate

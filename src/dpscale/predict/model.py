@@ -7,7 +7,7 @@ For N workers, from a one-worker profile and a cluster:
     comm_ms     = sum over buckets of [all_reduce_cost(bucket bytes / compression, N) x level + call overhead]
                   (links at their achieved rate, the inter-node one slowed by congestion at N nodes)
     exposed     = what the bucket timeline (timeline.py) leaves after the end of backward
-    step_ms     = compute_ms + exposed
+    step_ms     = max(compute_ms + exposed, the node's host input pipeline's time for its workers' samples)
     samples/s   = N x per-worker batch / step
     efficiency  = samples/s / (N x one-worker samples/s with no communication and no contention)
 
@@ -24,7 +24,8 @@ cluster's all-reduce times are scaled to the calibration's own tight-loop level 
 engine overhead then loses the one-worker gloo calls it was measured with. Without a calibration,
 neither applies.
 
-The at-scale terms (stragglers, achieved bandwidth, congestion, overlap interference) are degrade.py's;
+The at-scale terms (stragglers, achieved bandwidth, congestion, overlap interference, input pipeline)
+are degrade.py's;
 each can be switched off in `PredictConfig.terms`. `Prediction.losses_ms` says what each costs the
 step beyond ideal compute (the exposed communication split over its terms in proportion), and the
 bottleneck is the largest of them.
@@ -39,7 +40,7 @@ from ..engine.registry import DPSCALE_ON_SHM, PROFILE_ENGINES
 from ..errors import ConfigError
 from .cluster import Cluster
 from .costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
-from .degrade import INTERFERENCE, STRAGGLERS, ScaleTerms
+from .degrade import INPUT_PIPELINE, INTERFERENCE, STRAGGLERS, ScaleTerms
 from .profile import ModelProfile
 from .sync import SyncCost
 from .timeline import BucketSpan, ReadyBucket, simulate
@@ -172,10 +173,13 @@ def predict(
     if config.engine == "dpscale" and config.sync_transport in SHM_TRANSPORTS:
         if DPSCALE_ON_SHM in prof.engine_overhead_ms:  # measured without gloo's hand-offs
             overhead_ms, profiled_on = prof.engine_overhead_ms[DPSCALE_ON_SHM], "shm"
-    baseline_ms = prof.compute_ms + overhead_ms  # one worker, nothing to communicate, no contention
+    terms = config.terms
+    # the rate a node's host prepares samples at: given, else the cluster's, else unlimited
+    input_rate = terms.input_samples_per_s or cluster.input_samples_per_s
+    # one worker, nothing to communicate, no contention (but fed by one host like any other)
+    baseline_ms = max(prof.compute_ms + overhead_ms, terms.input_ms(1, batch, input_rate))
     buckets = prof.buckets(config.bucket_mb, config.first_bucket_mb)
     out = []
-    terms = config.terms
     # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
     cv = terms.compute_cv
     cv = (prof.compute_cv if prof.compute_cv is not None else cluster.compute_cv) if cv is None else cv
@@ -238,6 +242,10 @@ def predict(
             timeline = simulate(_ready(buckets, prof, backward_ms), backward_ms, reduce_ms, overlap=True)
         compute_ms = (prof.forward_ms + prof.optimizer_ms) * factor * slowest + backward_ms
         step_ms = compute_ms + timeline.exposed_comm_ms
+        # the host prepares the next step's samples while this one runs (prefetching): the step
+        # waits only for what the pipeline cannot deliver in its time
+        input_wait_ms = max(0.0, terms.input_ms(lay.per_node, batch, input_rate) - step_ms)
+        step_ms += input_wait_ms
         terms_ms: dict[str, float] = {}
         for cost in costs:
             for t in cost.terms:
@@ -246,7 +254,9 @@ def predict(
             (prof.forward_ms + prof.optimizer_ms + prof.backward_ms + engine_ms) * factor * (slowest - 1)
         )
         losses = _losses(
-            timeline.exposed_comm_ms, terms_ms, {STRAGGLERS: straggler_ms, INTERFERENCE: interfered_ms}
+            timeline.exposed_comm_ms,
+            terms_ms,
+            {STRAGGLERS: straggler_ms, INTERFERENCE: interfered_ms, INPUT_PIPELINE: input_wait_ms},
         )
         out.append(
             Prediction(

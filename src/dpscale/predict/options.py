@@ -114,6 +114,10 @@ class PredictOptions:
     """backward not slowed by reductions"""
     interference: float | None = field(default=None, metadata=_in(TERMS))
     """backward slowdown per ms of communication it hides (default: the preset's)"""
+    input_samples_per_s: float | None = field(default=None, metadata=_in(TERMS))
+    """samples/s a node's host input pipeline delivers, all its workers together (default: no limit)"""
+    no_input_pipeline: bool = field(default=False, metadata=_in(TERMS))
+    """the host feeds any demand (ignore --input-samples-per-s)"""
     goodput: bool = field(default=False, metadata=_in(GOODPUT))
     """rank (workers, global batch) by predicted time to target"""
     noise_scale: str | None = field(default=None, metadata=_in(GOODPUT))
