@@ -13,6 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dpscale"
 # layer; the training progress and the worker's result line are output the user asked for.
 PRINTS_ALLOWED = {
     "cli.py",
+    "bench/command.py",
     "bench/commands.py",
     "predict/cli.py",
     "check/equivalence.py",

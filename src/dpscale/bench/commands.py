@@ -3,7 +3,8 @@
 Measurement modules (allreduce.py, scaling.py, convergence.py, engine.py) hold a Config, a Result
 and `run`; `*_report.py` render a Result; this module wires them to the command line and is the
 only one here that imports both sides, so rendering never reaches back into argument handling.
-`COMMANDS` is the list the CLI registers, in the order `dpscale --help` shows them.
+A bench is one `command.Bench` (which results it prints, which report it writes); the shape they
+share runs there. `COMMANDS` is the list the CLI registers, in the order `dpscale --help` shows them.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..cores import usable_cores
 from ..errors import ConfigError
-from ..flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, flag_name, flag_spec
+from ..flags import add_dataclass_arguments, dataclass_kwargs, flag_name, flag_spec
 from ..run.launch import check_script
 from . import (
     allreduce,
@@ -37,78 +37,37 @@ from . import (
     weak,
     weak_report,
 )
+from .command import Bench, Command, add_config_flag, add_output_flags, config_kwargs, warn
 from .report import ReportDir, require_plots
-
-
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: `dpscale <group> <name>` (group None: `dpscale <name>`)."""
-
-    group: str | None
-    name: str
-    help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
-
-
-def _add_output_flags(parser: argparse.ArgumentParser, json_help: str) -> None:
-    """The flags every bench has besides its config's: the config file, where the report goes,
-    JSON on stdout."""
-    _add_config_flag(parser)
-    parser.add_argument("--json", action="store_true", help=json_help)
-    parser.add_argument(
-        "--report-dir", default="reports", help="base directory of the report (default reports)"
-    )
-
-
-def _add_config_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        metavar="FILE.toml",
-        default=None,
-        help="set any of the fields below from a TOML file (keys as the flags, without --); flags override",
-    )
-
-
-def _kwargs(args: argparse.Namespace, cls: type) -> dict:
-    """The config's fields from --config FILE.toml, then from the flags given (a flag wins)."""
-    path = getattr(args, "config", None)
-    return (config_file_kwargs(path, cls) if path else {}) | dataclass_kwargs(args, cls)
-
-
-def _warn(warnings: list[str]) -> None:
-    """The trust checks' lines (bench/trust.py), on stderr so a --json line stays last on stdout."""
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr, flush=True)
-
 
 # ---- all-reduce ---------------------------------------------------------------------------------
 
 
 def add_allreduce_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, allreduce.AllReduceConfig)
-    _add_output_flags(parser, "print the points as JSON on the last line of stdout")
+    add_output_flags(parser, "print the points as JSON on the last line of stdout")
 
 
 def allreduce_config(args: argparse.Namespace) -> allreduce.AllReduceConfig:
-    kwargs = _kwargs(args, allreduce.AllReduceConfig)
+    kwargs = config_kwargs(args, allreduce.AllReduceConfig)
     kwargs.setdefault("transports", allreduce.available_transports())  # not just gloo, as the API's
     return allreduce.AllReduceConfig(**kwargs)
 
 
-def run_allreduce(args: argparse.Namespace) -> int:
-    require_plots("bench allreduce")
-    result = allreduce.run(allreduce_config(args))
-    print(allreduce_report.format_table(result))
-    print(allreduce.BUSBW_CONVENTION)
-    print(allreduce_report.format_fits(result))
-    _warn(allreduce_report.warnings(result))
-    report = ReportDir.create(args.report_dir, "allreduce")
-    allreduce_report.write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps([p.to_dict() for p in result.points]))
-    return 0
+run_allreduce = Bench(
+    name="bench allreduce",
+    kind="allreduce",
+    config=allreduce_config,
+    measure=lambda config: allreduce.run(config),
+    text=lambda result: [
+        allreduce_report.format_table(result),
+        allreduce.BUSBW_CONVENTION,
+        allreduce_report.format_fits(result),
+    ],
+    write_report=allreduce_report.write_report,
+    json_line=lambda result: json.dumps([p.to_dict() for p in result.points]),
+    warnings=allreduce_report.warnings,
+)
 
 
 # ---- scaling ------------------------------------------------------------------------------------
@@ -116,24 +75,23 @@ def run_allreduce(args: argparse.Namespace) -> int:
 
 def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, scaling.ScalingConfig)
-    _add_output_flags(parser, "print the points as JSON on the last line of stdout")
+    add_output_flags(parser, "print the points as JSON on the last line of stdout")
 
 
 def scaling_config(args: argparse.Namespace) -> scaling.ScalingConfig:
-    return scaling.ScalingConfig(**_kwargs(args, scaling.ScalingConfig))
+    return scaling.ScalingConfig(**config_kwargs(args, scaling.ScalingConfig))
 
 
-def run_scaling(args: argparse.Namespace) -> int:
-    require_plots("bench scaling")
-    result = scaling.run(scaling_config(args))
-    print(scaling_report.format_table(result))
-    _warn(scaling_report.warnings(result))
-    report = ReportDir.create(args.report_dir, "scaling")
-    scaling_report.write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps([asdict(p) for p in result.points], allow_nan=False))
-    return 0
+run_scaling = Bench(
+    name="bench scaling",
+    kind="scaling",
+    config=scaling_config,
+    measure=lambda config: scaling.run(config),
+    text=lambda result: [scaling_report.format_table(result)],
+    write_report=scaling_report.write_report,
+    json_line=lambda result: json.dumps([asdict(p) for p in result.points], allow_nan=False),
+    warnings=scaling_report.warnings,
+)
 
 
 # ---- convergence --------------------------------------------------------------------------------
@@ -166,7 +124,7 @@ def add_convergence_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, ConvergenceMode)
     add_dataclass_arguments(parser, convergence.ConvergenceConfig)
     add_dataclass_arguments(parser, weak.WeakConfig, skip=_SHARED_CONVERGENCE_FIELDS)
-    _add_output_flags(parser, "print one object per world size as JSON on the last line")
+    add_output_flags(parser, "print one object per world size as JSON on the last line")
 
 
 def _refuse_other_mode_flags(args: argparse.Namespace, mode: str, other: type) -> None:
@@ -181,47 +139,53 @@ def _refuse_other_mode_flags(args: argparse.Namespace, mode: str, other: type) -
 
 def convergence_config(args: argparse.Namespace) -> convergence.ConvergenceConfig:
     _refuse_other_mode_flags(args, "same-batch", weak.WeakConfig)
-    return convergence.ConvergenceConfig(**_kwargs(args, convergence.ConvergenceConfig))
+    return convergence.ConvergenceConfig(**config_kwargs(args, convergence.ConvergenceConfig))
 
 
 def weak_config(args: argparse.Namespace) -> weak.WeakConfig:
     _refuse_other_mode_flags(args, "weak", convergence.ConvergenceConfig)
-    return weak.WeakConfig(**_kwargs(args, weak.WeakConfig))
+    return weak.WeakConfig(**config_kwargs(args, weak.WeakConfig))
+
+
+def _convergence_text(result: convergence.ConvergenceResult) -> list[str]:
+    lines = [convergence_report.format_table(result)]
+    if result.config.compression != "none":
+        ref = result.reference.world_size
+        lines.append(
+            f"compression: {result.config.compression} at every world size but {ref} (uncompressed reference)"
+        )
+    return [*lines, convergence_report.largest_gap_text(result)]
+
+
+_same_batch = Bench(
+    name="bench convergence",
+    kind="convergence",
+    config=convergence_config,
+    measure=lambda config: convergence.run(config),
+    text=_convergence_text,
+    write_report=convergence_report.write_report,
+    json_line=lambda result: json.dumps(result.summary()),
+    # exit 1 when a world size departs from the reference beyond the tolerance
+    exit_code=lambda result: 0 if all(r.within_tolerance for r in result.runs) else 1,
+)
+_weak = Bench(
+    name="bench convergence",
+    kind=study.WEAK_COMMAND,
+    config=weak_config,
+    measure=lambda config: weak.run(config),
+    text=lambda result: [weak_report.format_table(result), weak_report.findings_text(result)],
+    write_report=weak_report.write_report,
+    json_line=lambda result: json.dumps(result.summary()),
+    warnings=weak_report.warnings,
+    exit_code=lambda result: 0 if result.reference.reached else 1,  # the ratios need N=1's time
+)
 
 
 def run_convergence(args: argparse.Namespace) -> int:
     """Same-batch: exit 0 when every world size is within tolerance, 1 when one departs.
     Weak: exit 0 when N=1 reached the target (the ratios need it), 1 when it did not."""
-    require_plots("bench convergence")
-    if ConvergenceMode(**dataclass_kwargs(args, ConvergenceMode)).mode == "weak":
-        return _run_weak(args)
-    result = convergence.run(convergence_config(args))
-    print(convergence_report.format_table(result))
-    if result.config.compression != "none":
-        ref = result.reference.world_size
-        print(
-            f"compression: {result.config.compression} at every world size but {ref} (uncompressed reference)"
-        )
-    print(convergence_report.largest_gap_text(result))
-    report = ReportDir.create(args.report_dir, "convergence")
-    convergence_report.write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps(result.summary()))
-    return 0 if all(r.within_tolerance for r in result.runs) else 1
-
-
-def _run_weak(args: argparse.Namespace) -> int:
-    result = weak.run(weak_config(args))
-    print(weak_report.format_table(result))
-    print(weak_report.findings_text(result))
-    _warn(weak_report.warnings(result))
-    report = ReportDir.create(args.report_dir, study.WEAK_COMMAND)
-    weak_report.write_report(result, report)
-    print(f"report: {report.path}")
-    if args.json:
-        print(json.dumps(result.summary()))
-    return 0 if result.reference.reached else 1
+    mode = ConvergenceMode(**dataclass_kwargs(args, ConvergenceMode)).mode
+    return (_weak if mode == "weak" else _same_batch)(args)
 
 
 # ---- engine -------------------------------------------------------------------------------------
@@ -229,25 +193,19 @@ def _run_weak(args: argparse.Namespace) -> int:
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, engine.EngineBenchConfig)
-    _add_config_flag(parser)
-    parser.add_argument(
-        "--json", action="store_true", help="print the results as a JSON list on the last line"
-    )
-    parser.add_argument(
-        "--report-dir", default="reports", help="base directory of the reports (default reports)"
-    )
+    add_output_flags(parser, "print the results as a JSON list on the last line", report_help="reports")
 
 
 def run_engine(args: argparse.Namespace) -> int:
     require_plots("bench engine")
-    config = engine.EngineBenchConfig(**_kwargs(args, engine.EngineBenchConfig))
+    config = engine.EngineBenchConfig(**config_kwargs(args, engine.EngineBenchConfig))
     results = []
     for m in config.models:
         res, measured = engine.run(
             m, config.world_size, config.per_worker_batch, config.engines, config.steps
         )
         print(engine.format_result(res), flush=True)
-        _warn(scaling_report.warnings(measured))
+        warn(scaling_report.warnings(measured))
         # the per-step measurements, as a scaling report: `dpscale report` re-renders and compares it
         report = ReportDir.create(args.report_dir, "scaling")
         scaling_report.write_report(measured, report)
@@ -263,12 +221,12 @@ def run_engine(args: argparse.Namespace) -> int:
 
 def add_study_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, study.StudyConfig)
-    _add_config_flag(parser)
+    add_config_flag(parser)
     parser.add_argument("--json", action="store_true", help="print the summary rows as JSON on the last line")
 
 
 def study_config(args: argparse.Namespace) -> study.StudyConfig:
-    return study.StudyConfig(**_kwargs(args, study.StudyConfig))
+    return study.StudyConfig(**config_kwargs(args, study.StudyConfig))
 
 
 def run_study(args: argparse.Namespace) -> int:
@@ -278,7 +236,7 @@ def run_study(args: argparse.Namespace) -> int:
     report = ReportDir.create(config.report_dir, "study")
     study.write_report(result, report)
     print(study.format_summary(result))
-    _warn(result.warnings())
+    warn(result.warnings())
     print(f"report: {report.path / 'report.md'}  ({result.wall_s:.0f} s)")
     if args.json:
         print(json.dumps(result.summary()))
@@ -313,7 +271,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, script_scaling.ScaleConfig, skip=("script", "args"))
-    _add_output_flags(parser, "print one list of rows on the last line of stdout")
+    add_output_flags(parser, "print one list of rows on the last line of stdout")
     parser.add_argument(
         "script_command", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]", help="your training script"
     )
@@ -325,7 +283,7 @@ def scale_config(args: argparse.Namespace) -> script_scaling.ScaleConfig:
     if not command:
         raise ConfigError("give the script after --, e.g. dpscale scale --nproc 1,2 -- train.py --lr 0.1")
     check_script(command[0])
-    kwargs = _kwargs(args, script_scaling.ScaleConfig)
+    kwargs = config_kwargs(args, script_scaling.ScaleConfig)
     sizes = kwargs.get("world_sizes", [1, 2])
     # across hosts, N / hosts workers share one host's cores
     per_host = max(sizes) // (kwargs.get("nnodes") or 1)
@@ -346,7 +304,7 @@ def run_scale(args: argparse.Namespace) -> int:
         for log in Path(logs).glob("*.log"):
             shutil.copy(log, report.path / log.name)
     print(script_scaling_report.format_table(result))
-    _warn(script_scaling_report.warnings(result))
+    warn(script_scaling_report.warnings(result))
     script_scaling_report.write_report(result, report)
     print(f"report: {report.path}")
     if args.json:
