@@ -1,16 +1,25 @@
-"""What measuring the gradient noise scale costs: the mlp workload at 2 workers, on and off.
+"""What measuring the gradient noise scale costs: the mlp workload at 2 workers, off and on.
 
-    python benchmarks/noise_scale_cost.py [--rounds 30] [--steps 10] [--json out.json]
+    python benchmarks/noise_scale_cost.py [--rounds 12] [--steps 8] [--json out.json]
 
 Both ranks train the `mlp` workload (its default global batch, 64 per worker, SGD) with one
-dpscale engine whose reducer takes the squared norm of each bucket before and after the reduction
-(`measure_noise_scale`) in one round and not in the next, alternating which goes first. A step is
-zero_grad + forward + loss + backward + optimizer step, one intra-op thread per worker. The figure
-of record is the median over rounds of (on / off) per-step time, with its 10th-90th percentiles;
-absolute times on a shared host mean little. On a loaded host that ratio spreads by tens of percent
-per round, so the run also times the norms themselves inside the measured rounds (a wrapper around
-`bucket_sq_norm` where the reducer calls it: engine/readiness.py and engine/finalize.py): their
-share of the step is the direct, steadier figure.
+dpscale engine, in rounds of `--steps` steps that rotate over four variants (each round pair is
+in one run, the order shifts every round):
+
+- `off`: no measurement;
+- `every 1`, `every 8`: the training loop's way (dpscale's Trainer): the engine takes each
+  rank's local squared norm, per large tensor in the hook right after its copy-and-divide and per
+  small bucket at launch, and the loop pairs it with the norm of the reduced gradients it takes
+  anyway for its skip check (`noise_scale_reduced_norm = False`);
+- `every 1, engine both`: a bare engine under a user's loop, which also reads the reduced buckets
+  again after the wait (`noise_scale_reduced_norm = True`).
+
+Every variant's loop takes that skip-check norm (torch.nn.utils.get_total_norm), as the Trainer
+does, so it is not counted as the measurement's cost. A step is zero_grad + forward + loss +
+backward + the norm + optimizer step, one intra-op thread per worker. The figure of record is the
+median over rounds of (variant / off) per-step time, with its 10th-90th percentiles. The run also
+times the engine's norms themselves inside the measured rounds (a wrapper around `bucket_sq_norm`
+where the reducer calls it): their share of the step is the direct, steadier figure.
 """
 
 from __future__ import annotations
@@ -28,25 +37,37 @@ from dpscale.engine import finalize, readiness
 from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
+# name: (measure, every, engine takes the reduced norm too)
+VARIANTS = {
+    "off": (False, 1, False),
+    "every 1": (True, 1, False),
+    "every 8": (True, 8, False),
+    "every 1, engine both": (True, 1, True),
+}
+
+
+@dataclass
+class VariantCost:
+    variant: str
+    step_ms: float  # median over rounds of the mean step, rank 0
+    ratio_median: float | None  # this variant / off in the same round cycle, rank 0
+    ratio_p10: float | None
+    ratio_p90: float | None
+    norm_share_median: float  # time inside the engine's norms / step time, per round, rank 0
+    norm_share_p90: float
+
 
 @dataclass
 class NoiseScaleCost:
     workers: int
-    noise_scale_every: int  # measured on every this many steps
     per_worker_batch: int
     rounds: int
     steps_per_round: int
-    off_ms: float  # median over rounds of the mean step, rank 0
-    on_ms: float
-    ratio_median: float  # on / off per round pair, rank 0
-    ratio_p10: float
-    ratio_p90: float
-    norm_share_median: float  # time inside the norms / step time, per measured round, rank 0
-    norm_share_p90: float
+    variants: list[VariantCost]
     gns_per_worker_batches: float | None  # the engine's figure at the end, as a sanity check
 
 
-def _rank(rank: int, world: int, rounds: int, steps: int, every: int) -> dict:
+def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
     torch.set_num_threads(1)
     work = WORKLOADS["mlp"]
     train, _ = work.build_data(0)
@@ -67,71 +88,89 @@ def _rank(rank: int, world: int, rounds: int, steps: int, every: int) -> dict:
     # the local norms are taken during backward (readiness.py), the reduced ones after (finalize.py)
     readiness.bucket_sq_norm = finalize.bucket_sq_norm = timed_norm
 
-    model.reducer.noise_scale_every = every
-
-    def round_ms(measure: bool) -> float:
-        model.reducer.measure_noise_scale = measure
+    def round_ms(variant: str) -> float:
+        measure, every, both = VARIANTS[variant]
+        reducer = model.reducer
+        reducer.measure_noise_scale, reducer.noise_scale_every = measure, every
+        reducer.noise_scale_reduced_norm = both
         t0 = time.perf_counter()
         for _ in range(steps):
             idx = torch.randint(0, len(train), (batch,), generator=g)
             x, y = train.x[idx], train.y[idx]
             opt.zero_grad(set_to_none=True)
             work.loss(model(x), y).mean().backward()
+            # the Trainer's skip-check norm, taken in every variant; when the engine measured the
+            # local norm, its square is the big-batch norm (train/step.py)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            float(norm)
             opt.step()
         return (time.perf_counter() - t0) * 1e3 / steps
 
-    round_ms(True), round_ms(False)  # warm-up
-    on, off, share = [], [], []
+    names = list(VARIANTS)
+    for name in names:  # warm-up
+        round_ms(name)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    share: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
-        for measure in (True, False) if r % 2 == 0 else (False, True):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # rotating order
             norm_s[0] = 0.0
-            ms = round_ms(measure)
-            (on if measure else off).append(ms)
-            if measure:
-                share.append(norm_s[0] * 1e3 / steps / ms)
+            ms = round_ms(name)
+            times[name].append(ms)
+            share[name].append(norm_s[0] * 1e3 / steps / ms)
     gns = model.reducer.noise_scale.b_simple
     model.close()
-    return dict(on=on, off=off, share=share, batch=batch, gns=gns)
+    return dict(times=times, share=share, batch=batch, gns=gns)
 
 
-def run(rounds: int, steps: int, every: int = 1, workers: int = 2) -> NoiseScaleCost:
-    r0 = run_ranks(_rank, workers, rounds, steps, every, timeout_s=1800)[0]
-    ratios = [a / b for a, b in zip(r0["on"], r0["off"], strict=True)]
-    deciles = statistics.quantiles(ratios, n=10)
+def run(rounds: int, steps: int, workers: int = 2) -> NoiseScaleCost:
+    r0 = run_ranks(_rank, workers, rounds, steps, timeout_s=1800)[0]
+    off = r0["times"]["off"]
+    variants = []
+    for name, times in r0["times"].items():
+        ratios = [a / b for a, b in zip(times, off, strict=True)] if name != "off" else None
+        deciles = statistics.quantiles(ratios, n=10) if ratios else None
+        variants.append(
+            VariantCost(
+                variant=name,
+                step_ms=statistics.median(times),
+                ratio_median=statistics.median(ratios) if ratios else None,
+                ratio_p10=deciles[0] if deciles else None,
+                ratio_p90=deciles[-1] if deciles else None,
+                norm_share_median=statistics.median(r0["share"][name]),
+                norm_share_p90=statistics.quantiles(r0["share"][name], n=10)[-1],
+            )
+        )
     return NoiseScaleCost(
         workers=workers,
-        noise_scale_every=every,
         per_worker_batch=r0["batch"],
         rounds=rounds,
         steps_per_round=steps,
-        off_ms=statistics.median(r0["off"]),
-        on_ms=statistics.median(r0["on"]),
-        ratio_median=statistics.median(ratios),
-        ratio_p10=deciles[0],
-        ratio_p90=deciles[-1],
-        norm_share_median=statistics.median(r0["share"]),
-        norm_share_p90=statistics.quantiles(r0["share"], n=10)[-1],
+        variants=variants,
         gns_per_worker_batches=r0["gns"],
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--every", type=int, default=8, help="measure on every this many steps (8)")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=8, help="steps per round, a multiple of 8")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
-    if args.rounds < 3 or args.steps < 1 or args.every < 1:
-        parser.error("--rounds must be >= 3, --steps and --every >= 1")
-    result = run(args.rounds, args.steps, args.every)
+    if args.rounds < 3 or args.steps < 8 or args.steps % 8:
+        parser.error("--rounds must be >= 3, --steps a positive multiple of 8 (every 8 must measure alike)")
+    result = run(args.rounds, args.steps)
     print(
         f"mlp, {result.workers} workers x {result.per_worker_batch} samples, {result.rounds} rounds of "
-        f"{result.steps_per_round} steps, measured every {result.noise_scale_every}\n"
-        f"noise scale off {result.off_ms:.2f} ms/step | on {result.on_ms:.2f} ms/step\n"
-        f"on/off: {result.ratio_median:.4f} ({result.ratio_p10:.4f}-{result.ratio_p90:.4f})\n"
-        f"time in the norms / step: {result.norm_share_median:.2%} (p90 {result.norm_share_p90:.2%})"
+        f"{result.steps_per_round} steps per variant, rotating order"
     )
+    header = f"{'variant':<22} {'ms/step':>8}  {'ratio to off, median (p10-p90)':<32}"
+    print(header + " norms' share, median (p90)")
+    for v in result.variants:
+        ratio = ""
+        if v.ratio_median is not None:
+            ratio = f"{v.ratio_median:.4f} ({v.ratio_p10:.4f}-{v.ratio_p90:.4f})"
+        share = f"{v.norm_share_median:.2%} ({v.norm_share_p90:.2%})"
+        print(f"{v.variant:<22} {v.step_ms:8.2f}  {ratio:<32} {share}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(asdict(result), f, indent=2)

@@ -100,6 +100,7 @@ def one_step_norms(rank, world, with_hook):
     torch.manual_seed(0)
     model = _net()
     ddp = DistributedDataParallel(model, bucket_cap_mb=1e-5, first_bucket_cap_mb=1e-5)  # several buckets
+    ddp.reducer.noise_scale_every = 1
     if with_hook:
         from dpscale.engine import allreduce_hook
 
@@ -107,12 +108,29 @@ def one_step_norms(rank, world, with_hook):
     xb = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))
     ddp(xb).pow(2).sum().backward()
     stats = ddp.last_step_stats
+    # the large tensors' norms were taken in the hook, as each arrived (fused with the copy)
+    per_tensor = sum(len(parts) for parts in ddp.reducer._tensor_sq)
+    # a loop that takes the reduced norm itself: the engine takes the local one only
+    ddp.reducer.noise_scale_reduced_norm = False
+    updates = ddp.reducer.noise_scale.updates
+    ddp.zero_grad(set_to_none=True)
+    ddp(xb).pow(2).sum().backward()
+    local_only = ddp.last_step_stats
+    assert ddp.reducer.noise_scale.updates == updates  # no pair, no update of the rank's figure
     ddp.reducer.measure_noise_scale = False
     ddp.zero_grad(set_to_none=True)
     ddp(xb).pow(2).sum().backward()
     off = ddp.last_step_stats
     ddp.close()
-    return len(stats.buckets), stats.grad_sq_norm_local, stats.grad_sq_norm_global, off.grad_sq_norm_local
+    local = stats.grad_sq_norm_local
+    return (
+        len(stats.buckets),
+        local,
+        stats.grad_sq_norm_global,
+        off.grad_sq_norm_local,
+        per_tensor,
+        local_only,
+    )
 
 
 @pytest.mark.parametrize("with_hook", [False, True])
@@ -127,8 +145,9 @@ def test_engine_norms_equal_local_and_averaged_gradients(with_hook):
         model(torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))).pow(2).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     mean = (grads[0] + grads[1]) / 2
-    for rank, (n_buckets, local, reduced, off) in enumerate(results):
-        assert n_buckets > 1
+    for rank, (n_buckets, local, reduced, off, per_tensor, local_only) in enumerate(results):
+        assert n_buckets > 1 and per_tensor > 0
+        assert local_only.grad_sq_norm_local == local and local_only.grad_sq_norm_global is None
         assert local == pytest.approx(float(grads[rank].dot(grads[rank])), rel=1e-5)
         assert reduced == pytest.approx(float(mean.dot(mean)), rel=1e-5)
         assert off is None  # measure_noise_scale=False: nothing measured

@@ -111,15 +111,18 @@ class Finalize:
         if own:
             torch._foreach_copy_(own, reduced)
 
-    def _grad_sq_norms(self) -> tuple[float, float] | None:
-        """(this rank's local |g|^2, the averaged |G|^2) over the dense buckets, or None."""
+    def _grad_sq_norms(self) -> tuple[float, float | None] | None:
+        """(this rank's local |g|^2, the averaged |G|^2 or None when the caller takes it, see
+        `noise_scale_reduced_norm`) over the dense buckets, or None."""
         if not self._measure_now or len(self._local_sq) != len(self.buckets) or not self.buckets:
             return None
         # without a hook the buffers were divided by the divisor before the reduction
         scale = 1.0 if self.comm_hook is not None else float(self.divisor) ** 2
         local = float(torch.stack(self._local_sq).sum()) * scale
-        reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
         self._local_sq = []
+        if not self.noise_scale_reduced_norm:
+            return local, None
+        reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
         if self.world_size > 1 and self.divisor == self.world_size:  # not while ranks have joined
             self.noise_scale.update(small_sq=local, big_sq=reduced, b_small=1, b_big=self.world_size)
         return local, reduced

@@ -26,9 +26,10 @@ import torch
 
 
 def bucket_sq_norm(buffer: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm of a flat gradient buffer, accumulated in float32 at least (a 0-d tensor:
-    no host sync on an accelerator until someone reads it)."""
-    flat = buffer if buffer.dtype in (torch.float32, torch.float64) else buffer.float()
+    """Squared L2 norm of a contiguous gradient buffer or view, accumulated in float32 at least
+    (a 0-d tensor: no host sync on an accelerator until someone reads it)."""
+    flat = buffer.view(-1)
+    flat = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
     return torch.dot(flat, flat)
 
 

@@ -110,6 +110,10 @@ class Readiness:
             self._order.append(i)
         if not self._callback_queued:
             self._queue_finalize()
+        if self._measure_now and not self._small[bucket.index]:
+            # the local norm, fused in cache with the copy-and-divide just above: the view was
+            # written a moment ago, while a whole bucket read at launch would come from memory
+            self._tensor_sq[bucket.index].append(bucket_sq_norm(view))
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready_buckets()
@@ -187,9 +191,16 @@ class Readiness:
         if self.comm_hook is None and self.divisor != 1 and self._small[bucket.index]:
             bucket.buffer.div_(self.divisor)  # the views hold local sums: average once per bucket
         if self._measure_now:
-            # this rank's gradient, right after the division (a small bucket is still in cache):
-            # divided by the divisor without a hook, undivided with one (the hook contract)
-            self._local_sq.append(bucket_sq_norm(bucket.buffer))
+            # this rank's gradient after the division (divided by the divisor without a hook,
+            # undivided with one: the hook contract): a bucket of large tensors from the norms its
+            # tensors got as they arrived; a small bucket (still in cache after its division), or
+            # one launched with gradients that never passed the hook (unused in this backward,
+            # the counting backward of a static graph), read now
+            parts = self._tensor_sq[bucket.index]
+            if self._small[bucket.index] or len(parts) != len(bucket.param_indices):
+                self._local_sq.append(bucket_sq_norm(bucket.buffer))
+            else:
+                self._local_sq.append(torch.stack(parts).sum() if len(parts) > 1 else parts[0])
         # a hook issues its own collectives, but recording it here still shows where a rank was
         op = "all_reduce" if self.comm_hook is None else "comm_hook"
         self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)

@@ -99,9 +99,13 @@ class Reducer(Readiness, Finalize):
         # gradient noise scale (noise_scale.py): this rank's squared gradient norm before the
         # reduction and the averaged one after; units of one rank's batch (B_big/B_small = W)
         self.measure_noise_scale = True
-        # measure on every this many synced steps: each measurement reads every gradient twice, 3.7%
-        # of an mlp step at 2 workers on a loaded 2-core host (benchmarks/noise_scale_cost.py)
+        # measure on every this many synced steps (benchmarks/noise_scale_cost.py has the cost)
         self.noise_scale_every = 8
+        # take the averaged gradient's norm after the reduction (a second read of every gradient).
+        # A loop that takes the norm of the reduced gradients anyway (dpscale's Trainer, for its
+        # skip check and clipping) turns this off and pairs that norm with grad_sq_norm_local:
+        # the step then costs one read of each gradient, while it is still in cache
+        self.noise_scale_reduced_norm = True
         self._measure_now = False
         self.noise_scale = NoiseScaleEstimator()
         self._local_sq: list[torch.Tensor] = []
@@ -129,6 +133,7 @@ class Reducer(Readiness, Finalize):
                     bucket.views[pos].copy_(p.grad)
                     p.grad = bucket.views[pos]
         self._futures = [None] * len(buckets)
+        self._tensor_sq: list[list[torch.Tensor]] = [[] for _ in buckets]  # per bucket: its tensors' norms
 
     def set_synced_steps(self, steps: int) -> None:
         """Count synced steps from `steps` (a resumed run's position): the noise scale is then
@@ -156,6 +161,7 @@ class Reducer(Readiness, Finalize):
         self._callback_queued = False
         self._preset_grads()
         self._local_sq = []
+        self._tensor_sq = [[] for _ in self.buckets]
         # every rank counts the same synced steps, so all measure on the same ones
         self._measure_now = self.measure_noise_scale and self._step % self.noise_scale_every == 0
         self._t_forward_end = time.perf_counter()

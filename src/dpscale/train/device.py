@@ -61,6 +61,10 @@ class Precision:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler else loss
 
+    def loss_scale(self) -> float:
+        """What the gradients are multiplied by until `unscale` (1 without fp16)."""
+        return float(self.scaler.get_scale()) if self.scaler else 1.0
+
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the (reduced) gradients by the loss scale before they are measured or clipped."""
         if self.scaler:

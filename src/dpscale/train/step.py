@@ -53,6 +53,7 @@ class TrainStep:
             micro_count=micro_count,
             global_count=batch.global_count,
             params=model.parameters(),
+            loss_scale=self.precision.loss_scale(),
         )
         self.precision.unscale(self.optimizer)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -71,7 +72,8 @@ class TrainStep:
         self.log.record("all_reduce", "step flags (loss, non-finite, stop, local grad norm)", flags)
         dist.all_reduce(flags, group=self.group)
         if noise is not None:
-            self.noise_scale.update(noise, float(flags[3]) / self.world_size)
+            # the norm just taken for the skip check is the big-batch norm: no second read
+            self.noise_scale.update(noise, float(flags[3]) / self.world_size, reduced_sq=float(norm) ** 2)
         skipped = bool(flags[1] > 0)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         self.stop_agreed = bool(flags[2] > 0)

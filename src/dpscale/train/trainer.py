@@ -155,6 +155,9 @@ class Trainer(TrainStep, SaveRestore):
         if isinstance(self.model, DistributedDataParallel):
             self.model.reducer.measure_noise_scale = not config.no_noise_scale
             self.model.reducer.noise_scale_every = every
+            # the step's skip check takes the reduced gradients' norm anyway (train/step.py): the
+            # engine need not read them again, unless sparse gradients (outside its buckets) are in it
+            self.model.reducer.noise_scale_reduced_norm = bool(self.model.reducer.sparse_indices)
         # the hook's state (PowerSGD's Qs and errors) goes into checkpoints; None for stateless hooks
         self.comm_state = None
         if (hook := compression_hook(config.compression, process_group)) is not None:
