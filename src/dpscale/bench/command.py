@@ -2,7 +2,8 @@
 the one shape every bench runs in (`Bench`): config from the flags, measure, print, warn, write the
 report, and the --json line last.
 
-commands.py lists the commands; this module knows no bench, so a new bench is one `Bench(...)`.
+commands.py lists the commands; this module knows no bench, so a new bench command is one
+`Bench(...)` there.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..flags import config_file_kwargs, dataclass_kwargs
 from .report import ReportDir, require_plots
+
+if TYPE_CHECKING:
+    from .kinds import ReportKind
 
 
 @dataclass(frozen=True)
@@ -65,13 +69,12 @@ class Bench:
     sees (results, warnings, where the report is, then the --json line) is the same for all."""
 
     name: str  # the command as the user typed it, for require_plots' message
-    kind: str  # the report's command: its directory's prefix, what `dpscale report` reads back
+    kind: ReportKind  # the report it writes (kinds.py)
     config: Callable[[argparse.Namespace], Any]  # the flags (and --config) -> the bench's config
     # config -> result: a lambda calling the measurement module's `run`, looked up at each call so
     # that a test can replace it
     measure: Callable[[Any], Any]
     text: Callable[[Any], list[str]]  # result -> the terminal lines, before the warnings
-    write_report: Callable[[Any, ReportDir], None]
     json_line: Callable[[Any], str]  # result -> what --json prints last
     warnings: Callable[[Any], list[str]] = lambda result: []
     exit_code: Callable[[Any], int] = lambda result: 0
@@ -81,8 +84,8 @@ class Bench:
         result = self.measure(self.config(args))
         print("\n".join(self.text(result)))
         warn(self.warnings(result))
-        report = ReportDir.create(args.report_dir, self.kind)
-        self.write_report(result, report)
+        report = ReportDir.create(args.report_dir, self.kind.command)
+        self.kind.write_report(result, report)
         print(f"report: {report.path}")
         if args.json:
             print(self.json_line(result))

@@ -28,6 +28,7 @@ from . import (
     convergence,
     convergence_report,
     engine,
+    kinds,
     rerender,
     scaling,
     scaling_report,
@@ -56,7 +57,7 @@ def allreduce_config(args: argparse.Namespace) -> allreduce.AllReduceConfig:
 
 run_allreduce = Bench(
     name="bench allreduce",
-    kind="allreduce",
+    kind=kinds.ALLREDUCE,
     config=allreduce_config,
     measure=lambda config: allreduce.run(config),
     text=lambda result: [
@@ -64,7 +65,6 @@ run_allreduce = Bench(
         allreduce.BUSBW_CONVENTION,
         allreduce_report.format_fits(result),
     ],
-    write_report=allreduce_report.write_report,
     json_line=lambda result: json.dumps([p.to_dict() for p in result.points]),
     warnings=allreduce_report.warnings,
 )
@@ -84,11 +84,10 @@ def scaling_config(args: argparse.Namespace) -> scaling.ScalingConfig:
 
 run_scaling = Bench(
     name="bench scaling",
-    kind="scaling",
+    kind=kinds.SCALING,
     config=scaling_config,
     measure=lambda config: scaling.run(config),
     text=lambda result: [scaling_report.format_table(result)],
-    write_report=scaling_report.write_report,
     json_line=lambda result: json.dumps([asdict(p) for p in result.points], allow_nan=False),
     warnings=scaling_report.warnings,
 )
@@ -159,22 +158,20 @@ def _convergence_text(result: convergence.ConvergenceResult) -> list[str]:
 
 _same_batch = Bench(
     name="bench convergence",
-    kind="convergence",
+    kind=kinds.CONVERGENCE,
     config=convergence_config,
     measure=lambda config: convergence.run(config),
     text=_convergence_text,
-    write_report=convergence_report.write_report,
     json_line=lambda result: json.dumps(result.summary()),
     # exit 1 when a world size departs from the reference beyond the tolerance
     exit_code=lambda result: 0 if all(r.within_tolerance for r in result.runs) else 1,
 )
 _weak = Bench(
     name="bench convergence",
-    kind=study.WEAK_COMMAND,
+    kind=kinds.WEAK,
     config=weak_config,
     measure=lambda config: weak.run(config),
     text=lambda result: [weak_report.format_table(result), weak_report.findings_text(result)],
-    write_report=weak_report.write_report,
     json_line=lambda result: json.dumps(result.summary()),
     warnings=weak_report.warnings,
     exit_code=lambda result: 0 if result.reference.reached else 1,  # the ratios need N=1's time
@@ -207,8 +204,8 @@ def run_engine(args: argparse.Namespace) -> int:
         print(engine.format_result(res), flush=True)
         warn(scaling_report.warnings(measured))
         # the per-step measurements, as a scaling report: `dpscale report` re-renders and compares it
-        report = ReportDir.create(args.report_dir, "scaling")
-        scaling_report.write_report(measured, report)
+        report = ReportDir.create(args.report_dir, kinds.SCALING.command)
+        kinds.SCALING.write_report(measured, report)
         print(f"report: {report.path}", flush=True)
         results.append(res.to_dict())
     if args.json:
@@ -300,12 +297,12 @@ def run_scale(args: argparse.Namespace) -> int:
         except script_scaling.ScriptFailed as e:  # the script's own failure: not bad input, so exit 1
             print(f"dpscale scale: error: {e}", file=sys.stderr, flush=True)
             return 1
-        report = ReportDir.create(args.report_dir, "scale")  # only now: nothing half-written
+        report = ReportDir.create(args.report_dir, kinds.SCALE.command)  # only now: nothing half-written
         for log in Path(logs).glob("*.log"):
             shutil.copy(log, report.path / log.name)
     print(script_scaling_report.format_table(result))
     warn(script_scaling_report.warnings(result))
-    script_scaling_report.write_report(result, report)
+    kinds.SCALE.write_report(result, report)
     print(f"report: {report.path}")
     if args.json:
         print(json.dumps(result.rows(), allow_nan=False))

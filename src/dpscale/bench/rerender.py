@@ -2,8 +2,8 @@
 
 After a change to the rendering, or to restore deleted files. `RENDERERS` is the explicit table of
 which function reads a command's results and which renders them; it covers every report dpscale
-writes: the benches (`bench engine` writes a scaling report), `scale`, `predict` and `study`, whose
-parts are re-rendered with it (and each on its own).
+writes: the benches' kinds (kinds.py; `bench engine` writes a scaling report), `scale`, `predict`
+and `study`, whose parts are re-rendered with it (and each on its own).
 
 The report keeps the command line it was made with. Reports written before the parts of a study
 recorded runnable commands (`'(part of dpscale study)'`, a command named after the folder, such as
@@ -17,34 +17,19 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..predict import render as predict_render
-from . import (
-    allreduce,
-    allreduce_report,
-    convergence,
-    convergence_report,
-    scaling,
-    scaling_report,
-    script_scaling,
-    script_scaling_report,
-    study,
-    weak,
-    weak_report,
-)
+from . import kinds, study
 from .compare import load_report
 from .report import ReportDir
 
-# command -> (results JSON -> result object, renderer of that object into a ReportDir)
+# command -> (results JSON -> result object, renderer of that object into a ReportDir): every
+# bench's kind (kinds.py), and the reports made of them (study) or outside the benches (predict)
 RENDERERS: dict[str, tuple[Callable[[dict], object], Callable[[object, ReportDir], None]]] = {
-    "allreduce": (allreduce.AllReduceResult.from_dict, allreduce_report.write_report),
-    "scaling": (scaling.ScalingResult.from_dict, scaling_report.write_report),
-    "convergence": (convergence.ConvergenceResult.from_dict, convergence_report.write_report),
-    "scale": (script_scaling.ScaleResult.from_dict, script_scaling_report.write_report),
+    **{command: (kind.from_dict, kind.write_report) for command, kind in kinds.KINDS.items()},
     "study": (study.StudyResult.from_dict, study.write_report),
     "predict": (
         predict_render.results_from_doc,
         lambda results, report: predict_render.write_report(report, *results),
     ),
-    study.WEAK_COMMAND: (weak.WeakResult.from_dict, weak_report.write_report),
 }
 _OLD_PART_ARGUMENT = "(part of dpscale study)"
 

@@ -15,20 +15,10 @@ from dataclasses import dataclass, field
 
 from ..engine.registry import TRAIN_ENGINES
 from ..errors import ConfigError
-from ..flags import config_argv, flag_spec
+from ..flags import flag_spec
 from ..log import get_logger
 from ..workloads.recipe import load_recipe
-from . import (
-    allreduce,
-    allreduce_report,
-    convergence,
-    convergence_report,
-    scaling,
-    scaling_report,
-    study_summary,
-    weak,
-    weak_report,
-)
+from . import allreduce, convergence, kinds, scaling, study_summary, weak, weak_report
 from .args import parse_int_list
 from .report import Image, ReportDir, Section, Table
 from .study_summary import summary_rows
@@ -46,7 +36,7 @@ WEAK_TARGETS: dict[str, tuple[dict, dict]] = {
     "digits": ({"target_metric": "accuracy=0.9"}, {"target_metric": "accuracy=0.8"}),
     "transformer": ({"target_loss": 1.0}, {"target_loss": 2.5}),
 }
-WEAK_COMMAND = "convergence-weak"  # the report command of `bench convergence --mode weak`
+WEAK_COMMAND = kinds.WEAK.command  # the report command of `bench convergence --mode weak`
 QUICK_NOTE = (
     "indicative only: --quick times few steps and small sizes; run `dpscale study` without --quick "
     "for figures to quote"
@@ -209,40 +199,33 @@ def format_summary(result: StudyResult) -> str:
 
 def part_argv(command: str, config: object) -> list[str]:
     """The `dpscale bench COMMAND ...` line that runs one part of a study on its own, exactly."""
-    if command == WEAK_COMMAND:  # a mode of `bench convergence`
-        return ["dpscale", "bench", "convergence", "--mode", "weak", *config_argv(config)]
-    return ["dpscale", "bench", command, *config_argv(config)]
+    return kinds.KINDS[command].command_line(config)
 
 
-def _part(parent: ReportDir, folder: str, command: str, config: object, quick: bool) -> ReportDir:
+def _part(parent: ReportDir, folder: str, kind: kinds.ReportKind, result, quick: bool) -> str:
+    """Write one bench's report into `folder` under the study's; returns the folder's name."""
     path = parent.path / folder
     path.mkdir(exist_ok=True)  # `dpscale report` re-renders the parts in place
     notes = (QUICK_NOTE,) if quick else ()  # a --quick study's parts are indicative too
-    return ReportDir(path, command, part_argv(command, config), parent.system, notes)
+    argv = kind.command_line(result.config)
+    kind.write_report(result, ReportDir(path, kind.command, argv, parent.system, notes))
+    return folder
 
 
 def write_report(result: StudyResult, report: ReportDir) -> None:
     """The combined report: each bench in its own subdirectory, the summary on top."""
     quick = bool(result.config.quick)
-    ar = _part(report, "allreduce", "allreduce", result.allreduce.config, quick)
-    allreduce_report.write_report(result.allreduce, ar)
+    _part(report, "allreduce", kinds.ALLREDUCE, result.allreduce, quick)
     images = [Image("allreduce/allreduce_busbw.png", "all-reduce bus bandwidth vs message size")]
     for res in result.scaling:
         # a task spec's colon cannot name a folder
-        sub = _part(report, f"scaling-{res.config.model.replace(':', '-')}", "scaling", res.config, quick)
-        scaling_report.write_report(res, sub)
-        images.append(
-            Image(f"{sub.path.name}/scaling_efficiency.png", f"scaling efficiency, {res.config.model}")
-        )
-    cv = _part(report, "convergence", "convergence", result.convergence.config, quick)
-    convergence_report.write_report(result.convergence, cv)
+        sub = _part(report, f"scaling-{res.config.model.replace(':', '-')}", kinds.SCALING, res, quick)
+        images.append(Image(f"{sub}/scaling_efficiency.png", f"scaling efficiency, {res.config.model}"))
+    _part(report, "convergence", kinds.CONVERGENCE, result.convergence, quick)
     images.append(Image("convergence/convergence.png", "loss vs samples seen per world size"))
     for res in result.weak:
-        sub = _part(
-            report, f"weak-{res.config.workload}-{res.config.engine}", WEAK_COMMAND, res.config, quick
-        )
-        weak_report.write_report(res, sub)
-        images.append(Image(f"{sub.path.name}/weak_speedup.png", f"time-to-target speed-up, {sub.path.name}"))
+        sub = _part(report, f"weak-{res.config.workload}-{res.config.engine}", kinds.WEAK, res, quick)
+        images.append(Image(f"{sub}/weak_speedup.png", f"time-to-target speed-up, {sub}"))
     doc = result.to_dict()
     report.write_json(doc, config=doc["config"])
     report.write_csv("summary", doc["summary"])
