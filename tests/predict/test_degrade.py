@@ -201,3 +201,32 @@ def test_a_host_too_slow_for_one_worker_limits_the_baseline_too():
     assert two.step_ms == pytest.approx(400.0) and two.efficiency == pytest.approx(0.5)
     with pytest.raises(ValueError, match="--input-samples-per-s"):
         ScaleTerms(input_samples_per_s=0.0)
+
+
+def test_the_profiles_input_rate_feeds_the_term_through_the_loaders_processes():
+    # one process prepares 400 samples/s: a batch of 8 in 20 ms
+    prof = replace(_profile(), input_samples_per_s=400.0)
+    config = PredictConfig(world_sizes=[1, 8], algorithm="ring", terms=ScaleTerms(compute_cv=0.0))
+    free = predict(prof, _cluster(), config)  # no --data-workers: the rate is recorded, not applied
+    assert [p.step_ms for p in free] == [pytest.approx(100.0), pytest.approx(free[1].step_ms)]
+    # 0: each worker loads its batch in its own loop before the step, at one and at eight workers
+    one, node = predict(prof, _cluster(), replace(config, data_workers=0))
+    assert one.step_ms == pytest.approx(120.0) and one.efficiency == pytest.approx(1.0)
+    assert node.step_ms == pytest.approx(free[1].step_ms + 20.0)
+    # 1 loader process per worker ahead of the step: 8 x 400 samples/s feed 8 x 8 per 100 ms
+    assert [p.step_ms for p in predict(prof, _cluster(), replace(config, data_workers=1))] == [
+        pytest.approx(p.step_ms) for p in free
+    ]
+    # a loader of 40 samples/s per process: 8 workers' 64 samples take 200 ms, at 2 processes each 100
+    slow = replace(prof, input_samples_per_s=40.0)
+    _, node = predict(slow, _cluster(), replace(config, data_workers=1))
+    assert node.step_ms == pytest.approx(200.0) and node.bottleneck == INPUT_PIPELINE
+    _, node = predict(slow, _cluster(), replace(config, data_workers=2))
+    assert node.step_ms == pytest.approx(max(100.0, free[1].step_ms))
+    # a measured node rate overrides the profile's; explicit numbers have no rate to use
+    given = replace(config, data_workers=1, terms=ScaleTerms(compute_cv=0.0, input_samples_per_s=3200.0))
+    assert predict(slow, _cluster(), given)[1].step_ms == pytest.approx(free[1].step_ms)
+    with pytest.raises(ValueError, match="--data-workers"):
+        predict(_profile(), _cluster(), replace(config, data_workers=1))
+    with pytest.raises(ValueError, match="--data-workers"):
+        PredictConfig(world_sizes=[1], data_workers=-1)

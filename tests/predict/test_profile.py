@@ -7,7 +7,7 @@ import pytest
 from dpscale.comm.select import shm_is_safe
 from dpscale.engine.buckets import MB
 from dpscale.predict.profile import ModelProfile, ParamTiming, explicit
-from dpscale.predict.profiling import measure
+from dpscale.predict.profiling import input_rate, measure, time_input
 
 
 def test_explicit_profile_spreads_buckets_evenly_over_backward():
@@ -47,12 +47,21 @@ def test_measured_layout_follows_the_engine_assignment():
 
 def test_json_round_trip(tmp_path):
     p = explicit(params=1000, bytes_per_param=2, step_compute_ms=5, backward_fraction=0.5, per_worker_batch=4)
-    p = replace(p, contention={2: 1.7})  # int keys survive JSON's string keys
+    p = replace(p, contention={2: 1.7}, input_samples_per_s=1234.5)  # int keys survive JSON's str keys
     path = p.save(tmp_path / "p.json")
     assert ModelProfile.load(path) == p
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="--profile"):
         ModelProfile.load(tmp_path / "bad.json")
+
+
+def test_the_input_rate_is_the_median_batch_time_of_the_data_path():
+    calls = []
+    times = time_input(lambda: calls.append(1), min_s=0.0, min_calls=7)
+    assert len(times) == len(calls) == 7 and min(times) >= 0
+    # 16 samples per batch, batches of 2, 4 and 40 ms: the median (4 ms), not the mean
+    assert input_rate(16, [2.0, 4.0, 40.0]) == pytest.approx(4000.0)
+    assert input_rate(16, [0.0, 0.0, 1.0]) is None  # too fast to time: no rate rather than infinity
 
 
 @pytest.mark.slow
@@ -71,5 +80,6 @@ def test_measure_a_small_workload():
     assert set(p.contention) == {2} and p.contention[2] > 0
     assert p.compute_cv is not None and p.compute_cv >= 0 and p.device == "cpu"
     assert p.interference is not None and 0 <= p.interference <= 1
+    assert p.input_samples_per_s is not None and p.input_samples_per_s > 0
     with pytest.raises(ValueError, match="--model"):
         measure("resnet", 16)

@@ -294,6 +294,7 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
         algorithm=opts.algorithm,
         engine=opts.engine,
         contention=opts.contention,
+        data_workers=opts.data_workers,
         terms=scale_terms(opts),
         # the in-step sync terms of the transport the cluster was calibrated for (predict/sync.py)
         sync_transport=next(iter(cluster.measured.values())).transport if cluster.measured else None,

@@ -79,6 +79,10 @@ class PredictConfig:
     contention: float | None = None
     # --transport (with --calibrate): whose in-step sync terms from the profile apply; None: none
     sync_transport: str | None = None
+    # --data-workers: loader processes per worker, as `dpscale train --data-workers`: with the
+    # profile's input rate, 0 loads in each worker's own loop (before every step) and K > 0 in K
+    # processes each, ahead of the step; None: no input term from the profile
+    data_workers: int | None = None
     terms: ScaleTerms = field(default_factory=ScaleTerms)  # stragglers, bandwidth, congestion, interference
 
     def __post_init__(self) -> None:
@@ -96,6 +100,10 @@ class PredictConfig:
             )
         if self.engine not in ENGINE_CHOICES:
             raise ConfigError(f"--engine: unknown {self.engine!r}; choose from {', '.join(ENGINE_CHOICES)}")
+        if self.data_workers is not None and self.data_workers < 0:
+            raise ConfigError(
+                f"--data-workers: must be >= 0 (0: in each worker's loop), got {self.data_workers}"
+            )
         if self.contention is not None and not self.contention > 0:
             raise ConfigError(f"--contention: must be > 0 (1 = none), got {self.contention}")
 
@@ -154,6 +162,26 @@ def _ready(buckets: list[ReadyBucket], prof: ModelProfile, backward_ms: float) -
     return [ReadyBucket(b.index, b.nbytes, min(b.ready_ms * stretch, backward_ms)) for b in buckets]
 
 
+def _input(prof: ModelProfile, cluster: Cluster, config: PredictConfig):
+    """(ms each worker spends loading its batch in its own loop, the node's input rate for k workers
+    on it or None): --input-samples-per-s or the cluster's rate; else, with --data-workers, the
+    profile's one-process rate (0: loaded in the loop; K: K loader processes per worker, assumed to
+    have cores of their own)."""
+    terms = config.terms
+    given = terms.input_samples_per_s or cluster.input_samples_per_s
+    one = prof.input_samples_per_s
+    if given is not None or not terms.input_pipeline or config.data_workers is None:
+        return 0.0, lambda k: given
+    if not one:
+        raise ConfigError(
+            "--data-workers: the profile has no measured input rate (explicit numbers, or measured "
+            "before it was recorded); measure one with `dpscale profile`, or give --input-samples-per-s"
+        )
+    if config.data_workers == 0:
+        return 1e3 * prof.per_worker_batch / one, lambda k: None
+    return 0.0, lambda k: one * config.data_workers * k
+
+
 def predict(
     profile: ModelProfile,
     cluster: Cluster,
@@ -174,10 +202,9 @@ def predict(
         if DPSCALE_ON_SHM in prof.engine_overhead_ms:  # measured without gloo's hand-offs
             overhead_ms, profiled_on = prof.engine_overhead_ms[DPSCALE_ON_SHM], "shm"
     terms = config.terms
-    # the rate a node's host prepares samples at: given, else the cluster's, else unlimited
-    input_rate = terms.input_samples_per_s or cluster.input_samples_per_s
+    loading_ms, input_rate = _input(prof, cluster, config)
     # one worker, nothing to communicate, no contention (but fed by one host like any other)
-    baseline_ms = max(prof.compute_ms + overhead_ms, terms.input_ms(1, batch, input_rate))
+    baseline_ms = max(prof.compute_ms + overhead_ms + loading_ms, terms.input_ms(1, batch, input_rate(1)))
     buckets = prof.buckets(config.bucket_mb, config.first_bucket_mb)
     out = []
     # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
@@ -240,11 +267,11 @@ def predict(
             backward_ms += interfered_ms
             costs.clear()
             timeline = simulate(_ready(buckets, prof, backward_ms), backward_ms, reduce_ms, overlap=True)
-        compute_ms = (prof.forward_ms + prof.optimizer_ms) * factor * slowest + backward_ms
+        compute_ms = (prof.forward_ms + prof.optimizer_ms) * factor * slowest + backward_ms + loading_ms
         step_ms = compute_ms + timeline.exposed_comm_ms
         # the host prepares the next step's samples while this one runs (prefetching): the step
         # waits only for what the pipeline cannot deliver in its time
-        input_wait_ms = max(0.0, terms.input_ms(lay.per_node, batch, input_rate) - step_ms)
+        input_wait_ms = max(0.0, terms.input_ms(lay.per_node, batch, input_rate(lay.per_node)) - step_ms)
         step_ms += input_wait_ms
         terms_ms: dict[str, float] = {}
         for cost in costs:

@@ -114,6 +114,8 @@ class PredictOptions:
     """backward not slowed by reductions"""
     interference: float | None = field(default=None, metadata=_in(TERMS))
     """backward slowdown per ms of communication it hides (default: the preset's)"""
+    data_workers: int | None = field(default=None, metadata=_in(TERMS))
+    """loader processes per worker, as train's (with a measured profile's input rate; 0: in the loop)"""
     input_samples_per_s: float | None = field(default=None, metadata=_in(TERMS))
     """samples/s a node's host input pipeline delivers, all its workers together (default: no limit)"""
     no_input_pipeline: bool = field(default=False, metadata=_in(TERMS))

@@ -19,6 +19,8 @@ JSON (`ModelProfile.to_dict()`):
              (in-step sync overheads at world sizes 1 and K with --co-located K, sync.py; may be empty),
      "compute_cv": float | null (step-to-step variation of compute, MAD-based),
      "interference": float | null (interfere.py, with --co-located K), "device": "cpu" | null,
+     "input_samples_per_s": float | null (samples/s one process prepares: the task's dataset items
+               and collate, as the trainer's loader does per batch),
      "threads": int | null,
      "steps": int | null, "warmup": int | null, "system": {...} | null}
 """
@@ -96,6 +98,9 @@ class ModelProfile:
     compute_cv: float | None = None
     # backward slowdown per ms of communication it hides, measured with --co-located K (interfere.py)
     interference: float | None = None
+    # samples/s one process prepares for training (the task's dataset items, collated as the trainer
+    # does), measured alone; the input-pipeline term (model.py) takes the node's rate from it
+    input_samples_per_s: float | None = None
     device: str | None = None  # where it was measured ("cpu"); None for explicit numbers
     threads: int | None = None
     steps: int | None = None

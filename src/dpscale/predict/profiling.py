@@ -36,6 +36,11 @@ from .profile import ModelProfile, ParamTiming, ProfileConfig, step_to_step_cv
 # DPSCALE_ON_SHM: dpscale's engine also timed on a one-worker shm transport (where shm runs): its
 # bookkeeping without gloo's thread hand-offs, the base for predicting dpscale on shm (model.py)
 
+# The data path is timed for at least this long (and INPUT_CALLS batches): one call of a small
+# task's collate is microseconds, a real image dataset's batch tens of milliseconds.
+INPUT_MIN_S = 0.5
+INPUT_CALLS = 5
+
 # Timed rounds go on past `steps` until they cover this long: a step of half a millisecond needs
 # thousands of samples before the median of a per-round difference stops moving (20 steps: 10 ms).
 MIN_TIMED_S = 2.0
@@ -103,6 +108,7 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
         if isinstance(model, DistributedDataParallel):
             model.close()  # the shm transport's segments and the hooks, now rather than at exit
     return {
+        "input_ms": time_input(lambda: workload.make_batch(batch, torch.Generator().manual_seed(7))),
         "names": [n for n, _ in named],
         "numel": [p.numel() for _, p in named],
         "nbytes": [p.numel() * p.element_size() for _, p in named],
@@ -110,6 +116,24 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
         "totals": totals,
         "per_round": per_round,  # the local variant's phases come in rounds of this many steps
     }
+
+
+def time_input(make_batch, *, min_s: float = INPUT_MIN_S, min_calls: int = INPUT_CALLS) -> list[float]:
+    """ms per call of `make_batch` (one batch of the task's data, collated), repeated for at least
+    `min_calls` calls and `min_s` seconds: what one loader process delivers, with nothing else running."""
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - start < min_s:
+        t0 = time.perf_counter()
+        make_batch()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def input_rate(per_worker_batch: int, input_ms: list[float]) -> float | None:
+    """Samples/s from the per-batch times (the median); None when too fast to time."""
+    ms = statistics.median(input_ms)
+    return 1e3 * per_worker_batch / ms if ms > 0 else None
 
 
 def _rank_contention(
@@ -209,6 +233,7 @@ def measure(
         },
         contention=contention,
         compute_cv=step_to_step_cv(steps_ms, raw["per_round"]),
+        input_samples_per_s=input_rate(per_worker_batch, raw["input_ms"]),
         device="cpu",
         threads=threads,
         steps=len(fwd),

@@ -46,6 +46,8 @@ def profile_summary(profile: ModelProfile) -> str:
     )
     if profile.compute_cv is not None:
         contention += f"; step-to-step compute variation {profile.compute_cv:.3f}"
+    if profile.input_samples_per_s is not None:
+        contention += f"; input {profile.input_samples_per_s:,.0f} samples/s in one process"
     if profile.interference is not None:
         contention += f"; overlap interference {profile.interference:.2f} ms per ms of hidden reduction"
     return (
