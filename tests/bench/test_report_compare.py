@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from dpscale.bench import allreduce, allreduce_report, commands, compare, rerender
+from dpscale.bench import allreduce, allreduce_report, commands, comparable, compare, rerender
 from dpscale.bench.allreduce import AllReduceConfig
 from dpscale.bench.convergence import ConvergenceResult
 from dpscale.bench.convergence_report import write_report as write_convergence
@@ -185,6 +185,6 @@ def test_a_report_of_an_unknown_command_is_refused_with_the_known_ones(tmp_path,
 
 
 def test_every_renderer_entry_reads_results_and_writes_a_report():
-    assert set(rerender.RENDERERS) == set(compare.FIGURES)  # every comparable command re-renders too
+    assert set(rerender.RENDERERS) == set(comparable.FIGURES)  # every comparable command re-renders too
     for command, (from_dict, write_report) in rerender.RENDERERS.items():
         assert callable(from_dict) and callable(write_report), command

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dpscale.bench import commands, compare, report, rerender, study, trust
+from dpscale.bench import commands, comparable, compare, report, rerender, study, trust
 from dpscale.cli import build_parser
 from dpscale.predict import cli as predict_cli
 
@@ -148,7 +148,7 @@ def test_a_predict_report_rerenders_byte_for_byte_with_a_measured_cluster(tmp_pa
 
 def test_every_report_command_rerenders_and_compares():
     assert {"allreduce", "scaling", "convergence", "scale", "study", "predict"} <= set(rerender.RENDERERS)
-    assert set(rerender.RENDERERS) == set(compare.FIGURES)
+    assert set(rerender.RENDERERS) == set(comparable.FIGURES)
 
 
 # ---- comparing: study with study, refusing or warning where the setups differ --------------------

@@ -4,19 +4,8 @@ Two or more directories: an A/B table of each bench's headline figures. The firs
 every ratio is (that report's value) / (A's value). A comparison reads report.json as plain JSON, so
 it needs no bench module and works on reports from other machines and older versions.
 
-Rows are matched on key columns, per command:
-    allreduce    transport, world_size, bytes              -> time_us, busbw_GBps
-    scaling      engine, world_size (+ transport, model,   -> samples_per_s, efficiency
-                 mode, per_worker_batch while those are
-                 needed to tell a report's points apart)
-    scale        engine, world_size                        -> samples_per_s, efficiency
-    convergence  world_size                                -> final_loss, test_accuracy
-    study        model, engine, world_size (+ transport)   -> samples_per_s, efficiency (summary rows)
-    predict      world_size                                -> step_ms, samples_per_s, efficiency
-
-Reports of different setups are not like for like: reports that share no model (workload, script)
-are refused; a partly different set of models, a different batch or different hardware (CPU,
-cores, GPUs) is compared with a one-line warning each, printed and written into the comparison.
+Rows are matched on key columns, per command (comparable.py's table); reports of different setups are
+compared with a warning each, or refused when they share no model.
 
 A comparison prints the table and writes compare-<UTC>/ under the first directory's parent (or
 --out DIR) with report.md, compare.csv (the table) and compare.json (`Comparison.to_dict()`):
@@ -34,11 +23,12 @@ import csv
 import json
 import string
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from .comparable import FIGURES, Figures, check_setups
 from .report import markdown_table, text_table
 from .sysinfo import describe_system
 
@@ -70,150 +60,6 @@ def load_report(directory: str | Path) -> dict:
 
 
 # ---- comparing ----------------------------------------------------------------------------------
-
-
-def _points(results: dict | list) -> list[dict]:
-    # a bare list of points, or {"points": [...], ...}: both layouts have been written
-    return results if isinstance(results, list) else results["points"]
-
-
-def _values(*values: object) -> set[str]:
-    return {str(v) for v in values if v is not None}
-
-
-def _scaling_setup(results: dict | list) -> tuple[set[str], set[str]]:
-    points = _points(results)
-    batch = _values(
-        *(
-            f"global {p.get('global_batch')}"
-            if p.get("mode") == "strong"
-            else f"{p.get('per_worker_batch')}/worker"
-            for p in points
-        )
-    )
-    return _values(*(p.get("model") for p in points)), batch
-
-
-def _scale_setup(results: dict) -> tuple[set[str], set[str]]:
-    config = results.get("config") or {}
-    script = " ".join([config.get("script", "?"), *config.get("args", [])])
-    batch = _values(*(f"{p['samples_per_step'] / p['world_size']:g}/worker" for p in results["points"]))
-    return {script}, batch
-
-
-def _study_setup(results: dict) -> tuple[set[str], set[str]]:
-    batch = _values(*(f"{r['config'].get('per_worker_batch')}/worker" for r in results.get("scaling", [])))
-    return _values(*(r.get("model") for r in results["summary"])), batch
-
-
-def _predict_setup(results: dict) -> tuple[set[str], set[str]]:
-    profile, config = results["profile"], results["config"]
-    batch = config.get("per_worker_batch") or profile.get("per_worker_batch")
-    return {str(profile.get("model"))}, {f"{batch}/worker"}
-
-
-@dataclass(frozen=True)
-class _Figures:
-    """What to compare in a command's results."""
-
-    key_columns: tuple[str, ...]  # always part of the row key
-    extra_key_columns: tuple[str, ...]  # added, in order, while a report has two rows with one key
-    metrics: tuple[str, ...]
-    rows: Callable[[dict | list], list[dict]]  # results (report.json) -> flat rows
-    # results -> (the models measured, the batches used), each a set of words; empty: not applicable
-    setup: Callable[[dict | list], tuple[set[str], set[str]]] = lambda results: (set(), set())
-
-
-FIGURES: dict[str, _Figures] = {
-    "allreduce": _Figures(("transport", "world_size", "bytes"), (), ("time_us", "busbw_GBps"), _points),
-    "scaling": _Figures(
-        ("engine", "world_size"),
-        ("transport", "model", "mode", "per_worker_batch"),
-        ("samples_per_s", "efficiency"),
-        _points,
-        _scaling_setup,
-    ),
-    "convergence": _Figures(
-        ("world_size",),
-        (),
-        ("final_loss", "test_accuracy"),
-        lambda r: r["runs"],
-        lambda r: (
-            _values(r["config"].get("workload")),
-            _values(f"global {r['config'].get('global_batch')}"),
-        ),
-    ),
-    "scale": _Figures(("engine", "world_size"), (), ("samples_per_s", "efficiency"), _points, _scale_setup),
-    "convergence-weak": _Figures(  # bench convergence --mode weak
-        ("world_size",),
-        (),
-        ("time_to_target_s", "statistical_efficiency", "samples_per_s"),
-        lambda r: r["runs"],
-        lambda r: (
-            _values(r["config"].get("workload")),
-            _values(f"{r['config'].get('batch_per_worker')}/worker"),
-        ),
-    ),
-    "study": _Figures(
-        ("model", "engine", "world_size"),
-        ("transport",),
-        ("samples_per_s", "efficiency"),
-        lambda r: r["summary"],
-        _study_setup,
-    ),
-    "predict": _Figures(
-        ("world_size",),
-        (),
-        ("step_ms", "samples_per_s", "efficiency"),
-        lambda r: r["predictions"],
-        _predict_setup,
-    ),
-}
-
-
-def _hardware(system: dict | None) -> str | None:
-    hw = (system or {}).get("hardware")
-    if not hw:
-        return None
-    gpus = ", ".join(hw.get("gpus") or []) or "no GPU"
-    return f"{hw.get('cpu_model')}, {hw.get('usable_cores')} usable cores, {gpus}"
-
-
-def check_setups(
-    figures: _Figures, labels: Sequence[str], directories: Sequence, docs: Sequence[dict]
-) -> list[str]:
-    """One warning line per way the reports differ in setup; ValueError when they share no model."""
-    setups = []
-    for d, doc in zip(directories, docs, strict=True):
-        try:
-            setups.append(figures.setup(doc["results"]))
-        except (KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
-            raise ConfigError(
-                f"{d}: its report.json results are not a {doc['command']} result ({e!r})"
-            ) from None
-    models = [m for m, _ in setups]
-    each = lambda sets: "; ".join(
-        f"{x} {', '.join(sorted(s)) or '?'}" for x, s in zip(labels, sets, strict=True)
-    )
-    warnings = []
-    if all(models) and not set.intersection(*models):
-        raise ConfigError(
-            f"cannot compare reports of different models ({each(models)}): the figures are not like for "
-            f"like; compare reports of the same model"
-        )
-    if any(m != models[0] for m in models):
-        warnings.append(f"the reports measured different models ({each(models)}); rows one lacks show '-'")
-    batches = [b for _, b in setups]
-    if any(b != batches[0] for b in batches):
-        warnings.append(f"the batch differs ({each(batches)}): throughput is not like for like")
-    hardware = [_hardware(doc.get("system")) for doc in docs]
-    if None not in hardware and len(set(hardware)) > 1:
-        warnings.append(
-            "the hardware differs ("
-            + "; ".join(f"{x} {h}" for x, h in zip(labels, hardware, strict=True))
-            + "): a ratio compares machines, not only the change"
-        )
-    return warnings
 
 
 @dataclass(frozen=True)
@@ -259,7 +105,7 @@ def _label(index: int) -> str:
     return string.ascii_uppercase[index] if index < 26 else f"R{index + 1}"
 
 
-def _key_columns(figures: _Figures, row_sets: Sequence[list[dict]]) -> list[str]:
+def _key_columns(figures: Figures, row_sets: Sequence[list[dict]]) -> list[str]:
     """The documented key, plus those extra columns that tell apart rows of one report sharing a key.
 
     Only as needed: a column that differs between reports but not within one (dpscale's transport
