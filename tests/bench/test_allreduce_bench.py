@@ -13,21 +13,19 @@ import types
 import pytest
 import torch
 
-from dpscale.bench import allreduce, commands
+from dpscale.bench import allreduce, commands, transports
 from dpscale.bench.allreduce import (
-    TRANSPORTS,
     AllReduceConfig,
     AllReducePoint,
     AllReduceResult,
-    RankTransport,
     TransportCheckError,
-    TransportSpec,
     fit_all,
     fit_latency_bandwidth,
 )
 from dpscale.bench.args import format_size, parse_int_list, parse_size, parse_size_list
 from dpscale.bench.report import Image, ReportDir, Section, markdown_table
 from dpscale.bench.sysinfo import collect_system_info
+from dpscale.bench.transports import TRANSPORTS, RankTransport, TransportSpec
 
 POINT_KEYS = {
     "transport", "world_size", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "time_us_p10", "time_us_p90",
@@ -245,5 +243,5 @@ def test_system_info_names_hardware_and_software():
 
 
 def test_default_transports_are_every_one_available_here():
-    assert commands.allreduce_config(_parse([])).transports == allreduce.available_transports()
-    assert "gloo" in allreduce.available_transports()
+    assert commands.allreduce_config(_parse([])).transports == transports.available_transports()
+    assert "gloo" in transports.available_transports()

@@ -35,6 +35,7 @@ from . import (
     script_scaling,
     script_scaling_report,
     study,
+    transports,
     weak,
     weak_report,
 )
@@ -51,7 +52,7 @@ def add_allreduce_arguments(parser: argparse.ArgumentParser) -> None:
 
 def allreduce_config(args: argparse.Namespace) -> allreduce.AllReduceConfig:
     kwargs = config_kwargs(args, allreduce.AllReduceConfig)
-    kwargs.setdefault("transports", allreduce.available_transports())  # not just gloo, as the API's
+    kwargs.setdefault("transports", transports.available_transports())  # not just gloo, as the API's
     return allreduce.AllReduceConfig(**kwargs)
 
 

@@ -87,7 +87,7 @@ def _rank_sync(
     rounds: int,
     per_round: int,
 ) -> dict:
-    from ..bench.allreduce import TRANSPORTS
+    from ..bench.transports import TRANSPORTS
 
     compute = bare_model(model_name, batch, rank).step
 
