@@ -176,10 +176,12 @@ def write_report(
         f"- **Options:** buckets {config.bucket_mb:g} MiB (first {config.first_bucket_mb:g} MiB), "
         f"overlap {overlap}, "
         f"compression {config.compression:g}x, algorithm {config.algorithm}, engine {config.engine}, "
-        f"contention {'from the profile' if config.contention is None else f'{config.contention:g}x'}",
+        f"contention {'from the profile' if config.contention is None else f'{config.contention:g}x'}, "
+        f"input pipeline {_input_text(cluster, config)}",
     ]
     method = (
-        "Step = compute + communication left exposed after backward; each bucket's all-reduce starts when "
+        "Step = compute + communication left exposed after backward (or, when longer, the time the node's "
+        "host takes to prepare its workers' samples); each bucket's all-reduce starts when "
         "the bucket is ready and the previous one is done. Efficiency = throughput / (N x one-worker "
         "throughput with no communication). Formulas and sources: docs/performance-model.md."
     )
@@ -199,10 +201,26 @@ def write_report(
 
 _LOSSES_TEXT = (
     "What each term adds to the step beyond one worker's compute, ms (exposed communication shared "
-    "out over its terms; stragglers; overlap interference); the largest names the bottleneck. Switch "
-    "one off (--no-stragglers, --no-achieved-bandwidth, --no-congestion, --no-interference) to see "
-    "its effect on efficiency. See docs/performance-model.md, At-scale terms."
+    "out over its terms; stragglers; overlap interference; waiting for the host's input pipeline); the "
+    "largest names the bottleneck. Switch one off (--no-stragglers, --no-achieved-bandwidth, "
+    "--no-congestion, --no-interference, --no-input-pipeline) to see its effect on efficiency. See "
+    "docs/performance-model.md, At-scale terms."
 )
+
+
+def _input_text(cluster: Cluster, config: PredictConfig) -> str:
+    """How the input pipeline was modelled, in words (model.py: `_input`)."""
+    terms = config.terms
+    if not terms.input_pipeline:
+        return "off"
+    rate = terms.input_samples_per_s or cluster.input_samples_per_s
+    if rate is not None:
+        return f"{rate:,.0f} samples/s per node"
+    if config.data_workers == 0:
+        return "loaded in each worker's own loop, at the profile's rate"
+    if config.data_workers is not None:
+        return f"the profile's rate x {config.data_workers} loader process(es) per worker"
+    return "unlimited"
 
 
 def losses_table(predictions: Sequence[Prediction], most: int = 4) -> str:
