@@ -13,8 +13,8 @@ import statistics
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.bench.scaling import quantile as _quantile
-from dpscale.bench.scaling import timed_step
+from dpscale.bench.rounds import quantile as _quantile
+from dpscale.bench.scaling_rank import timed_step
 from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS
 from dpscale.multirank import run_ranks
 from dpscale.workloads import get_workload

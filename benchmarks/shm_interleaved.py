@@ -18,7 +18,7 @@ import argparse
 import os
 import statistics
 
-from dpscale.bench import scaling
+from dpscale.bench import rounds, scaling
 
 VARIANTS = {
     "alone": ["dpscale"],
@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    q = scaling.quantile
+    q = rounds.quantile
     for rep in range(args.repeats):
         for name, engines in VARIANTS.items():
             step, comm = run_once(args.model, args.per_worker_batch, args.steps, engines)

@@ -39,7 +39,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from dpscale.bench.report import Image, ReportDir, Section, Table, new_figure, read_report
-from dpscale.bench.scaling import split_rounds
+from dpscale.bench.scaling_rank import split_rounds
 from dpscale.predict.cluster import Cluster, calibrated, preset_cluster
 from dpscale.predict.model import PredictConfig, predict
 from dpscale.predict.profile import ModelProfile
@@ -130,7 +130,7 @@ def measured_steps(scaling: dict, statistic: str = "median") -> dict[tuple[str, 
         if local is None or len(local) != len(steps):
             out[engine, n] = statistics.median(steps)
             continue
-        # the engines share every round (bench/scaling.py), so step k of each is in round k // STEPS_PER_ROUND
+        # the engines share every round (bench/scaling_rank.py), so step k of each is in round k // STEPS_PER_ROUND
         deltas = [
             statistics.median(e) - statistics.median(b)
             for e, b in zip(split_rounds(steps), split_rounds(local), strict=True)

@@ -39,7 +39,7 @@ from ..flags import flag_spec
 from ..log import get_logger
 from ..multirank import run_ranks
 from .args import parse_int_list, parse_name_list, parse_size_list
-from .scaling import quantile
+from .rounds import quantile
 from .transports import TRANSPORTS, RankTransport, TransportSpec
 
 logger = get_logger(__name__)

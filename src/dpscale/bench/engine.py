@@ -17,6 +17,8 @@ from ..errors import ConfigError
 from ..flags import flag_spec
 from ..workloads.recipe import load_recipe
 from . import scaling
+from .rounds import quantile
+from .scaling_rank import STEPS_PER_ROUND, split_rounds
 
 
 def _names(text: str) -> list[str]:
@@ -110,23 +112,21 @@ def summarize(result: scaling.ScalingResult) -> EngineBenchResult:
     slowest = {r.engine: [max(ranks) for ranks in r.step_ms] for r in result.runs}
     transport = {r.engine: r.transport for r in result.runs}
     figures = [
-        EngineFigures(
-            e, transport[e], statistics.median(t), scaling.quantile(t, 0.1), scaling.quantile(t, 0.9)
-        )
+        EngineFigures(e, transport[e], statistics.median(t), quantile(t, 0.1), quantile(t, 0.9))
         for e, t in slowest.items()
     ]
     ratios = {}
     if "torch" in slowest:
-        torch_rounds = scaling.split_rounds(slowest["torch"])
+        torch_rounds = split_rounds(slowest["torch"])
         for e in (e for e in slowest if e.startswith("dpscale")):
             per_round = [
                 statistics.median(a) / statistics.median(b)
-                for a, b in zip(scaling.split_rounds(slowest[e]), torch_rounds, strict=True)
+                for a, b in zip(split_rounds(slowest[e]), torch_rounds, strict=True)
             ]
             ratios[e] = [
                 statistics.median(per_round),
-                scaling.quantile(per_round, 0.1),
-                scaling.quantile(per_round, 0.9),
+                quantile(per_round, 0.1),
+                quantile(per_round, 0.9),
             ]
     return EngineBenchResult(
         config.model,
@@ -134,7 +134,7 @@ def summarize(result: scaling.ScalingResult) -> EngineBenchResult:
         config.batches(world_size)[0],
         config.threads_per_worker,
         config.steps,
-        scaling.STEPS_PER_ROUND,
+        STEPS_PER_ROUND,
         figures,
         ratios,
     )

@@ -8,8 +8,9 @@ variants filled, which slows a small model's bare step more than its wrapped one
 of its engine overhead (predict/profile.py measured 0.30 ms per-step alternation vs 0.45 ms in
 rounds of 10 on digits, and 0.45 ms is what a training run pays).
 
-Used by the scaling and engine benches (bench/scaling.py), the profile (predict/profile.py) and
-the sync probe (predict/sync.py).
+Used by the scaling and engine benches (bench/scaling_rank.py), the profile (predict/profiling.py)
+and the sync probe (predict/sync.py). `quantile` gives the p10/p90 beside a median: every bench's
+spread is taken the same way.
 """
 
 from __future__ import annotations
@@ -52,3 +53,9 @@ def timed_round_sizes(per_round: int, *, min_steps: int, min_s: float, max_round
         if r * per_round >= min_steps and time.perf_counter() - start >= min_s:
             return
         yield per_round
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of `xs` by nearest rank (no interpolation: every figure is a measured step)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from ..errors import import_extra
 from .report import Image, ReportDir, Section, Table, new_figure, text_table
-from .scaling import STEPS_PER_ROUND, ScalingConfig, ScalingPoint, ScalingResult
+from .scaling import ScalingConfig, ScalingPoint, ScalingResult
+from .scaling_rank import STEPS_PER_ROUND
 from .trust import timing_warnings
 
 if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn

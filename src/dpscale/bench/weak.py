@@ -47,7 +47,7 @@ from ..train.config import TrainConfig
 from ..train.trainer import Trainer
 from ..workloads import WORKLOADS, get_workload
 from .args import parse_int_list
-from .scaling import quantile
+from .rounds import quantile
 
 LR_RULES = ("none", "linear", "sqrt", "adascale")
 DEFAULT_MAX_EPOCHS = 20
