@@ -215,6 +215,8 @@ def test_local_validation_times_dpscale_on_shm_alone(monkeypatch, tmp_path):
 
     monkeypatch.setattr(predict_validation.scaling, "run", lambda c: ran.append(c) or Alone())
     monkeypatch.setattr(predict_validation.scaling_report, "write_report", lambda *a: None)
+    # a real report directory runs `git` for its system info: the fast tier starts no process
+    monkeypatch.setattr(predict_validation.ReportDir, "create", lambda *a, **k: None)
     with contextlib.redirect_stdout(io.StringIO()):
         out = predict_validation.with_shm_alone(doc, config, str(tmp_path))
     assert [(c.engines, c.world_sizes) for c in ran] == [(["dpscale"], [2])]
