@@ -154,6 +154,10 @@ def test_each_term_switches_off_and_the_bottleneck_names_the_dominant(tmp_path, 
     assert efficiency("--node-cv", "0.05", "--no-stragglers")[0] == efficiency("--no-stragglers")[0]
     congested, _ = efficiency("--oversubscription", "2")
     assert congested < full and efficiency("--oversubscription", "2", "--no-congestion")[0] == full
+    # a host that prepares 100 samples/s for a node of 4 workers asking 4 x 64 per step: it dominates
+    starved, named = efficiency("--input-samples-per-s", "100")
+    assert starved < full and named.startswith("input pipeline")
+    assert efficiency("--input-samples-per-s", "100", "--no-input-pipeline")[0] == full
     # compute-bound: with a large step-to-step variation the stragglers are the dominant loss
     cpu_bound = ["--params", "1e6", "--step-compute-ms", "400", "--preset", "dgx-h100"]
     cpu_bound += ["--world-sizes", "1024", "--compute-cv", "0.05", "--json", "--report-dir", str(tmp_path)]
