@@ -230,3 +230,17 @@ def test_wrapping_a_wrapped_model_is_refused_in_one_line():
         with pytest.raises(ValueError, match="already wrapped") as err:
             DistributedDataParallel(inner, process_group=LonelyGroup())
         assert "\n" not in str(err.value) and "its .module" in str(err.value)
+
+
+def test_inputs_go_to_the_modules_device_through_nested_containers():
+    from dpscale.engine.torch_args import input_device, move_to
+
+    assert input_device(nn.Linear(2, 2), None, set()) is None  # a CPU module: inputs stay put
+    on_meta = nn.Linear(2, 2, device="meta")
+    assert input_device(on_meta, None, set()) == torch.device("meta")
+    split = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2, device="meta"))
+    with pytest.raises(ValueError, match="span several devices"):
+        input_device(split, None, set())
+    assert input_device(split, None, {"1.weight", "1.bias"}) is None  # ignored parameters don't count
+    moved = move_to((torch.ones(1), [torch.ones(1), {"x": torch.ones(1), "n": 3}]), torch.device("meta"))
+    assert moved[0].is_meta and moved[1][0].is_meta and moved[1][1]["x"].is_meta and moved[1][1]["n"] == 3

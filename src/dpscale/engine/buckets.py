@@ -50,6 +50,15 @@ def assign_buckets(
     return buckets
 
 
+def assign_buckets_of(
+    params: list[torch.Tensor], indices: list[int], bucket_cap_mb: float, first_bucket_cap_mb: float
+) -> list[list[int]]:
+    """`assign_buckets` over `params[i] for i in indices` (the dense ones), as indices into `params`."""
+    chosen = [params[i] for i in indices]
+    buckets = assign_buckets(chosen, int(bucket_cap_mb * MB), int(first_bucket_cap_mb * MB))
+    return [[indices[j] for j in b] for b in buckets]
+
+
 @dataclass(eq=False)
 class Bucket:
     """A flat gradient buffer and the parameters whose gradients are views into it."""

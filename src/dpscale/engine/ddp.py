@@ -28,13 +28,13 @@ from ..comm.base import group_rank
 from ..log import get_logger
 from . import ddp_logging, join
 from .autotune import BucketAutotuner
-from .buckets import MB, assign_buckets, build_buckets
+from .buckets import MB, assign_buckets_of, build_buckets
 from .collective_log import CollectiveLog
 from .hooks import CommHook, allreduce_hook, fp16_compress_hook
 from .model_check import broadcast_coalesced, check_same_model, sparse_gradient_params
 from .reducer import Reducer
 from .stats import StepStats
-from .torch_args import check_comm_hook, check_torch_args
+from .torch_args import check_comm_hook, check_torch_args, input_device, move_to
 
 logger = get_logger(__name__)
 
@@ -134,7 +134,7 @@ class DistributedDataParallel(_TorchDDP):
         self.batched_grad_copy = batched_grad_copy
         self.mixed_precision = None
         self.dim = dim
-        self._input_device = self._check_devices(module, device_ids)
+        self._input_device = input_device(module, device_ids, self.parameters_to_ignore)
         self.device_ids = None if self._input_device is None else [self._input_device.index]
         self.output_device = None if self._input_device is None else self._input_device.index
         self.device = next(p.device for n, p in module.named_parameters() if n not in args.ignored)
@@ -164,12 +164,8 @@ class DistributedDataParallel(_TorchDDP):
         self._module_parameters = [p for _, p in named]
         sparse = sparse_gradient_params(module, [p for _, p in named])
         dense = [k for k in range(len(named)) if k not in sparse]
-        assignment = [
-            [dense[j] for j in b]
-            for b in assign_buckets(
-                [named[k][1] for k in dense], int(self.bucket_cap_mb * MB), int(self.first_bucket_cap_mb * MB)
-            )
-        ]
+        params = [p for _, p in named]
+        assignment = assign_buckets_of(params, dense, self.bucket_cap_mb, self.first_bucket_cap_mb)
         self.bucket_assignment = [[named[i][0] for i in b] for b in assignment]
         self.modules_buffers = [b for n, b in module.named_buffers() if n not in self.parameters_to_ignore]
         if sync:
@@ -185,7 +181,6 @@ class DistributedDataParallel(_TorchDDP):
             if group_rank(group) == 0 and sync:
                 logger.info("transport %s", transport.describe())
         self.transport = transport
-        params = [p for _, p in named]
         buckets = build_buckets(params, assignment, alloc=transport.alloc)
         self.reducer = Reducer(
             params,
@@ -200,22 +195,6 @@ class DistributedDataParallel(_TorchDDP):
         )
         self.reducer.static_graph = self.static_graph
         self._stats = ddp_logging.RuntimeStats()
-
-    def _check_devices(self, module: nn.Module, device_ids) -> torch.device | None:
-        """The device inputs are moved to (None: a CPU module, inputs stay where they are)."""
-        devices = {p.device for n, p in module.named_parameters() if n not in self.parameters_to_ignore}
-        if len(devices) > 1:
-            raise ValueError(
-                f"module parameters span several devices {sorted(map(str, devices))}; "
-                "dpscale supports single-device modules"
-            )
-        device = next(iter(devices), torch.device("cpu"))
-        if device.type == "cpu":
-            return None
-        if not device_ids:
-            return device
-        first = device_ids[0]
-        return torch.device(device.type, first.index if isinstance(first, torch.device) else first)
 
     # -- the torch DDP surface -------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -233,7 +212,7 @@ class DistributedDataParallel(_TorchDDP):
         if joining:
             join.announce_backward_sync(self, sync_grads)
         if self._input_device is not None:
-            inputs, kwargs = _move_to(inputs, self._input_device), _move_to(kwargs, self._input_device)
+            inputs, kwargs = move_to(inputs, self._input_device), move_to(kwargs, self._input_device)
         if sync_grads and self._autotuner is not None and not self._autotuner.done:
             self._autotune_step()
         self.reducer.release_spent()  # before forward allocates, as a plain model's would be
@@ -263,12 +242,7 @@ class DistributedDataParallel(_TorchDDP):
     def _rebuild_buckets(self, cap_mb: float) -> None:
         """Collective (the transport allocates): every rank rebuilds at the same synced step."""
         params, dense = self.reducer.params, self.reducer.dense_indices
-        assignment = [
-            [dense[j] for j in b]
-            for b in assign_buckets(
-                [params[k] for k in dense], int(cap_mb * MB), int(self.first_bucket_cap_mb * MB)
-            )
-        ]
+        assignment = assign_buckets_of(params, dense, cap_mb, self.first_bucket_cap_mb)
         old = self.reducer.buckets
         self.reducer.set_buckets(build_buckets(params, assignment, alloc=self.transport.alloc))
         for b in old:
@@ -392,15 +366,3 @@ class DistributedDataParallel(_TorchDDP):
     def last_step_stats(self) -> StepStats | None:
         """Communication timings of the last synchronized backward (see `StepStats`)."""
         return self.reducer.last_stats
-
-
-def _move_to(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=True)
-    if isinstance(obj, tuple):
-        return tuple(_move_to(o, device) for o in obj)
-    if isinstance(obj, list):
-        return [_move_to(o, device) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _move_to(v, device) for k, v in obj.items()}
-    return obj

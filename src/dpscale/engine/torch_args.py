@@ -3,6 +3,7 @@
 `torch.nn.parallel.DistributedDataParallel` (2.13) has twenty arguments; a user switching engines
 passes them unchanged. Each one here is either honoured (the engine reads the normalized value) or
 refused with one line naming it, never accepted and silently ignored where a user could tell.
+`device_ids` is honoured by `input_device` (where inputs go) and `move_to` (forward moves them).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -145,6 +147,36 @@ def check_torch_args(
 
 def _index(device) -> int | None:
     return device.index if isinstance(device, torch.device) else int(device)
+
+
+def input_device(module: nn.Module, device_ids, ignored: set[str]) -> torch.device | None:
+    """The device inputs are moved to (None: a CPU module, inputs stay where they are): torch's
+    `device_ids`, for the single-device modules dpscale supports."""
+    devices = {p.device for n, p in module.named_parameters() if n not in ignored}
+    if len(devices) > 1:
+        raise ValueError(
+            f"module parameters span several devices {sorted(map(str, devices))}; "
+            "dpscale supports single-device modules"
+        )
+    device = next(iter(devices), torch.device("cpu"))
+    if device.type == "cpu":
+        return None
+    if not device_ids:
+        return device
+    return torch.device(device.type, _index(device_ids[0]))
+
+
+def move_to(obj: Any, device: torch.device) -> Any:
+    """`obj` with its tensors moved to `device` (forward's inputs), through tuples, lists and dicts."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, tuple):
+        return tuple(move_to(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [move_to(o, device) for o in obj]
+    if isinstance(obj, dict):
+        return {k: move_to(v, device) for k, v in obj.items()}
+    return obj
 
 
 def check_comm_hook(hook) -> None:
