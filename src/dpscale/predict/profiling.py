@@ -156,14 +156,9 @@ def _rank_contention(
 
     for _ in range(warmup):
         step(True)
-    ratios = []
-    for s in range(steps):
-        # alternate which comes first, so that drift favours neither
-        order = (rank == 0, True) if s % 2 == 0 else (True, rank == 0)
-        first, second = step(order[0]), step(order[1])
-        alone, together = (first, second) if s % 2 == 0 else (second, first)
-        ratios.append(together / alone)
-    return ratios
+    # rounds of one step each, which comes first alternating, so that drift favours neither
+    rounds = run_rounds(["alone", "together"], lambda v: step(v == "together" or rank == 0), [1] * steps)
+    return [t / a for [a], [t] in zip(rounds["alone"], rounds["together"], strict=True)]
 
 
 def measure(
