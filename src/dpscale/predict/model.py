@@ -4,6 +4,7 @@ For N workers, from a one-worker profile and a cluster:
 
     compute_ms  = (forward + backward + engine overhead + optimizer) x contention x stragglers(N)
                   + interference x the communication backward hides
+                  (+ loading the batch in the worker's own loop, with --data-workers 0)
     comm_ms     = sum over buckets of [all_reduce_cost(bucket bytes / compression, N) x level + call overhead]
                   (links at their achieved rate, the inter-node one slowed by congestion at N nodes)
     exposed     = what the bucket timeline (timeline.py) leaves after the end of backward

@@ -107,8 +107,11 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
     for model, _ in engines.values():
         if isinstance(model, DistributedDataParallel):
             model.close()  # the shm transport's segments and the hooks, now rather than at exit
+    # one generator for all the batches: each draws other items, as a loader does (the same items
+    # every time would time the caches)
+    draw = torch.Generator().manual_seed(7)
     return {
-        "input_ms": time_input(lambda: workload.make_batch(batch, torch.Generator().manual_seed(7))),
+        "input_ms": time_input(lambda: workload.make_batch(batch, draw)),
         "names": [n for n, _ in named],
         "numel": [p.numel() for _, p in named],
         "nbytes": [p.numel() * p.element_size() for _, p in named],
