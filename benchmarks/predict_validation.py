@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_lab, beside this script
 
-from predict_lab import emulate, emulate_validate, published, validate  # noqa: E402
+from predict_lab import emulate, emulate_validate, published, published_posthoc, validate  # noqa: E402
 
 from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
 from dpscale.bench.report import ReportDir, Section, Table  # noqa: E402
@@ -183,6 +183,9 @@ def run_published(args: argparse.Namespace) -> int:
     print(published.format_study(study))
     for case in published.cases():
         print(f"\n- {case.name}: {case.source}. {case.notes}")
+    # collected after the held-out results were known: predicted with the training half's fit only
+    print("\ncases collected after the held-out results (published_posthoc.py), with the same fit:\n")
+    print(published_posthoc.format_posthoc(published_posthoc.posthoc_study(study.params)))
     return 0
 
 

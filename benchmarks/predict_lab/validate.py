@@ -130,7 +130,8 @@ def measured_steps(scaling: dict, statistic: str = "median") -> dict[tuple[str, 
         if local is None or len(local) != len(steps):
             out[engine, n] = statistics.median(steps)
             continue
-        # the engines share every round (bench/scaling_rank.py), so step k of each is in round k // STEPS_PER_ROUND
+        # the engines share every round (bench/scaling_rank.py): step k of each is in round
+        # k // STEPS_PER_ROUND
         deltas = [
             statistics.median(e) - statistics.median(b)
             for e, b in zip(split_rounds(steps), split_rounds(local), strict=True)
