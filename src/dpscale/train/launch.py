@@ -18,7 +18,6 @@ with the next smaller size whose workers split the global batch, resuming from t
 from __future__ import annotations
 
 import contextlib
-import datetime
 import ipaddress
 import json
 import os
@@ -34,13 +33,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
 from ..cores import usable_cores
 from ..engine.collective_log import silent_ranks
 from ..errors import ConfigError
 from ..log import get_logger
 from . import dir_lock, rendezvous
-from .callbacks import callbacks_from_env
 from .config import TrainConfig
 from .device import backend_for, resolve_device
 from .nodes import Nodes, parse_min_max
@@ -109,52 +106,6 @@ def rendezvous_warning(addr: str | None) -> str | None:
 def parse_nproc(text: str) -> tuple[int, int]:
     """`N` or `MIN:MAX` -> (min_nproc, nproc)."""
     return parse_min_max("--nproc", text)
-
-
-def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
-    """One worker: join the group the agent (or torchrun) describes in the environment, train."""
-    torch.set_num_threads(threads)
-    cfg = TrainConfig.from_dict(config)
-    if is_restart() and cfg.checkpoint_dir:
-        cfg.resume = True  # a restarted attempt continues from the last good checkpoint
-    device = resolve_device(cfg.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
-    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), backend_for(device))
-    try:
-        return Trainer(cfg, stop_requested=stop_requested, callbacks=callbacks_from_env()).fit().to_dict()
-    finally:
-        dist.destroy_process_group()
-
-
-def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> None:
-    """`backend` over the store the agent (or torchrun) describes; `timeout` bounds every collective."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
-        dist.init_process_group(backend, timeout=timeout)
-        return
-    # The agent's store outlives a restart and still holds the previous attempt's gloo addresses
-    # under the same keys: a restarted worker that reads one before its peer overwrote it connects
-    # to a dead port ("Gloo connectFullMesh failed ... Connection refused"). A prefix per attempt,
-    # the same on every host (comm/attempt.py), keeps attempts apart.
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    master = os.environ["MASTER_ADDR"]
-    # a host whose name resolves to 127.0.0.1 makes gloo advertise loopback to the other hosts,
-    # whose connects then fail ("connectFullMesh ... remote=[127.0.0.1]"): name the interface
-    # that routes to the store instead, and say so
-    if backend == "gloo" and (ifname := gloo_interface_hint(master)):
-        os.environ["GLOO_SOCKET_IFNAME"] = ifname
-        if rank == 0:
-            logger.info(
-                "this host's name resolves to loopback; gloo uses %s, the interface toward %s "
-                "(set GLOO_SOCKET_IFNAME to choose another)",
-                ifname,
-                master,
-            )
-    store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-    # where this rank runs, for errors that name a silent rank (read through the same store)
-    publish_host(dist.distributed_c10d._get_default_store(), rank, master)
 
 
 def launch(

@@ -11,23 +11,82 @@ diverged (under torchrun; `dpscale train` reports it from the result), and leave
 os._exit after a clean finish (see process_life.py). Under `dpscale train` it also stops after a
 step when the launcher's stop file appears (the launcher got SIGTERM/SIGINT); SIGTERM to the worker
 itself ends it at once, as under torchrun, whose agent sends it to stop workers for a restart.
+
+`run_worker` is what every worker does, however started: join the group the agent (or torchrun)
+describes in the environment, over its store with a prefix per restart attempt, then train.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from ..comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
 from ..errors import ConfigError
 from ..flags import add_dataclass_arguments, dataclass_kwargs
+from ..log import get_logger
+from .callbacks import callbacks_from_env
 from .config import TrainConfig
-from .launch import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, rendezvous_warning, run_worker
+from .device import backend_for, resolve_device
+from .launch import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, rendezvous_warning
 from .process_life import EXIT_DIVERGED, die_with_parent, exit_now
+from .trainer import Trainer
+
+logger = get_logger(__name__)
+
+
+def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
+    """One worker: join the group the agent (or torchrun) describes in the environment, train."""
+    torch.set_num_threads(threads)
+    cfg = TrainConfig.from_dict(config)
+    if is_restart() and cfg.checkpoint_dir:
+        cfg.resume = True  # a restarted attempt continues from the last good checkpoint
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
+    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), backend_for(device))
+    try:
+        return Trainer(cfg, stop_requested=stop_requested, callbacks=callbacks_from_env()).fit().to_dict()
+    finally:
+        dist.destroy_process_group()
+
+
+def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> None:
+    """`backend` over the store the agent (or torchrun) describes; `timeout` bounds every collective."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    # The agent's store outlives a restart and still holds the previous attempt's gloo addresses
+    # under the same keys: a restarted worker that reads one before its peer overwrote it connects
+    # to a dead port ("Gloo connectFullMesh failed ... Connection refused"). A prefix per attempt,
+    # the same on every host (comm/attempt.py), keeps attempts apart.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    master = os.environ["MASTER_ADDR"]
+    # a host whose name resolves to 127.0.0.1 makes gloo advertise loopback to the other hosts,
+    # whose connects then fail ("connectFullMesh ... remote=[127.0.0.1]"): name the interface
+    # that routes to the store instead, and say so
+    if backend == "gloo" and (ifname := gloo_interface_hint(master)):
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        if rank == 0:
+            logger.info(
+                "this host's name resolves to loopback; gloo uses %s, the interface toward %s "
+                "(set GLOO_SOCKET_IFNAME to choose another)",
+                ifname,
+                master,
+            )
+    store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    # where this rank runs, for errors that name a silent rank (read through the same store)
+    publish_host(dist.distributed_c10d._get_default_store(), rank, master)
 
 
 def main(argv: list[str] | None = None) -> int:
