@@ -157,3 +157,15 @@ def test_the_import_reader_sees_imports_inside_functions(tmp_path):
     lazy = tmp_path / "lazy.py"
     lazy.write_text("def f():\n    from ..cli import main\n")
     assert _imports("dpscale.train.lazy", lazy, modules) == {"dpscale.cli"}
+
+
+# STYLE.md: one concept per file, 150-400 lines. Over the limit, split by concept (docs/architecture.md
+# says where things go), not by line count.
+MAX_LINES = 400
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {
+        name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines, split by concept (STYLE.md): {long}"
