@@ -7,10 +7,11 @@ ranks and writes the sum into part r of *every* rank's buffer. Each part is touc
 only, so two barriers suffice: one before (every rank's data is ready) and one after (every
 rank has finished writing into my buffer).
 
-Barriers are per-rank counters in a shared control segment, each written by its owner alone, so
-plain stores and loads suffice: x86-64 keeps stores in order (a peer that sees the counter also
-sees the data written before it). Waiting spins briefly, then yields, then sleeps, so a slow
-peer does not starve the core; past `timeout_s` it raises and names the rank it waited for.
+Barriers are per-rank counters in a shared control segment (`shm_wait.py`, which also holds how
+a rank waits for a late peer). Small all-reduces are dominated by per-call overhead, not by
+bytes: every region the transport has reduced keeps its peer views and its part's slices
+(`_Region`), and parts up to `_NUMPY_MAX_BYTES` are summed with numpy, whose calls cost a fraction
+of torch's (the sums are the same IEEE additions in the same order).
 
 Segments are anonymous memory files (memfd), never names in /dev/shm: peers open the owner's
 descriptor through /proc/<pid>/fd, which only the same user (or root) may do. So no other user
@@ -22,21 +23,23 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from .base import chunk_bounds, completed
+from .shm_wait import WAIT_POLICIES, Counters, PeerTimeoutError
 
-_LINE = 8  # int64 slots per counter: one 64-byte cache line each, no false sharing
-_SPIN = 2000  # busy checks before yielding: covers a peer that is microseconds behind
-_YIELD = 20000  # yields before sleeping
+__all__ = ["WAIT_POLICIES", "PeerTimeoutError", "SharedMemoryTransport"]
 
-
-class PeerTimeoutError(RuntimeError):
-    """A peer did not reach a collective in time."""
+# Parts up to this size are summed and copied with numpy (~0.5 us a call here against torch's
+# ~3 us); larger ones with torch, which is as fast per byte and may use several threads.
+_NUMPY_MAX_BYTES = 1 << 16
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+# Regions remembered at most; a job reduces a fixed set (its buckets), so this only bounds a
+# caller that reduces ever-new tensors through the staging buffer.
+_MAX_REGIONS = 4096
 
 
 class _Segment:
@@ -49,25 +52,72 @@ class _Segment:
         self.base = self.views[rank].data_ptr()
 
 
+class _Region:
+    """One region of the segments (same offset in every rank's), with what collectives over it
+    need, computed once: `views[j]` is rank j's copy; my all-reduce part is [lo, hi)."""
+
+    def __init__(self, views: list[torch.Tensor], rank: int, world_size: int):
+        self.views = views
+        self.lo, self.hi = chunk_bounds(views[0].numel(), world_size, rank)
+        self.mine = views[rank][self.lo : self.hi]
+        # my part of every rank's buffer, mine first: the sum is written over it, so it is read first
+        self.parts = [self.mine] + [v[self.lo : self.hi] for j, v in enumerate(views) if j != rank]
+        nbytes = self.mine.numel() * self.mine.element_size()
+        small = self.mine.dtype in _NUMPY_DTYPES and nbytes <= _NUMPY_MAX_BYTES
+        self.np_parts = [p.numpy() for p in self.parts] if small else None
+        # the last tensor reduced here and its completed Future, handed out again for the same tensor
+        self.tensor: torch.Tensor | None = None
+        self.future: torch.futures.Future | None = None
+
+    def sum_and_spread(self) -> None:
+        """Sum my part over all ranks and write the sum into every rank's copy of it."""
+        if self.np_parts is not None:
+            mine, *others = self.np_parts
+            for p in others:
+                np.add(mine, p, out=mine)
+            for p in others:
+                np.copyto(p, mine)
+            return
+        _sum_into(self.mine, self.parts)
+        for p in self.parts[1:]:
+            p.copy_(self.mine)
+
+    def completed(self, tensor: torch.Tensor) -> torch.futures.Future:
+        # A completed Future runs callbacks added later at once and keeps none, so one can serve
+        # every call that passes the same tensor.
+        if tensor is not self.tensor:
+            self.tensor, self.future = tensor, completed(tensor)
+        return self.future
+
+
 class SharedMemoryTransport:
     """Collectives among the ranks of `process_group`, which must all run on this host.
 
     `process_group` (gloo) is used only to set up: exchange where the segments are and map them.
+    `wait` is how a rank waits for a late peer (`shm_wait.WAIT_POLICIES`): `block` sleeps in the
+    kernel after a short spin, `spin` keeps the core busy for milliseconds first.
     """
 
     name = "shm"
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 300.0):
+    def __init__(
+        self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 300.0, wait: str = "block"
+    ):
+        if wait not in WAIT_POLICIES:
+            choices = ", ".join(WAIT_POLICIES)
+            raise ValueError(f"shm transport: wait={wait!r} is unknown; choose one of {choices}")
         self.group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self.timeout_s = timeout_s
-        self._seq = 0
         self._segments: list[_Segment] = []
+        self._regions: dict[tuple[int, int, torch.dtype], _Region] = {}
         self._staging: torch.Tensor | None = None
-        # one cache line of counters per rank, written by its owner only
-        self._ctl_maps = self._map_all(64)
-        self._ctl = [np.frombuffer(m, dtype=np.int64, count=_LINE) for m in self._ctl_maps]
+        self._ctl = Counters(self._map_all(64), self.rank, timeout_s=timeout_s, wait=wait)
+
+    @property
+    def wait(self) -> str:
+        return self._ctl.wait
 
     # -- set-up ------------------------------------------------------------------------------
     def _map_all(self, nbytes: int) -> list[mmap.mmap]:
@@ -100,45 +150,36 @@ class SharedMemoryTransport:
         """Forget the segment holding `tensor` (local: peers release theirs at the same point)."""
         ptr = tensor.data_ptr()
         self._segments = [s for s in self._segments if not s.base <= ptr < s.base + max(s.nbytes, 1)]
+        self._regions.clear()  # some held views of that segment; the others are rebuilt on use
 
     # -- barriers ----------------------------------------------------------------------------
     def _arrive(self) -> int:
-        self._seq += 1
-        self._ctl[self.rank][0] = self._seq
-        return self._seq
+        return self._ctl.arrive()
 
     def _wait_all(self, seq: int, what: str) -> None:
-        for j in range(self.world_size):
-            ctl = self._ctl[j]
-            if j == self.rank or ctl[0] >= seq:
-                continue
-            spins, deadline = 0, None
-            while ctl[0] < seq:
-                spins += 1
-                if spins < _SPIN:
-                    continue
-                if spins < _YIELD:
-                    os.sched_yield()
-                    continue
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = now + self.timeout_s
-                elif now > deadline:
-                    raise PeerTimeoutError(
-                        f"shm transport: rank {self.rank} waited {self.timeout_s:.0f} s for rank {j} at "
-                        f"collective #{seq} ({what}); rank {j} last reached #{int(ctl[0])}: it died, "
-                        "hangs, or issued different collectives"
-                    )
-                time.sleep(0.0005)
+        self._ctl.wait_all(seq, what)
 
     def barrier(self) -> None:
         self._wait_all(self._arrive(), "barrier")
 
     # -- locating a tensor in the segments ---------------------------------------------------
-    def _peer_views(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
-        """The same region of every rank's segment, indexed by rank; None if `tensor` is not ours."""
+    def _region(self, tensor: torch.Tensor) -> _Region | None:
+        """The region of the segments that `tensor` is, or None if it is not in them."""
         if not tensor.is_contiguous():
             return None
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        region = self._regions.get(key)
+        if region is None:
+            views = self._peer_views(tensor)
+            if views is None:
+                return None
+            if len(self._regions) >= _MAX_REGIONS:
+                self._regions.clear()
+            region = self._regions[key] = _Region(views, self.rank, self.world_size)
+        return region
+
+    def _peer_views(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
+        """The same region of every rank's segment, indexed by rank; None if `tensor` is not ours."""
         ptr, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
         for seg in self._segments:
             if seg.base <= ptr and ptr + nbytes <= seg.base + seg.nbytes:
@@ -146,74 +187,74 @@ class SharedMemoryTransport:
                 return [v[off : off + nbytes].view(tensor.dtype) for v in seg.views]
         return None
 
-    def _staged(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Peer views of a staging copy, for tensors that do not live in our segments."""
-        n = tensor.numel()
-        if (
-            self._staging is None
-            or self._staging.numel() * self._staging.element_size() < n * tensor.element_size()
-        ):
+    def _staged(self, tensor: torch.Tensor) -> _Region:
+        """The region of a staging copy, for tensors that do not live in our segments."""
+        nbytes = tensor.numel() * tensor.element_size()
+        if self._staging is None or self._staging.numel() < nbytes:
             # every rank sees the same sizes in the same order, so this collective matches up
-            self._staging = self.alloc(max(n * tensor.element_size(), 1 << 16), torch.uint8)
-        buf = self._staging[: n * tensor.element_size()].view(tensor.dtype)
+            self._staging = self.alloc(max(nbytes, 1 << 16), torch.uint8)
+        buf = self._staging[:nbytes].view(tensor.dtype)
         buf.copy_(tensor.reshape(-1))
-        return self._peer_views(buf), buf
+        return self._region(buf)
 
-    def _views_for(self, tensor: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        views = self._peer_views(tensor)
-        if views is not None:
-            return views, None
-        return self._staged(tensor)
+    def _region_for(self, tensor: torch.Tensor) -> tuple[_Region, bool]:
+        """(region, staged): `tensor`'s own region, or a staging copy's that must be copied back."""
+        region = self._region(tensor)
+        if region is not None:
+            return region, False
+        return self._staged(tensor), True
 
     # -- collectives -------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, between_hosts=None) -> torch.futures.Future:
         """Sum in place. `between_hosts(part)`, if given, reduces my summed part across hosts."""
-        views, staged = self._views_for(tensor)
+        region, staged = self._region_for(tensor)
         self._wait_all(self._arrive(), "all_reduce: inputs ready")
-        lo, hi = chunk_bounds(views[0].numel(), self.world_size, self.rank)
-        if hi > lo:
-            mine = views[self.rank][lo:hi]
-            # my own part first: the sum is written over it, so it must be read before
-            _sum_into(mine, [mine] + [v[lo:hi] for j, v in enumerate(views) if j != self.rank])
-            if between_hosts is not None:
+        if region.hi > region.lo:
+            if between_hosts is None:
+                region.sum_and_spread()
+            else:
+                mine = region.mine
+                _sum_into(mine, region.parts)
                 between_hosts(mine)
-            for j, v in enumerate(views):
-                if j != self.rank:
-                    v[lo:hi].copy_(mine)
+                for p in region.parts[1:]:
+                    p.copy_(mine)
         elif between_hosts is not None:
-            between_hosts(views[self.rank][lo:hi])
+            between_hosts(region.mine)
         self._wait_all(self._arrive(), "all_reduce: results written")
-        if staged is not None:
-            tensor.view(-1).copy_(staged)
-        return completed(tensor)
+        if staged:
+            tensor.view(-1).copy_(region.views[self.rank])
+            return completed(tensor)
+        return region.completed(tensor)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        views, staged = self._views_for(tensor)
+        region, staged = self._region_for(tensor)
+        views = region.views
         self._wait_all(self._arrive(), "broadcast: source ready")
         if self.rank != src:
             views[self.rank].copy_(views[src])
         self._wait_all(self._arrive(), "broadcast: copied")
-        if staged is not None:
-            tensor.view(-1).copy_(staged)
+        if staged:
+            tensor.view(-1).copy_(views[self.rank])
 
     def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        views, _ = self._views_for(tensor)
+        region, _ = self._region_for(tensor)
         self._wait_all(self._arrive(), "all_gather: inputs ready")
         n = tensor.numel()
         out = output.view(-1)
-        for j, v in enumerate(views):
+        for j, v in enumerate(region.views):
             out[j * n : (j + 1) * n].copy_(v)
         self._wait_all(self._arrive(), "all_gather: copied")
 
     def reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        views, _ = self._views_for(tensor)
+        region, _ = self._region_for(tensor)
         self._wait_all(self._arrive(), "reduce_scatter: inputs ready")
-        lo, hi = chunk_bounds(tensor.numel(), self.world_size, self.rank)
-        _sum_into(output.view(-1), [v[lo:hi] for v in views])
+        lo, hi = region.lo, region.hi
+        _sum_into(output.view(-1), [v[lo:hi] for v in region.views])
         self._wait_all(self._arrive(), "reduce_scatter: read")
 
     def close(self) -> None:
         self._segments.clear()
+        self._regions.clear()
         self._staging = None
 
     def describe(self) -> str:

@@ -1,0 +1,190 @@
+"""The shm transport before and after a change, in alternating rounds in one run.
+
+    flock /tmp/dpscale-bench.lock python benchmarks/shm_ab.py [--sizes 4K,16M] [--rounds 30]
+        [--busy 0] [--old-rev db06f5d] [--json out.json]
+
+Two ranks hold three shm transports side by side, each with its own segments, and all-reduce a
+float32 buffer of each size (in the transport's segments, as the engine's buckets are) through
+them in turn, a round of calls each, the order rotating every round (bench/rounds.py):
+
+- `old`: `src/dpscale/comm/shm.py` as of `--old-rev` (read with `git show`; db06f5d is main before
+  the small-message path and the blocking wait): views looked up and a torch Future made on
+  every call, spin-then-yield waiting;
+- `spin`: today's transport with `wait="spin"` (the old waiting, the new per-call path);
+- `block`: today's transport with its default `wait="block"` (spin briefly, then sleep on a futex).
+
+A call's time is the slower rank's (the next collective waits for it); a round's figure is the
+median over its calls. Printed per size and variant: the median over rounds with p10-p90, the
+median of the per-round ratio to `old` with p10-p90, and CPU microseconds per call (both ranks'
+process time: what the waiting costs the other processes on the host). `--busy N` starts N
+busy-looping processes for the length of the run (the high-load case; the load average is
+printed before and after either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+
+from dpscale.bench.args import parse_size_list
+from dpscale.bench.rounds import run_rounds
+from dpscale.bench.scaling import quantile
+from dpscale.comm import SharedMemoryTransport
+from dpscale.multirank import run_ranks
+
+VARIANTS = ("old", "spin", "block")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _old_module(source: str, rev: str) -> types.ModuleType:
+    """shm.py as of `rev`, loaded as a module of dpscale.comm (its relative imports resolve there)."""
+    name = f"dpscale.comm._shm_{rev}"
+    module = types.ModuleType(name)
+    module.__package__ = "dpscale.comm"
+    sys.modules[name] = module
+    exec(compile(source, f"{rev}:src/dpscale/comm/shm.py", "exec"), module.__dict__)
+    return module
+
+
+def _calls_per_round(nbytes: int) -> int:
+    # ~5-20 ms a round on an idle host: long enough to time, short enough for many rounds
+    return max(4, min(200, (8 << 20) // max(nbytes, 1)))
+
+
+def _rank(rank: int, world: int, old_source: str, rev: str, sizes: list[int], rounds: int) -> dict:
+    old_cls = _old_module(old_source, rev).SharedMemoryTransport
+    transports = {
+        "old": old_cls(timeout_s=120),
+        "spin": SharedMemoryTransport(timeout_s=120, wait="spin"),
+        "block": SharedMemoryTransport(timeout_s=120, wait="block"),
+    }
+    out: dict = {}
+    for nbytes in sizes:
+        bufs = {v: t.alloc(nbytes // 4, torch.float32) for v, t in transports.items()}
+        calls = _calls_per_round(nbytes)
+
+        def step(v: str, bufs=bufs, calls=calls) -> tuple[list[float], float]:
+            t, buf = transports[v], bufs[v]
+            t.all_reduce(buf).wait()  # the first call of a round absorbs the ranks' skew
+            cpu0 = time.process_time()
+            times = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                t.all_reduce(buf).wait()
+                times.append(time.perf_counter() - t0)
+            return times, time.process_time() - cpu0
+
+        out[nbytes] = run_rounds(VARIANTS, step, [1] * rounds)
+    for t in transports.values():
+        t.close()
+    return out
+
+
+def _figures(per_rank: list[dict], nbytes: int, variant: str) -> tuple[list[float], list[float]]:
+    """Per round: the median call time of the slower rank (us), and CPU us per call (all ranks)."""
+    rounds = len(per_rank[0][nbytes][variant])
+    med, cpu = [], []
+    for r in range(rounds):
+        timed = [rank[nbytes][variant][r][0] for rank in per_rank]
+        calls = len(timed[0][0])
+        slowest = [max(t[0][i] for t in timed) for i in range(calls)]
+        med.append(statistics.median(slowest) * 1e6)
+        cpu.append(sum(t[1] for t in timed) / calls * 1e6)
+    return med, cpu
+
+
+def _busy(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def _size_text(nbytes: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="4K,16M", help="comma-separated, binary K/M (default 4K,16M)")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--busy", type=int, default=0, help="busy-looping processes to run meanwhile")
+    parser.add_argument("--old-rev", default="db06f5d", help="git revision of the `old` shm.py")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+    sizes = [max(4, s // 4 * 4) for s in parse_size_list(args.sizes, flag="--sizes")]
+    if args.rounds < 3 or args.busy < 0:
+        parser.error("--rounds must be >= 3 and --busy >= 0")
+    old_source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{args.old_rev}:src/dpscale/comm/shm.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    load_before = os.getloadavg()[0]
+    busy = _busy(args.busy)
+    try:
+        start = time.time()
+        per_rank = run_ranks(_rank, 2, old_source, args.old_rev, sizes, args.rounds, timeout_s=1800)
+        wall_s = time.time() - start
+        load_after = os.getloadavg()[0]
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    print(
+        f"shm A/B, 2 ranks, {args.rounds} rounds, {args.busy} busy processes, old = {args.old_rev}; "
+        f"load {load_before:.1f} before, {load_after:.1f} after; {wall_s:.0f} s"
+    )
+    header = ("size", "variant", "median us (p10-p90)", "/ old (p10-p90)", "CPU us/call")
+    print("{:>8} {:>7} {:>26} {:>20} {:>12}".format(*header))
+    rows = []
+    for nbytes in sizes:
+        old_med, _ = _figures(per_rank, nbytes, "old")
+        for v in VARIANTS:
+            med, cpu = _figures(per_rank, nbytes, v)
+            ratios = [m / o for m, o in zip(med, old_med, strict=True)]
+            row = {
+                "bytes": nbytes,
+                "variant": v,
+                "median_us": statistics.median(med),
+                "p10_us": quantile(med, 0.1),
+                "p90_us": quantile(med, 0.9),
+                "ratio_to_old": statistics.median(ratios),
+                "ratio_p10": quantile(ratios, 0.1),
+                "ratio_p90": quantile(ratios, 0.9),
+                "cpu_us_per_call": statistics.median(cpu),
+                "busbw_GBps": nbytes / (statistics.median(med) * 1e-6) / 1e9,
+            }
+            rows.append(row)
+            print(
+                f"{_size_text(nbytes):>8} {v:>7} "
+                f"{row['median_us']:>9.1f} ({row['p10_us']:.1f}-{row['p90_us']:.1f}) "
+                f"{row['ratio_to_old']:>8.2f}x ({row['ratio_p10']:.2f}-{row['ratio_p90']:.2f}) "
+                f"{row['cpu_us_per_call']:>10.0f}"
+                + (f"   {row['busbw_GBps']:.2f} GB/s" if nbytes >= 1 << 20 else "")
+            )
+    if args.json:
+        meta = {
+            "rounds": args.rounds,
+            "busy": args.busy,
+            "old_rev": args.old_rev,
+            "load_before": load_before,
+            "load_after": load_after,
+            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        }
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The shm transport's barriers: per-rank arrival counters in shared memory, and how a rank waits.
+
+Each rank owns one 64-byte control line that every peer maps: slot 0 counts the collectives it
+has reached, slot 1 says which peer (rank + 1) it is asleep on, 0 if none. Each slot is written
+by its owner alone, so plain stores and loads suffice: x86-64 keeps stores in order (a peer that
+sees the counter also sees the data written before it).
+
+Two ways to wait for a peer that is late (`WAIT_POLICIES`):
+
+- `block` (the default): spin for a few microseconds' worth of checks (a peer that is about to
+  arrive costs no system call), then sleep in the kernel on the peer's counter (Linux futex, the
+  word under pthread mutexes) until the peer's arrival wakes it. A waiting rank then burns no CPU,
+  which matters when the host has more runnable processes than cores: a spinning rank takes the
+  core its late peer needs. The arriving rank makes the wake-up system call only when a peer has
+  said it sleeps on it, so a quiet host pays nothing for this.
+- `spin`: spin, then `sched_yield`, then 0.5 ms sleeps (the transport's first policy; it keeps
+  the fewest microseconds per barrier on an idle host with a core per rank, and yields the CPU
+  only after milliseconds).
+
+Past `timeout_s` a waiting rank raises and names the rank it waited for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+import time
+
+import numpy as np
+
+WAIT_POLICIES = ("block", "spin")
+_LINE = 8  # int64 slots per rank: one 64-byte cache line each, no false sharing
+_COUNT, _ASLEEP_ON = 0, 1  # slots of a control line
+
+# `spin`: busy checks before yielding (a peer microseconds behind), yields before sleeping
+_SPIN = 2000
+_YIELD = 20000
+# `block`: busy checks before sleeping; about 20-60 us here, the spread of two ranks' arrival at
+# a collective when both have a core (one check costs ~0.1 us, plus the loop)
+_BLOCK_SPIN = 200
+# A sleeper wakes at least this often to check its deadline; arrivals wake it at once.
+_BLOCK_SLICE_S = 0.01
+
+_SYS_FUTEX = 202  # x86-64 (shm runs only there, see select.shm_is_safe)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_WAKE_ALL = 2**31 - 1
+
+
+class PeerTimeoutError(RuntimeError):
+    """A peer did not reach a collective in time."""
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_syscall.argtypes = [ctypes.c_long] * 7
+
+# Acquiring and releasing a lock executes a locked (atomic) instruction, a full memory fence on
+# x86-64: it orders "store my counter, then read whether a peer sleeps" against the sleeper's
+# "store that I sleep, then read the counter", so one of the two always sees the other's store
+# and no wake-up is lost (the futex itself then re-checks the counter in the kernel).
+_fence_lock = threading.Lock()
+
+
+def _fence() -> None:
+    with _fence_lock:
+        pass
+
+
+class Counters:
+    """The control lines of every rank (`maps[j]` is rank j's 64 bytes), and the wait policy."""
+
+    def __init__(self, maps: list[mmap.mmap], rank: int, *, timeout_s: float, wait: str):
+        assert wait in WAIT_POLICIES, wait  # checked by the transport, before any collective
+        self.maps = maps  # kept: the arrays below are views of them
+        self.lines = [np.frombuffer(m, dtype=np.int64, count=_LINE) for m in maps]
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.wait = wait
+        self.seq = 0
+        self._mine = self.lines[rank]
+        self._peers = [j for j in range(len(maps)) if j != rank]
+        self._addrs = [line.ctypes.data for line in self.lines]
+        sec, frac = divmod(_BLOCK_SLICE_S, 1.0)
+        self._slice = _Timespec(int(sec), int(frac * 1e9))
+        self.sleeps = 0  # times this rank slept in the kernel (block policy): for tests and probes
+
+    def arrive(self) -> int:
+        self.seq += 1
+        self._mine[_COUNT] = self.seq
+        if self.wait == "block":
+            _fence()
+            me = self.rank + 1
+            lines = self.lines
+            for j in self._peers:
+                if lines[j][_ASLEEP_ON] == me:
+                    _syscall(_SYS_FUTEX, self._addrs[self.rank], _FUTEX_WAKE, _WAKE_ALL, 0, 0, 0)
+                    break
+        return self.seq
+
+    def wait_all(self, seq: int, what: str) -> None:
+        lines = self.lines
+        for j in self._peers:
+            if lines[j][_COUNT] < seq:
+                if self.wait == "block":
+                    self._block_on(j, seq, what)
+                else:
+                    self._spin_on(j, seq, what)
+
+    def _spin_on(self, j: int, seq: int, what: str) -> None:
+        ctl = self.lines[j]
+        spins, deadline = 0, None
+        while ctl[_COUNT] < seq:
+            spins += 1
+            if spins < _SPIN:
+                continue
+            if spins < _YIELD:
+                os.sched_yield()
+                continue
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.timeout_s
+            elif now > deadline:
+                raise self._timeout(j, seq, what)
+            time.sleep(0.0005)
+
+    def _block_on(self, j: int, seq: int, what: str) -> None:
+        ctl = self.lines[j]
+        for _ in range(_BLOCK_SPIN):
+            if ctl[_COUNT] >= seq:
+                return
+        deadline = time.monotonic() + self.timeout_s
+        mine, addr, slice_addr = self._mine, self._addrs[j], ctypes.addressof(self._slice)
+        while True:
+            mine[_ASLEEP_ON] = j + 1
+            _fence()
+            seen = int(ctl[_COUNT])
+            if seen >= seq:
+                break
+            # sleeps only while the counter's low 32 bits (the futex word) still read `seen`
+            _syscall(_SYS_FUTEX, addr, _FUTEX_WAIT, seen & 0xFFFFFFFF, slice_addr, 0, 0)
+            self.sleeps += 1
+            if ctl[_COUNT] >= seq:
+                break
+            if time.monotonic() > deadline:
+                mine[_ASLEEP_ON] = 0
+                raise self._timeout(j, seq, what)
+        mine[_ASLEEP_ON] = 0
+
+    def _timeout(self, j: int, seq: int, what: str) -> PeerTimeoutError:
+        return PeerTimeoutError(
+            f"shm transport: rank {self.rank} waited {self.timeout_s:.0f} s for rank {j} at "
+            f"collective #{seq} ({what}); rank {j} last reached #{int(self.lines[j][_COUNT])}: it "
+            "died, hangs, or issued different collectives"
+        )
