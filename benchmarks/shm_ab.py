@@ -1,7 +1,7 @@
 """The shm transport before and after a change, in alternating rounds in one run.
 
     flock /tmp/dpscale-bench.lock python benchmarks/shm_ab.py [--sizes 4K,16M] [--rounds 30]
-        [--busy 0] [--old-rev db06f5d] [--json out.json]
+        [--workload mlp] [--busy 0] [--old-rev db06f5d] [--json out.json]
 
 Two ranks hold three shm transports side by side, each with its own segments, and all-reduce a
 float32 buffer of each size (in the transport's segments, as the engine's buckets are) through
@@ -13,7 +13,11 @@ them in turn, a round of calls each, the order rotating every round (bench/round
 - `spin`: today's transport with `wait="spin"` (the old waiting, the new per-call path);
 - `block`: today's transport with its default `wait="block"` (spin briefly, then sleep on a futex).
 
-A call's time is the slower rank's (the next collective waits for it); a round's figure is the
+With `--workload NAME` the ranks instead train that workload (dpscale's engine over each
+transport, 64 samples per rank, one intra-op thread, SGD) in rounds of `--steps` steps: what a
+training job sees, where the ranks reach each bucket's all-reduce at different moments.
+
+A call's (a step's) time is the slower rank's (the next collective waits for it); a round's figure is the
 median over its calls. Printed per size and variant: the median over rounds with p10-p90, the
 median of the per-round ratio to `old` with p10-p90, and CPU microseconds per call (both ranks'
 process time: what the waiting costs the other processes on the host). `--busy N` starts N
@@ -35,11 +39,13 @@ from pathlib import Path
 
 import torch
 
+from dpscale import DistributedDataParallel
 from dpscale.bench.args import parse_size_list
 from dpscale.bench.rounds import run_rounds
 from dpscale.bench.scaling import quantile
 from dpscale.comm import SharedMemoryTransport
 from dpscale.multirank import run_ranks
+from dpscale.workloads import WORKLOADS
 
 VARIANTS = ("old", "spin", "block")
 REPO = Path(__file__).resolve().parent.parent
@@ -60,13 +66,29 @@ def _calls_per_round(nbytes: int) -> int:
     return max(4, min(200, (8 << 20) // max(nbytes, 1)))
 
 
-def _rank(rank: int, world: int, old_source: str, rev: str, sizes: list[int], rounds: int) -> dict:
+def _transports(old_source: str, rev: str) -> dict:
     old_cls = _old_module(old_source, rev).SharedMemoryTransport
-    transports = {
+    return {
         "old": old_cls(timeout_s=120),
         "spin": SharedMemoryTransport(timeout_s=120, wait="spin"),
         "block": SharedMemoryTransport(timeout_s=120, wait="block"),
     }
+
+
+def _timed(fn, calls: int) -> tuple[list[float], float]:
+    """Per-call seconds of `calls` calls, and the process's CPU seconds for all of them."""
+    fn()  # the first call of a round absorbs the ranks' skew
+    cpu0 = time.process_time()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times, time.process_time() - cpu0
+
+
+def _rank_allreduce(rank: int, world: int, old_source: str, rev: str, sizes: list[int], rounds: int) -> dict:
+    transports = _transports(old_source, rev)
     out: dict = {}
     for nbytes in sizes:
         bufs = {v: t.alloc(nbytes // 4, torch.float32) for v, t in transports.items()}
@@ -74,27 +96,45 @@ def _rank(rank: int, world: int, old_source: str, rev: str, sizes: list[int], ro
 
         def step(v: str, bufs=bufs, calls=calls) -> tuple[list[float], float]:
             t, buf = transports[v], bufs[v]
-            t.all_reduce(buf).wait()  # the first call of a round absorbs the ranks' skew
-            cpu0 = time.process_time()
-            times = []
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                t.all_reduce(buf).wait()
-                times.append(time.perf_counter() - t0)
-            return times, time.process_time() - cpu0
+            return _timed(lambda: t.all_reduce(buf).wait(), calls)
 
-        out[nbytes] = run_rounds(VARIANTS, step, [1] * rounds)
+        out[_size_text(nbytes)] = run_rounds(VARIANTS, step, [1] * rounds)
     for t in transports.values():
         t.close()
     return out
 
 
-def _figures(per_rank: list[dict], nbytes: int, variant: str) -> tuple[list[float], list[float]]:
+def _rank_engine(
+    rank: int, world: int, old_source: str, rev: str, name: str, rounds: int, steps: int
+) -> dict:
+    transports = _transports(old_source, rev)
+    work = WORKLOADS[name]
+    train, _ = work.build_data(0)
+    models, opts = {}, {}
+    for v, t in transports.items():
+        torch.manual_seed(0)
+        models[v] = DistributedDataParallel(work.build_model(), transport=t, gradient_as_bucket_view=True)
+        opts[v] = torch.optim.SGD(models[v].parameters(), lr=work.lr)
+    g = torch.Generator().manual_seed(rank)
+
+    def train_step(v: str) -> None:
+        idx = torch.randint(0, len(train), (64,), generator=g)
+        opts[v].zero_grad(set_to_none=True)
+        work.loss(models[v](train.x[idx]), train.y[idx]).mean().backward()
+        opts[v].step()
+
+    out = {f"{name} step": run_rounds(VARIANTS, lambda v: _timed(lambda: train_step(v), steps), [1] * rounds)}
+    for m in models.values():
+        m.close()
+    return out
+
+
+def _figures(per_rank: list[dict], item: str, variant: str) -> tuple[list[float], list[float]]:
     """Per round: the median call time of the slower rank (us), and CPU us per call (all ranks)."""
-    rounds = len(per_rank[0][nbytes][variant])
+    rounds = len(per_rank[0][item][variant])
     med, cpu = [], []
     for r in range(rounds):
-        timed = [rank[nbytes][variant][r][0] for rank in per_rank]
+        timed = [rank[item][variant][r][0] for rank in per_rank]
         calls = len(timed[0][0])
         slowest = [max(t[0][i] for t in timed) for i in range(calls)]
         med.append(statistics.median(slowest) * 1e6)
@@ -116,25 +156,33 @@ def _size_text(nbytes: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4K,16M", help="comma-separated, binary K/M (default 4K,16M)")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), help="train this instead of all-reducing")
+    parser.add_argument("--steps", type=int, default=10, help="steps per round with --workload")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--busy", type=int, default=0, help="busy-looping processes to run meanwhile")
     parser.add_argument("--old-rev", default="db06f5d", help="git revision of the `old` shm.py")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     sizes = [max(4, s // 4 * 4) for s in parse_size_list(args.sizes, flag="--sizes")]
-    if args.rounds < 3 or args.busy < 0:
-        parser.error("--rounds must be >= 3 and --busy >= 0")
+    if args.rounds < 3 or args.busy < 0 or args.steps < 1:
+        parser.error("--rounds must be >= 3, --steps >= 1 and --busy >= 0")
     old_source = subprocess.run(
         ["git", "-C", str(REPO), "show", f"{args.old_rev}:src/dpscale/comm/shm.py"],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
+    if args.workload:
+        fn, what = _rank_engine, (args.workload, args.rounds, args.steps)
+        items = {f"{args.workload} step": None}
+    else:
+        fn, what = _rank_allreduce, (sizes, args.rounds)
+        items = {_size_text(n): n for n in sizes}
     load_before = os.getloadavg()[0]
     busy = _busy(args.busy)
     try:
         start = time.time()
-        per_rank = run_ranks(_rank, 2, old_source, args.old_rev, sizes, args.rounds, timeout_s=1800)
+        per_rank = run_ranks(fn, 2, old_source, args.old_rev, *what, timeout_s=1800)
         wall_s = time.time() - start
         load_after = os.getloadavg()[0]
     finally:
@@ -145,16 +193,16 @@ def main() -> int:
         f"shm A/B, 2 ranks, {args.rounds} rounds, {args.busy} busy processes, old = {args.old_rev}; "
         f"load {load_before:.1f} before, {load_after:.1f} after; {wall_s:.0f} s"
     )
-    header = ("size", "variant", "median us (p10-p90)", "/ old (p10-p90)", "CPU us/call")
-    print("{:>8} {:>7} {:>26} {:>20} {:>12}".format(*header))
+    header = ("what", "variant", "median us (p10-p90)", "/ old (p10-p90)", "CPU us/call")
+    print("{:>10} {:>7} {:>28} {:>20} {:>12}".format(*header))
     rows = []
-    for nbytes in sizes:
-        old_med, _ = _figures(per_rank, nbytes, "old")
+    for item, nbytes in items.items():
+        old_med, _ = _figures(per_rank, item, "old")
         for v in VARIANTS:
-            med, cpu = _figures(per_rank, nbytes, v)
+            med, cpu = _figures(per_rank, item, v)
             ratios = [m / o for m, o in zip(med, old_med, strict=True)]
             row = {
-                "bytes": nbytes,
+                "what": item,
                 "variant": v,
                 "median_us": statistics.median(med),
                 "p10_us": quantile(med, 0.1),
@@ -163,19 +211,23 @@ def main() -> int:
                 "ratio_p10": quantile(ratios, 0.1),
                 "ratio_p90": quantile(ratios, 0.9),
                 "cpu_us_per_call": statistics.median(cpu),
-                "busbw_GBps": nbytes / (statistics.median(med) * 1e-6) / 1e9,
             }
+            bw = ""
+            if nbytes is not None and nbytes >= 1 << 20:
+                row["busbw_GBps"] = nbytes / (row["median_us"] * 1e-6) / 1e9
+                bw = f"   {row['busbw_GBps']:.2f} GB/s"
             rows.append(row)
             print(
-                f"{_size_text(nbytes):>8} {v:>7} "
-                f"{row['median_us']:>9.1f} ({row['p10_us']:.1f}-{row['p90_us']:.1f}) "
+                f"{item:>10} {v:>7} "
+                f"{row['median_us']:>11.1f} ({row['p10_us']:.1f}-{row['p90_us']:.1f}) "
                 f"{row['ratio_to_old']:>8.2f}x ({row['ratio_p10']:.2f}-{row['ratio_p90']:.2f}) "
-                f"{row['cpu_us_per_call']:>10.0f}"
-                + (f"   {row['busbw_GBps']:.2f} GB/s" if nbytes >= 1 << 20 else "")
+                f"{row['cpu_us_per_call']:>10.0f}{bw}"
             )
     if args.json:
         meta = {
             "rounds": args.rounds,
+            "workload": args.workload,
+            "steps": args.steps,
             "busy": args.busy,
             "old_rev": args.old_rev,
             "load_before": load_before,
