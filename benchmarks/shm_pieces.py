@@ -69,12 +69,10 @@ def _rank(rank: int, world: int) -> dict[str, float]:
 
 
 def main() -> None:
-
     load = os.getloadavg()[0]
     res = run_ranks(_rank, 2, timeout_s=600)
-    print(
-        f"shm pieces, 2 ranks, us per call (rank 0, rank 1); load {load:.1f} before, {os.getloadavg()[0]:.1f} after"
-    )
+    after = os.getloadavg()[0]
+    print(f"shm pieces, 2 ranks, us per call (rank 0, rank 1); load {load:.1f} before, {after:.1f} after")
     for k in res[0]:
         print(f"  {k:26s} {res[0][k]:8.2f} {res[1][k]:8.2f}")
 
