@@ -11,7 +11,7 @@ them in turn, a round of calls each, the order rotating every round (bench/round
   the small-message path and the blocking wait): views looked up and a torch Future made on
   every call, spin-then-yield waiting;
 - `spin`: today's transport with `wait="spin"` (the old waiting, the new per-call path);
-- `block`: today's transport with its default `wait="block"` (spin briefly, then sleep on a futex).
+- `block`: today's transport with `wait="block"` (spin briefly, then sleep on a futex).
 
 With `--workload NAME` the ranks instead train that workload (dpscale's engine over each
 transport, 64 samples per rank, one intra-op thread, SGD) in rounds of `--steps` steps: what a

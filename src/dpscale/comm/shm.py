@@ -101,7 +101,7 @@ class SharedMemoryTransport:
     name = "shm"
 
     def __init__(
-        self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 300.0, wait: str = "block"
+        self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 300.0, wait: str = "spin"
     ):
         if wait not in WAIT_POLICIES:
             choices = ", ".join(WAIT_POLICIES)

@@ -7,13 +7,13 @@ sees the counter also sees the data written before it).
 
 Two ways to wait for a peer that is late (`WAIT_POLICIES`):
 
-- `block` (the default): spin for a few microseconds' worth of checks (a peer that is about to
+- `block`: spin for a few microseconds' worth of checks (a peer that is about to
   arrive costs no system call), then sleep in the kernel on the peer's counter (Linux futex, the
   word under pthread mutexes) until the peer's arrival wakes it. A waiting rank then burns no CPU,
   which matters when the host has more runnable processes than cores: a spinning rank takes the
   core its late peer needs. The arriving rank makes the wake-up system call only when a peer has
   said it sleeps on it, so a quiet host pays nothing for this.
-- `spin`: spin, then `sched_yield`, then 0.5 ms sleeps (the transport's first policy; it keeps
+- `spin` (the default): spin, then `sched_yield`, then 0.5 ms sleeps (the first policy; it keeps
   the fewest microseconds per barrier on an idle host with a core per rank, and yields the CPU
   only after milliseconds).
 
@@ -37,7 +37,7 @@ _COUNT, _ASLEEP_ON = 0, 1  # slots of a control line
 # `spin`: busy checks before yielding (a peer microseconds behind), yields before sleeping
 _SPIN = 2000
 _YIELD = 20000
-# `block`: busy checks before sleeping; about 20-60 us here, the spread of two ranks' arrival at
+# `block`: busy checks before sleeping; about 20-30 us here, the spread of two ranks' arrival at
 # a collective when both have a core (one check costs ~0.1 us, plus the loop)
 _BLOCK_SPIN = 200
 # A sleeper wakes at least this often to check its deadline; arrivals wake it at once.
