@@ -30,8 +30,11 @@ def _hand_written(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def test_every_flag_is_generated_from_a_config_field():
+    from dpscale.train import worker
+
     found: dict[str, set[str]] = {}
-    for command, flag in _hand_written(build_parser()):
+    walks = [_hand_written(build_parser()), _hand_written(worker.build_parser(), ("train.worker",))]
+    for command, flag in (found_flag for walk in walks for found_flag in walk):
         if flag not in OUTPUT_FLAGS:
             found.setdefault(command, set()).add(flag)
     assert not found, (
@@ -182,3 +185,13 @@ def test_train_config_file_reads_through_the_one_toml_reader(tmp_path, capsys):
     path.write_text("global_bach = 32\n")
     assert main(["train", "--config", str(path)]) == 2  # refused before a worker starts
     assert "--config: " in capsys.readouterr().err
+
+
+def test_the_torchrun_worker_refuses_bad_threads_in_one_line(capsys):
+    from dpscale.train import worker
+
+    with pytest.raises(SystemExit) as e:
+        worker.main(["--threads", "0"])  # refused before the process group or any worker starts
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err == "python -m dpscale.train.worker: error: --threads must be >= 1, got 0"
+    assert worker.WorkerOptions().threads == 1

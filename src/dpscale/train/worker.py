@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -89,30 +90,46 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
     publish_host(dist.distributed_c10d._get_default_store(), rank, master)
 
 
-def main(argv: list[str] | None = None) -> int:
-    if os.environ.get(LAUNCH_SPEC_ENV):
-        return _launched()
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """The worker's own flag under plain torchrun, besides TrainConfig's (torchrun owns the rest)."""
+
+    threads: int = 1
+    """intra-op threads per worker"""
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dpscale.train.worker", description=__doc__.splitlines()[0]
     )
     add_dataclass_arguments(parser, TrainConfig)
+    add_dataclass_arguments(parser, WorkerOptions)
     parser.add_argument("--json", action="store_true", help="rank 0 prints the result as a JSON line")
-    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(LAUNCH_SPEC_ENV):
+        return _launched()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         fields = dataclass_kwargs(args, TrainConfig)
         if fields.get("task") is None and fields.get("workload") is None:
             fields["workload"] = "digits"
         cfg = TrainConfig(**fields)
+        options = WorkerOptions(**dataclass_kwargs(args, WorkerOptions))
     except ConfigError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    if args.threads < 1:
-        parser.exit(2, f"{parser.prog}: error: --threads must be >= 1, got {args.threads}\n")
     warning = rendezvous_warning(os.environ.get("MASTER_ADDR"))
     if warning and int(os.environ.get("RANK", "0")) == 0:
         print(warning, file=sys.stderr, flush=True)
     die_with_parent(os.getppid())  # torchrun's agent
-    result = run_worker(cfg.to_dict(), args.threads)
+    result = run_worker(cfg.to_dict(), options.threads)
     if int(os.environ.get("RANK", "0")) == 0:
         if result.get("stop_message"):
             print(f"dpscale: {result['stop_message']}", file=sys.stderr, flush=True)
