@@ -35,3 +35,20 @@ def test_a_task_spec_that_cannot_load_fails_before_anything_runs(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="^--models: cannot load 'nowhere:make'"):
         commands.run_engine(parser.parse_args(["--models", "nowhere:make"]))
+
+
+def test_the_terminal_table_goes_through_the_one_renderer():
+    res = engine.EngineBenchResult(
+        model="mlp",
+        world_size=2,
+        per_worker_batch=64,
+        threads_per_worker=1,
+        steps=30,
+        steps_per_round=5,
+        engines=[engine.EngineFigures("dpscale", "shm", 1.234, 1.1, 1.5)],
+        ratios_vs_torch={"dpscale": (0.5, 0.45, 0.55)},
+    )
+    lines = engine.format_result(res).splitlines()
+    assert lines[1].split() == ["engine", "transport", "median", "ms", "p10", "ms", "p90", "ms"]
+    assert lines[2].split() == ["dpscale", "shm", "1.23", "1.10", "1.50"]
+    assert lines[3] == "dpscale/torch step-time ratio: 0.500 (p10 0.450, p90 0.550 over rounds)"

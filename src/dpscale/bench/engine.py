@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..flags import flag_spec
 from ..workloads.recipe import load_recipe
 from . import scaling
+from .report import text_table
 from .rounds import quantile
 from .scaling_rank import STEPS_PER_ROUND, split_rounds
 
@@ -140,18 +141,20 @@ def summarize(result: scaling.ScalingResult) -> EngineBenchResult:
     )
 
 
+_COLUMNS = ("engine", "transport", "step_ms_median", "step_ms_p10", "step_ms_p90")
+_HEADERS = {"step_ms_median": "median ms", "step_ms_p10": "p10 ms", "step_ms_p90": "p90 ms"}
+_FORMATS = {c: (lambda v: f"{v:.2f}") for c in _COLUMNS[2:]}
+
+
 def format_result(res: EngineBenchResult) -> str:
-    lines = [
+    head = (
         f"model={res.model} world_size={res.world_size} per_worker_batch={res.per_worker_batch} "
         f"threads/worker={res.threads_per_worker} steps={res.steps} "
-        f"(alternating rounds of {res.steps_per_round})",
-        f"{'engine':<14}{'transport':<11}{'median ms':>10}{'p10 ms':>10}{'p90 ms':>10}",
+        f"(alternating rounds of {res.steps_per_round})"
+    )
+    table = text_table([asdict(f) for f in res.engines], _COLUMNS, _FORMATS, _HEADERS)
+    ratios = [
+        f"{e}/torch step-time ratio: {med:.3f} (p10 {p10:.3f}, p90 {p90:.3f} over rounds)"
+        for e, (med, p10, p90) in res.ratios_vs_torch.items()
     ]
-    for f in res.engines:
-        lines.append(
-            f"{f.engine:<14}{f.transport:<11}{f.step_ms_median:>10.2f}{f.step_ms_p10:>10.2f}"
-            f"{f.step_ms_p90:>10.2f}"
-        )
-    for e, (med, p10, p90) in res.ratios_vs_torch.items():
-        lines.append(f"{e}/torch step-time ratio: {med:.3f} (p10 {p10:.3f}, p90 {p90:.3f} over rounds)")
-    return "\n".join(lines)
+    return "\n".join([head, table, *ratios])
