@@ -3,12 +3,18 @@
     python benchmarks/auto_batch.py [--tasks digits,transformer] [--rounds 2] [--json out.json]
 
 Two workers, each with a fixed micro-batch b, train to a target eval loss with the global batch
-2b x k for k = 1, 2, 4, 8 (accumulation), and with the batch grown by the noise scale
-(train/auto_batch.py: k doubles while the measured noise scale is at least twice the global batch).
-Every variant takes AdaScale's learning-rate gain relative to 2b (train/adascale.py), so the rate
-follows the batch in all of them alike. Time to target = the sum of the training steps' times
-until the target (evaluations excluded); variants take turns in rounds whose order rotates, and
-the figure is the median over rounds. The 2-core host is shared: compare within a round's ratios.
+2b x k for k = 1, 2, 4, 8 (accumulation), and with the batch grown by train/auto_batch.GrowBatch:
+`auto` (the default rule: double once the noise scale has reached twice the batch and the step
+times measured so far do not predict the doubled batch slower to the target; halve back when they
+predict the smaller one 10% sooner) and `auto (grow at 1x)` (the noise scale need only reach the
+batch). Every variant takes AdaScale's learning-rate gain
+relative to 2b (train/adascale.py), so the rate follows the batch in all of them alike, and is
+evaluated at the same sample counts. Two times to target: the sum of the training steps' measured
+times until the target (evaluations excluded), median over rounds; and steps x the median step
+time at each step's k over every variant's steps in this run, which takes the host's drift
+between variants out (step counts are exact; the 2-core host is shared). Variants take turns in
+rounds whose order rotates; round r trains with seed r (initial weights and data order), so the
+spread over rounds includes the seed's.
 """
 
 from __future__ import annotations
@@ -34,15 +40,17 @@ TASKS = {
     "transformer": (4, 1.0, 1e-3, 8_000),
 }
 FIXED = (1, 2, 4, 8)
+# auto variants: name -> GrowBatch's grow_at (double once the noise scale is grow_at x the batch)
+AUTO = {"auto": 2.0, "auto (grow at 1x)": 1.0}
 
 
-def _variant(rank: int, task: str, k: int | None) -> dict:
+def _variant(rank: int, task: str, k: int | str, seed: int) -> dict:
     micro, target, lr, budget = TASKS[task]
     base = 2 * micro
-    start = base * (k or 1)
-    watch = TargetWatch(name="loss", value=target, every_samples=start)
+    start = base * (k if isinstance(k, int) else 1)
+    watch = TargetWatch(name="loss", value=target, every_samples=base)
     callbacks = [watch, AdaScaleGain(base_batch=base)]
-    grow = GrowBatch(max_global_batch=base * max(FIXED)) if k is None else None
+    grow = None if isinstance(k, int) else GrowBatch(max_global_batch=base * max(FIXED), grow_at=AUTO[k])
     if grow is not None:
         callbacks.append(grow)
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +60,7 @@ def _variant(rank: int, task: str, k: int | None) -> dict:
             micro_batch=micro,
             lr=lr,
             max_steps=budget // start,
-            seed=0,
+            seed=seed,
             progress="none",
             drift_check_every=0,
             noise_scale_every=1,
@@ -76,31 +84,51 @@ def _variant(rank: int, task: str, k: int | None) -> dict:
         )
     last = watch.checks[-1] if watch.checks else None
     reached = last is not None and last["value"] <= target
-    # evaluation runs at every step whose sample count is a multiple of `every`; its time is in the
-    # step's step_ms, so it is taken out
-    train_s = sum(s["step_ms"] for s in steps if not reached or s["step"] <= last["step"]) / 1e3
-    train_s -= sum(t for step, t in watch.eval_s.items() if not reached or step <= last["step"])
+    # evaluation runs after every step whose sample count is a multiple of the smallest global
+    # batch, so every variant is judged at the same sample counts; its time is in the step's
+    # step_ms, so it is taken out
+    ms = [s["step_ms"] - 1e3 * watch.eval_s.get(s["step"], 0.0) for s in steps]
+    ks, k_now = [], start // base  # the accumulation factor in force at each step
+    changes = dict(grow.changes) if grow else {}
+    for s in steps:
+        ks.append(k_now)
+        if s["step"] in changes:
+            k_now = changes[s["step"]] // base
+    n = last["step"] if reached else len(steps)
     return {
         "task": task,
-        "variant": "auto" if k is None else f"fixed x{k}",
+        "variant": k if isinstance(k, str) else f"fixed x{k}",
         "reached": reached,
         "steps": last["step"] if reached else None,
         "samples": last["samples"] if reached else None,
-        "time_to_target_s": train_s if reached else None,
+        "time_to_target_s": sum(ms[:n]) / 1e3 if reached else None,
         "final_global_batch": trainer.state.global_batch,
         "batch_changes": grow.changes if grow else [],
+        "step_k": ks[:n],
+        "step_ms": ms[:n],
     }
 
 
 def _all(rank: int, world: int, tasks: list[str], rounds: int) -> list[dict]:
     out = []
-    variants: list[int | None] = [*FIXED, None]
+    variants: list[int | str] = [*FIXED, *AUTO]
     for r in range(rounds):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for task in tasks:
             for k in order:
-                out.append(_variant(rank, task, k) | {"round": r})
+                out.append(_variant(rank, task, k, seed=r) | {"round": r})
     return out
+
+
+def per_k_step_ms(rows: list[dict]) -> dict[int, float]:
+    """The median training step (evaluation excluded) at each accumulation factor k, over every
+    variant's steps in this run: a step's time depends on its k, not on the variant that took it,
+    so "steps x step time" compares variants without the load's drift between their runs."""
+    by_k: dict[int, list[float]] = {}
+    for r in rows:
+        for k, ms in zip(r["step_k"], r["step_ms"], strict=True):
+            by_k.setdefault(k, []).append(ms)
+    return {k: round(statistics.median(v), 2) for k, v in sorted(by_k.items())}
 
 
 def main() -> None:
@@ -111,18 +139,26 @@ def main() -> None:
     args = parser.parse_args()
     tasks = args.tasks.split(",")
     rows = run_ranks(_all, 2, tasks, args.rounds, timeout_s=3600)[0]
-    print("| task | variant | reached (rounds) | steps | samples | time to target s (median) | final batch |")
-    print("|:---|:---|---:|---:|---:|---:|---:|")
+    print(
+        "| task | variant | reached | steps | samples | time to target s: measured, median "
+        "| steps x step time of their k, median over rounds | final batch |"
+    )
+    print("|:---|:---|---:|---:|---:|---:|---:|---:|")
     for task in tasks:
-        for variant in [f"fixed x{k}" for k in FIXED] + ["auto"]:
+        step_ms = per_k_step_ms([r for r in rows if r["task"] == task])
+        print(f"step time by k, {task} (median over every variant's steps, ms): {step_ms}")
+        for variant in [f"fixed x{k}" for k in FIXED] + list(AUTO):
             mine = [r for r in rows if r["task"] == task and r["variant"] == variant]
             times = [r["time_to_target_s"] for r in mine if r["reached"]]
             med = f"{statistics.median(times):.2f}" if times else "not reached"
+            modeled = [sum(step_ms[k] for k in r["step_k"]) / 1e3 for r in mine if r["reached"]]
+            mod = f"{statistics.median(modeled):.3f}" if modeled else "not reached"
             steps = "/".join(str(r["steps"]) for r in mine)
             samples = "/".join(str(r["samples"]) for r in mine)
             final = "/".join(str(r["final_global_batch"]) for r in mine)
             print(
-                f"| {task} | {variant} | {len(times)}/{len(mine)} | {steps} | {samples} | {med} | {final} |"
+                f"| {task} | {variant} | {len(times)}/{len(mine)} | {steps} | {samples} | {med} | {mod} "
+                f"| {final} |"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -9,7 +9,10 @@ batches B, 2B, 4B, 8B and 16B on one worker, each step accumulated from micro-ba
 first micro-batch against the whole step gives the noise scale, train/noise_scale.py), and counts
 the steps until the eval loss first reaches the target (evaluated after every step). The run at B
 gives the prediction: B_noise = its noise scale (B_simple from all its measured steps) and
-S_min = S(B) / (1 + B_noise / B); every other batch is then predicted, not fitted.
+S_min = S(B) / (1 + B_noise / B); every other batch is then predicted, not fitted. Two variants
+come from the same runs at no extra training: the noise scale smoothed over the last ~20 steps of
+the run at B instead of all its steps (it grows as the loss falls), and S_min, B_noise solved from
+the steps measured at B and 2B (a two-run pilot), which predicts 4B..16B.
 
 The learning rate at kB is the rate at B times AdaScale's gain r = (B_noise/B + 1) / (B_noise/(kB) + 1)
 with the noise scale measured live in that run (train/adascale.py): that is the paper's optimal
@@ -80,6 +83,7 @@ class BatchRun:
     multiplier: int
     steps_to_target: int | None  # None: the budget ran out first
     noise_scale: float | None  # B_simple over the run's measured steps (samples)
+    late_noise_scale: float | None  # the smoothed B_simple when the target was reached (~last 20 steps)
     mean_gain: float  # AdaScale's mean learning-rate multiplier over the run
     wall_s: float
 
@@ -117,6 +121,7 @@ def _train_all(rank: int, world: int, spec: TaskSpec, multipliers: list[int]) ->
                     multiplier=k,
                     steps_to_target=last["step"] if reached else None,
                     noise_scale=result.gradient_noise_scale,
+                    late_noise_scale=last["gns"] if last else None,
                     mean_gain=sum(gain.gains) / max(1, len(gain.gains)),
                     wall_s=wall,
                 )
@@ -125,19 +130,54 @@ def _train_all(rank: int, world: int, spec: TaskSpec, multipliers: list[int]) ->
     return runs
 
 
+def _law(s_at_b: float, b: int, noise: float):
+    """S(.) through S(b) = s_at_b with B_noise = noise."""
+    s_min = s_at_b / (1 + noise / b)
+    return lambda batch: s_min * (1 + noise / batch)
+
+
+def two_point_law(runs: list[dict]):
+    """S_min and B_noise solved from the measured steps at B and 2B alone (two equations, two
+    unknowns: S(B) - S(2B) = S_min B_noise / 2B), or None when those do not give a positive law."""
+    at = {r["multiplier"]: r["steps_to_target"] for r in runs}
+    s1, s2 = at.get(1), at.get(2)
+    b = next(r["global_batch"] for r in runs if r["multiplier"] == 1)
+    if not s1 or not s2 or not s1 > s2:
+        return None
+    s_min = 2 * s2 - s1
+    if not s_min > 0:
+        return None
+    return _law(s1, b, 2 * b * (s1 - s2) / s_min)
+
+
 def predictions(runs: list[dict]) -> list[dict]:
-    """Each run with the steps S(kB) predicted from the run at B, and the relative error."""
+    """Each run with the steps S(kB) predicted three ways, and the relative errors:
+
+    - `predicted_steps`: from the run at B and the noise scale it measured over all its steps;
+    - `predicted_late`: the same with the noise scale smoothed over the run's last ~20 steps (the
+      noise scale grows as the loss falls: late in the run it is nearer the one that governs the
+      steps that reach the target);
+    - `predicted_fit2`: S_min and B_noise solved from the measured steps at B and 2B (no noise
+      scale: what a two-run pilot gives), for 4B and beyond."""
     base = next(r for r in runs if r["multiplier"] == 1)
+    b, s_b = base["global_batch"], base["steps_to_target"]
+    laws = {
+        "": _law(s_b, b, base["noise_scale"]) if s_b and base["noise_scale"] else None,
+        "_late": _law(s_b, b, base["late_noise_scale"]) if s_b and base.get("late_noise_scale") else None,
+        "_fit2": two_point_law(runs),
+    }
     out = []
     for r in runs:
-        row = dict(r, predicted_steps=None, error=None, within=None)
-        if base["steps_to_target"] and base["noise_scale"]:
-            b, noise = base["global_batch"], base["noise_scale"]
-            s_min = base["steps_to_target"] / (1 + noise / b)
-            row["predicted_steps"] = s_min * (1 + noise / r["global_batch"])
+        row = dict(r)
+        for suffix, law in laws.items():
+            pred_key = "predicted_steps" if suffix == "" else "predicted" + suffix
+            row[pred_key] = row["error" + suffix] = row["within" + suffix] = None
+            if law is None or (suffix == "_fit2" and r["multiplier"] <= 2):
+                continue
+            row[pred_key] = law(r["global_batch"])
             if r["steps_to_target"]:
-                row["error"] = row["predicted_steps"] / r["steps_to_target"] - 1
-                row["within"] = abs(row["error"]) <= TOLERANCE
+                row["error" + suffix] = row[pred_key] / r["steps_to_target"] - 1
+                row["within" + suffix] = abs(row["error" + suffix]) <= TOLERANCE
         out.append(row)
     return out
 
@@ -158,15 +198,34 @@ def fitted(runs: list[dict]) -> tuple[float, float] | None:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| task | B | steps measured | steps predicted | error | noise scale (this run) | mean LR gain |",
-        "|:---|---:|---:|---:|---:|---:|---:|",
+        "| task | B | steps measured | predicted: noise scale of the run at B (error) "
+        "| noise scale late in the run at B (error) | fit to B and 2B (error) "
+        "| noise scale (this run: all steps / late) | mean LR gain |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def cell(r, pred_key, err_key):
+        if r[pred_key] is None:
+            return "-"
+        if r["multiplier"] == 1:
+            return f"{r[pred_key]:.1f} (fit)"
+        err = f"{r[err_key]:+.0%}" if r[err_key] is not None else "-"
+        return f"{r[pred_key]:.1f} ({err})"
+
     for r in rows:
         measured = r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"
-        predicted = f"{r['predicted_steps']:.1f}" if r["predicted_steps"] is not None else "-"
-        error = "(fit)" if r["multiplier"] == 1 else (f"{r['error']:+.0%}" if r["error"] is not None else "-")
         noise = f"{r['noise_scale']:.0f}" if r["noise_scale"] else "-"
-        cells = (r["task"], r["global_batch"], measured, predicted, error, noise, f"{r['mean_gain']:.2f}")
+        late = f"{r['late_noise_scale']:.0f}" if r.get("late_noise_scale") else "-"
+        cells = (
+            r["task"],
+            r["global_batch"],
+            measured,
+            cell(r, "predicted_steps", "error"),
+            cell(r, "predicted_late", "error_late"),
+            cell(r, "predicted_fit2", "error_fit2"),
+            f"{noise} / {late}",
+            f"{r['mean_gain']:.2f}",
+        )
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
