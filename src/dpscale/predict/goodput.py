@@ -21,6 +21,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..bench.report import text_table
 from ..errors import ConfigError
 
 
@@ -139,19 +140,34 @@ def cheapest(points: list[GoodputPoint]) -> GoodputPoint:
     return min(points, key=lambda p: (p.worker_s, p.time_s))
 
 
+_HEADERS = {
+    "world_size": "N",
+    "per_worker_batch": "b/worker",
+    "global_batch": "global B",
+    "step_ms": "step ms",
+    "steps": "steps",
+    "statistical_efficiency": "stat eff",
+    "time_s": "time s",
+    "worker_s": "worker-s",
+    "note": "",
+}
+_FORMATS = {
+    "step_ms": lambda v: f"{v:.2f}",
+    "steps": lambda v: f"{v:.0f}",
+    "statistical_efficiency": lambda v: f"{v:.2f}",
+    "time_s": lambda v: f"{v:.4g}",
+    "worker_s": lambda v: f"{v:.4g}",
+}
+
+
 def format_table(points: list[GoodputPoint]) -> str:
+    """The plan as a terminal table (bench/report.py's one renderer), the two best rows marked."""
     best, low = fastest(points), cheapest(points)
-    head = f"{'N':>6} {'b/worker':>8} {'global B':>9} {'step ms':>9} {'steps':>10} {'stat eff':>8} "
-    head += f"{'time s':>10} {'worker-s':>11}"
-    lines = [head]
+    rows = []
     for p in points:
-        mark = " <- soonest" if p is best else ""
-        mark += " <- least worker-time" if p is low else ""
-        lines.append(
-            f"{p.world_size:>6} {p.per_worker_batch:>8} {p.global_batch:>9} {p.step_ms:>9.2f} "
-            f"{p.steps:>10.0f} {p.statistical_efficiency:>8.2f} {p.time_s:>10.4g} {p.worker_s:>11.4g}{mark}"
-        )
-    return "\n".join(lines)
+        marks = ["<- soonest"] * (p is best) + ["<- least worker-time"] * (p is low)
+        rows.append({**p.to_dict(), "note": " ".join(marks)})
+    return text_table(rows, list(_HEADERS), _FORMATS, _HEADERS)
 
 
 def summary(points: list[GoodputPoint], noise_scale: float, s_min: float) -> str:
