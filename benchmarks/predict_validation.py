@@ -27,7 +27,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_lab, beside this script
 
-from predict_lab import emulate, emulate_validate, published, published_posthoc, validate  # noqa: E402
+from predict_lab import (  # noqa: E402
+    emulate,
+    emulate_validate,
+    published,
+    published_cases,
+    published_posthoc,
+    validate,
+)
 
 from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
 from dpscale.bench.report import ReportDir, Section, Table  # noqa: E402
@@ -181,7 +188,7 @@ def run_emulate(args: argparse.Namespace) -> int:
 def run_published(args: argparse.Namespace) -> int:
     study = published.held_out_study()
     print(published.format_study(study))
-    for case in published.cases():
+    for case in published_cases.cases():
         print(f"\n- {case.name}: {case.source}. {case.notes}")
     # collected after the held-out results were known: predicted with the training half's fit only
     print("\ncases collected after the held-out results (published_posthoc.py), with the same fit:\n")

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from predict_lab.published import FITTED, FitParams, PublishedCase, Reproduction, reproduce
+from predict_lab.published import FITTED
+from predict_lab.published_case import FitParams, PublishedCase, Reproduction, reproduce
 
 _SOURCE = (
     "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/efficientnet/README.md "
