@@ -98,7 +98,7 @@ run_scaling = Bench(
 
 
 CONVERGENCE_MODES = ("same-batch", "weak")
-_SHARED_CONVERGENCE_FIELDS = ("workload", "world_sizes", "seed")
+_SHARED_CONVERGENCE_FIELDS = tuple(f.name for f in fields(convergence.TrainingRunsConfig))
 
 
 @dataclass(frozen=True, kw_only=True)

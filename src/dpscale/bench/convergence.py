@@ -70,7 +70,10 @@ SUMMARY_KEYS = (
 
 
 @dataclass(kw_only=True)
-class ConvergenceConfig:
+class TrainingRunsConfig:
+    """What both modes of `bench convergence` share (this config and weak.WeakConfig): which
+    workload trains, at which world sizes, from which seed; the --help of either shows these once."""
+
     workload: str = field(
         default="digits", metadata=flag_spec(help=f"one of {', '.join(WORKLOADS)} (default digits)")
     )
@@ -79,13 +82,23 @@ class ConvergenceConfig:
         default_factory=lambda: [1, 2],
         metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
     )
-    """Comma-separated world sizes, each dividing the largest."""
+    """Comma-separated world sizes N (same-batch: each dividing the largest; weak: 1 among them)."""
+    seed: int = 0
+    """Model init and data order, the same at every world size."""
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ConfigError(f"--workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        if self.seed < 0:
+            raise ConfigError(f"--seed: must be >= 0, got {self.seed}")
+
+
+@dataclass(kw_only=True)
+class ConvergenceConfig(TrainingRunsConfig):
     global_batch: int | None = None
     """Samples per optimizer step (default: the workload's)."""
     samples: int | None = None
     """Samples to train on (default: 5 epochs of the training set)."""
-    seed: int = 0
-    """Model init and data order, the same for every world size."""
     tolerance: float = DEFAULT_TOLERANCE
     """Largest relative loss gap (max_rel_gap) that is still ok (0.05 = 5%)."""
     compression: str = field(
@@ -98,8 +111,7 @@ class ConvergenceConfig:
     """Gradient compression of the non-reference runs."""
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"--workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        super().__post_init__()
         if not self.world_sizes:
             raise ConfigError("--world-sizes: the list is empty; give at least one world size, e.g. 1,2")
         if any(w < 1 for w in self.world_sizes) or len(set(self.world_sizes)) != len(self.world_sizes):
@@ -128,8 +140,6 @@ class ConvergenceConfig:
                 f"--samples: {self.samples} is fewer than two steps of global batch {self.global_batch}; "
                 f"the comparison needs a second half of training: use at least {2 * self.global_batch}"
             )
-        if self.seed < 0:
-            raise ConfigError(f"--seed: must be >= 0, got {self.seed}")
         if self.compression not in COMPRESSIONS:
             choices = ", ".join(COMPRESSIONS)
             raise ConfigError(f"--compression: unknown {self.compression!r}; choose one of {choices}")

@@ -45,8 +45,8 @@ from ..train.adascale import AdaScaleGain
 from ..train.callbacks import TrainerCallback
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
-from ..workloads import WORKLOADS, get_workload
-from .args import parse_int_list
+from ..workloads import get_workload
+from .convergence import TrainingRunsConfig
 from .rounds import quantile
 
 LR_RULES = ("none", "linear", "sqrt", "adascale")
@@ -71,16 +71,9 @@ def parse_target_metric(text: str) -> tuple[str, float]:
 
 
 @dataclass(kw_only=True)
-class WeakConfig:
-    workload: str = field(
-        default="digits", metadata=flag_spec(help=f"one of {', '.join(WORKLOADS)} (default digits)")
-    )
-    """A built-in workload."""
-    world_sizes: list[int] = field(
-        default_factory=lambda: [1, 2],
-        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
-    )
-    """Comma-separated worker counts N; N=1 must be among them (the reference)."""
+class WeakConfig(TrainingRunsConfig):
+    """`bench convergence --mode weak`: N=1 must be among the world sizes (the reference)."""
+
     batch_per_worker: int | None = None
     """Samples per worker per step, b: the global batch is N x b (default: the workload's batch)."""
     lr: float | None = None
@@ -101,12 +94,9 @@ class WeakConfig:
         default="dpscale", metadata=flag_spec(help=f"{', '.join(TRAIN_ENGINES)} (default dpscale)")
     )
     """The data-parallel engine every N trains with."""
-    seed: int = 0
-    """Model init and data order, the same at every N."""
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ConfigError(f"--workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        super().__post_init__()
         if 1 not in self.world_sizes or len(set(self.world_sizes)) != len(self.world_sizes):
             raise ConfigError(f"--world-sizes: need distinct values including 1, got {self.world_sizes}")
         if self.engine not in TRAIN_ENGINES:
@@ -137,8 +127,8 @@ class WeakConfig:
             raise ConfigError(f"--batch-per-worker: must be >= 1, got {self.batch_per_worker}")
         if not (self.lr >= 0 and math.isfinite(self.lr)):
             raise ConfigError(f"--lr: must be a finite rate >= 0, got {self.lr}")
-        if self.warmup_steps < 0 or self.seed < 0:
-            raise ConfigError("--warmup-steps / --seed: must be >= 0")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps: must be >= 0, got {self.warmup_steps}")
         train_size = len(work.build_data(self.seed)[0])
         largest = self.global_batch(max(self.world_sizes))
         if largest > train_size:
