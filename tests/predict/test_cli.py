@@ -118,6 +118,8 @@ def test_help_shows_worked_examples(capsys):
     assert "worked examples:" in help_text and "--preset dgx-h100" in help_text
     assert "--no-stragglers" in help_text and "--preset pcie3-x16+roce-25g" in help_text
     assert "--input-samples-per-s 12000" in help_text and "--no-input-pipeline" in help_text
+    # every continued example line is shown as two lines, as a shell takes it
+    assert "--preset dgx-a100 \\\n      --world-sizes 1,8" in help_text
 
 
 def test_the_input_pipeline_flags_reach_the_terms():

@@ -76,10 +76,13 @@ EXAMPLES = """worked examples:
       --preset pcie3-x16+roce-25g --workers-per-node 4 --world-sizes 128,512 --algorithm ring
   # the share of one term: the same with it switched off
   dpscale predict ... --no-stragglers | --no-achieved-bandwidth | --no-congestion | --no-interference
+  dpscale predict ... --no-input-pipeline
   # ResNet-50 in mixed precision on one DGX A100 whose host decodes 12000 images/s (measure it:
   # your data loader alone on that node); the step waits for data once 8 GPUs ask for more
-  dpscale predict --params 25.6e6 --step-compute-ms 104 --per-worker-batch 256 --preset dgx-a100 \
+  dpscale predict --params 25.6e6 --step-compute-ms 104 --per-worker-batch 256 --preset dgx-a100 \\
       --world-sizes 1,8 --input-samples-per-s 12000
+  # or from the data path `dpscale profile` timed, with 8 loader processes per worker (--data-workers)
+  dpscale predict --profile mine.json --preset dgx-h100 --data-workers 8
   # a 2:1 oversubscribed fabric beyond 16 nodes per leaf switch
   dpscale predict ... --preset dgx-a100 --oversubscription 2 --nodes-per-switch 16
   # your model, profiled here (CPU), on this machine's transports
