@@ -1,11 +1,11 @@
 """Emulated hosts for the multi-host tests: benchmarks/predict_lab/netns.py's network namespaces.
 
-`hosts` gives two hosts, each a network namespace with one veth link (10.213.0.1 and 10.213.0.2)
-to a bridge in a third namespace, so nothing is added to the machine's own network and nothing
-outside the namespaces is reachable. Needs root and `ip netns`; skips with the reason where either
-is missing. Every process started on a host is killed and every namespace (with its links)
-removed after the test, also when it fails. The names start with "dpsmh" (the prediction's
-emulated cluster uses "dpsemu").
+`hosts` gives two hosts (`three_hosts` three), each a network namespace with one veth link
+(10.213.0.1, 10.213.0.2, ...) to a bridge in a namespace of its own, so nothing is added to the
+machine's own network and nothing outside the namespaces is reachable. Needs root and `ip netns`;
+skips with the reason where either is missing. Every process started on a host is killed and
+every namespace (with its links) removed after the test, also when it fails. The names start
+with "dpsmh" (the prediction's emulated cluster uses "dpsemu").
 
 The namespaces share the machine's host name and /dev/shm, so each host gets its own
 DPSCALE_HOST_ID (what the transports take a host to be). GLOO_SOCKET_IFNAME is left unset on
@@ -31,7 +31,7 @@ PREFIX = "dpsmh"
 
 
 class Hosts(EmulatedHosts):
-    """Two emulated hosts; `start` pipes the output (text) and gives each host its own host id."""
+    """Emulated hosts; `start` pipes the output (text) and gives each host its own host id."""
 
     @property
     def names(self) -> list[str]:
@@ -49,10 +49,20 @@ class Hosts(EmulatedHosts):
         return super().start(i, argv, **popen)
 
 
-@pytest.fixture
-def hosts():
+def _hosts(count: int):
     if reason := unavailable(PREFIX):
         pytest.skip(f"emulated hosts: {reason}")
     remove_stale(PREFIX)  # left by a run that was killed before its cleanup
-    with Hosts(2, prefix=PREFIX) as made:
+    with Hosts(count, prefix=PREFIX) as made:
         yield made
+
+
+@pytest.fixture
+def hosts():
+    yield from _hosts(2)
+
+
+@pytest.fixture
+def three_hosts():
+    """Three hosts (10.213.0.1-3), for what two cannot show: which of several hosts was lost."""
+    yield from _hosts(3)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dpscale.train.nodes import Nodes, carries_address, parse_nnodes, parse_rdzv_conf
+from dpscale.train.nodes import REJOIN_MARGIN_S, Nodes, carries_address, parse_nnodes, parse_rdzv_conf
 
 
 def _nodes(**kw) -> Nodes:
@@ -50,6 +50,21 @@ def test_a_store_call_waits_the_collective_timeout_unless_read_timeout_is_given(
     assert _nodes(rdzv_conf={"read_timeout": "30"}).read_timeout_s(10) == 30
     with pytest.raises(ValueError, match="read_timeout"):
         _nodes(rdzv_conf={"read_timeout": "0"})
+
+
+def test_a_rejoin_after_a_failure_waits_the_collective_timeout_plus_a_margin():
+    # torch's join_timeout (600 s) kept the store's host waiting that long for a host cut off for
+    # good; the first round keeps it (hosts started by hand), a rejoin waits T + margin
+    fixed = _nodes(min_nodes=2)
+    assert fixed.rdzv_configs(10)["rejoin_timeout"] == 10 + REJOIN_MARGIN_S
+    # MIN:MAX: once MIN hosts are back, torch waits last_call_timeout (30 s) for more, then goes on
+    assert _nodes().rejoin_timeout_s(10) == 10 + REJOIN_MARGIN_S + 30
+    assert _nodes(rdzv_conf={"last_call_timeout": "5"}).rejoin_timeout_s(10) == 10 + REJOIN_MARGIN_S + 5
+    # the user's value wins: an explicit join_timeout applies to every round, as in torch
+    assert "rejoin_timeout" not in _nodes(rdzv_conf={"join_timeout": "900"}).rdzv_configs(10)
+    assert _nodes(rdzv_conf={"rejoin_timeout": "45"}).rdzv_configs(10)["rejoin_timeout"] == 45
+    with pytest.raises(ValueError, match="--rdzv-conf join_timeout must be a whole number"):
+        _nodes(rdzv_conf={"join_timeout": "soon"})
 
 
 @pytest.mark.slow

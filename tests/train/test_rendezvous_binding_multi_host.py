@@ -8,6 +8,7 @@ wrong one, or to every interface, shows. The emulated-host test in tests/multiho
 whole two-host job with `ss`.
 """
 
+import gc
 import os
 import uuid
 
@@ -39,6 +40,7 @@ def _params(endpoint: str, local_addr: str | None, **config) -> RendezvousParame
 
 def _new_listeners(params: RendezvousParameters) -> list[str]:
     """The sockets this process starts listening on while the handler serves one rendezvous."""
+    gc.collect()  # free earlier handlers (reference cycles) now: a port freed mid-count hides a new one
     before = set(listening([os.getpid()]))
     handler = rendezvous_handler_registry.create_handler(params)
     try:
@@ -83,6 +85,7 @@ def test_the_static_rendezvous_store_listens_on_the_endpoint_only():
         max_nodes=1,
         rank=0,
     )
+    gc.collect()
     before = set(listening([os.getpid()]))
     handler = rendezvous_handler_registry.create_handler(params)
     info = handler.next_rendezvous()

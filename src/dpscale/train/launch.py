@@ -164,12 +164,16 @@ def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int,
         return _finished(_launch_elastic(cfg, nproc, max_restarts, threads, nodes))
     except ChildFailedError as e:
         raise LaunchError(_describe_failure(e, nproc, max_restarts)) from None
+    except rendezvous.HostsLost as e:  # this host is cut off: the message names whom it lost
+        raise LaunchError(f"{e}; this host's workers were stopped") from None
+    except rendezvous.HostsDidNotRejoin as e:  # after a restart, the lost hosts never came back
+        raise LaunchError(str(e)) from None
     except RendezvousConnectionError:
         # the agent's store calls time out (read_timeout) when this host is cut off from the store's
         raise LaunchError(
-            f"lost the rendezvous store at {nodes.rdzv_endpoint} (host {nodes.endpoint_host}): it did "
-            f"not answer within {nodes.read_timeout_s(cfg.collective_timeout_s)} s, so that host is gone "
-            "or cut off from this one; this host's workers were stopped"
+            f"lost the rendezvous store at {nodes.rdzv_endpoint} (host {nodes.endpoint_host}): it closed "
+            f"the connection or did not answer within {nodes.read_timeout_s(cfg.collective_timeout_s)} s, "
+            "so that host ended, is gone or is cut off from this one; this host's workers were stopped"
         ) from None
 
 

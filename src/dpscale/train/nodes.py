@@ -17,6 +17,14 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
+REJOIN_TIMEOUT = "rejoin_timeout"
+"""dpscale's own --rdzv-conf key: seconds a host waits for the others to come back after a
+failure (torch's join_timeout then applies only to the first round)."""
+REJOIN_MARGIN_S = 20
+"""What a live host needs on top of the collective timeout to rejoin: its agent sees the new round
+within its monitor interval (0.1 s), stops its workers (up to 5 s) and makes a few store calls."""
+_LAST_CALL_S = 30  # torch's last_call_timeout default
+
 
 @dataclass(kw_only=True)
 class Nodes:
@@ -60,11 +68,12 @@ class Nodes:
                     f"--node-rank must be 0..{self.max_nodes - 1} for --nnodes {self.max_nodes}, "
                     f"got {self.node_rank}"
                 )
-        timeout = self.rdzv_conf.get("read_timeout", "1")
-        if not timeout.isdigit() or int(timeout) < 1:
-            raise ConfigError(
-                f"--rdzv-conf read_timeout must be a whole number of seconds >= 1, got {timeout!r}"
-            )
+        for key in ("read_timeout", "join_timeout", "last_call_timeout", REJOIN_TIMEOUT):
+            timeout = self.rdzv_conf.get(key, "1")
+            if not timeout.isdigit() or int(timeout) < 1:
+                raise ConfigError(
+                    f"--rdzv-conf {key} must be a whole number of seconds >= 1, got {timeout!r}"
+                )
 
     @property
     def endpoint_host(self) -> str:
@@ -87,14 +96,36 @@ class Nodes:
             return int(self.rdzv_conf["read_timeout"])
         return max(1, math.ceil(collective_timeout_s))
 
+    def rejoin_timeout_s(self, collective_timeout_s: float) -> int | None:
+        """How long a host waits for the others to rejoin after a failure (None: torch's
+        join_timeout, 600 s by default, as for the first round).
+
+        `rejoin_timeout` or `join_timeout` from --rdzv-conf wins. Otherwise the collective timeout
+        T (a host restarting because of the same fault gets there when its own workers time out)
+        plus REJOIN_MARGIN_S, plus torch's last-call wait when the job may run with fewer hosts
+        (`--nnodes MIN:MAX`: once MIN hosts are back the round waits that long for more, then goes
+        on without the lost ones). Without it a host cut off for good kept the others waiting
+        600 s before they failed.
+        """
+        if REJOIN_TIMEOUT in self.rdzv_conf:
+            return int(self.rdzv_conf[REJOIN_TIMEOUT])
+        if "join_timeout" in self.rdzv_conf:
+            return None
+        last_call = int(self.rdzv_conf.get("last_call_timeout", _LAST_CALL_S))
+        elastic = last_call if self.min_nodes < self.max_nodes else 0
+        return math.ceil(collective_timeout_s) + REJOIN_MARGIN_S + elastic
+
     def rdzv_configs(self, collective_timeout_s: float = 60.0) -> dict[str, object]:
         if self.node_rank is not None:  # torch's static handler: its timeout bounds the wait for all hosts
             return {**self.rdzv_conf, "rank": self.node_rank}
-        return {
+        configs = {
             **self.rdzv_conf,
             "is_host": self.serves_store(),
             "read_timeout": self.read_timeout_s(collective_timeout_s),
         }
+        if (rejoin := self.rejoin_timeout_s(collective_timeout_s)) is not None:
+            configs[REJOIN_TIMEOUT] = rejoin
+        return configs
 
 
 def nodes_from_flags(

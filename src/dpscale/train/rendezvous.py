@@ -15,27 +15,45 @@ torchrun_plugin.py) binds what its user names, nothing else: the rendezvous stor
 `--rdzv-endpoint` address of the host that serves it, the agent store on `--local-addr` (default:
 this host's address toward the endpoint, which is then also what the other hosts are told).
 Like every handler here it tells the workers the rendezvous round (`DPSCALE_RDZV_ROUND`), the
-one attempt number all hosts share (comm/attempt.py).
+one attempt number all hosts share (comm/attempt.py). It also keeps the host table of the last
+round, so that a host that loses the others can name them (lost_hosts.py), and after a failure
+waits for the hosts to rejoin only as long as `rejoin_timeout` says (nodes.py), not torch's 600 s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
+import pickle
 import socket
 
 import torch.distributed as dist
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousTimeoutError,
+)
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
 from ..comm.attempt import ROUND_ENV, bounded, source_address
-from .nodes import carries_address
+from .lost_hosts import PROBE_S, HostTable
+from .nodes import REJOIN_TIMEOUT, carries_address
 
 BACKEND = "dpscale-loopback"
 MULTI_HOST_BACKEND = "dpscale-c10d"
 STATIC_BACKEND = "dpscale-static"
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 29400  # torchrun's, for an endpoint given without one
+
+
+class HostsLost(RendezvousConnectionError):
+    """This host cannot reach the rendezvous store; the message names the hosts it lost."""
+
+
+class HostsDidNotRejoin(RendezvousTimeoutError):
+    """After a failure, too few hosts came back in time; the message names the missing ones."""
 
 
 def loopback_store(port: int = 0) -> dist.TCPStore:
@@ -140,26 +158,46 @@ class _MultiHostBackend(C10dRendezvousBackend):
     check for waiting nodes, its shutdown) would wait for as long as TCP retransmits (~15 min).
     """
 
-    def __init__(self, store, run_id: str, read_timeout_s: float, endpoint: str = "?"):
+    def __init__(
+        self, store, run_id: str, read_timeout_s: float, endpoint: str = "?", hosts: HostTable | None = None
+    ):
         self._read_timeout_s = read_timeout_s  # before torch's constructor, which calls the store
         self._endpoint = endpoint
+        self._hosts = hosts
         super().__init__(store, run_id)
 
     @property
     def name(self) -> str:
         return MULTI_HOST_BACKEND
 
-    def _call_store(self, store_op: str, *args, **kwargs):
-        from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    def get_state(self):
+        return self._observed(super().get_state())
 
+    def set_state(self, state: bytes, token=None):
+        return self._observed(super().set_state(state, token))
+
+    def _observed(self, result):
+        """`result` (torch's (state bytes, token, ...)), after showing the state to the host table."""
+        if result is not None and self._hosts is not None:
+            self._hosts.observe(pickle.loads(result[0]))  # noqa: S301 -- what torch's own holder loads
+        return result
+
+    def _call_store(self, store_op: str, *args, **kwargs):
         call = super()._call_store
         try:
             return bounded(self._read_timeout_s, lambda: call(store_op, *args, **kwargs))
         except TimeoutError as e:
-            raise RendezvousConnectionError(
-                f"the rendezvous store at {self._endpoint} did not answer within {self._read_timeout_s:g} s "
-                "(its host is gone or cut off from this one)"
-            ) from e
+            no_answer = (
+                f"the rendezvous store at {self._endpoint} did not answer within {self._read_timeout_s:g} s"
+            )
+            lost = self._hosts.unreachable() if self._hosts else []
+            if lost:  # name every host this one cannot reach, not only the store's
+                raise HostsLost(
+                    f"{self._hosts.describe(lost)}: {no_answer}, and "
+                    f"{'they do' if len(lost) > 1 else 'it does'} not answer a TCP connect within "
+                    f"{PROBE_S:g} s (gone, or cut off from this host)"
+                ) from e
+            raise HostsLost(f"{no_answer} (its host is gone or cut off from this one)") from e
 
 
 def _create_handler(params):
@@ -207,18 +245,68 @@ def create_multi_host_handler(params):
             )
     store = _rendezvous_store(params, host, port)
     timeout_s = params.get_as_int("read_timeout", 60)
-    backend = _MultiHostBackend(store, params.run_id, timeout_s, f"{host}:{port}")
+    hosts = HostTable(host, port)
+    backend = _MultiHostBackend(store, params.run_id, timeout_s, f"{host}:{port}", hosts)
     handler = create_handler(store, backend, params)
     # private API, as for the single-host handler (tests/train/test_rendezvous_binding_multi_host.py)
     handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port, timeout_s)
-    return export_round(handler)
+    return export_round(_track_hosts(handler, hosts, params.get_as_int(REJOIN_TIMEOUT)))
+
+
+def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None):
+    """Make `handler` keep the host table of its last completed round and, from then on, wait at
+    most `rejoin_timeout_s` (when given) for the hosts to come back after a failure; a wait that
+    ends unmet names the hosts that did not rejoin. Returns the handler."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
+
+    join = handler.next_rendezvous
+
+    def next_rendezvous():
+        try:
+            info = join()
+        except RendezvousTimeoutError as e:
+            if hosts.round is None:  # the first round: torch's message (who never came is unknown)
+                raise
+            missing = hosts.not_rejoined()
+            seconds = handler._settings.timeout.join.total_seconds()
+            raise HostsDidNotRejoin(
+                f"{hosts.describe(missing) if missing else 'lost hosts'}: the job waited {seconds:g} s "
+                f"for {'it' if len(missing) == 1 else 'them'} to rejoin after a failure and needs at "
+                f"least {handler._settings.min_nodes} hosts (--nnodes)"
+            ) from e
+        except HostsLost:
+            raise
+        except (RendezvousConnectionError, RendezvousClosedError) as e:
+            # another host gave up waiting for the same lost hosts a moment before this one did and
+            # closed the rendezvous (or the store's host ended, taking the store with it): say
+            # whom this host was waiting for
+            missing = hosts.not_rejoined() if hosts.round is not None else []
+            if not missing:
+                raise
+            raise HostsDidNotRejoin(
+                f"{hosts.describe(missing)}: {'it' if len(missing) == 1 else 'they'} had not rejoined "
+                "after a failure when another host gave up waiting and ended the job (the rendezvous "
+                f"at {hosts.endpoint_host}:{hosts.endpoint_port} was closed or stopped answering)"
+            ) from e
+        hosts.record(handler)
+        if rejoin_timeout_s is not None:
+            # the first round waits torch's join timeout (hosts started by hand); a rejoin after a
+            # failure only as long as the hosts that are still there need (nodes.py says how long).
+            # Private state, as in export_round.
+            t = handler._settings.timeout
+            bounded = RendezvousTimeout(
+                datetime.timedelta(seconds=rejoin_timeout_s), t.last_call, t.close, t.heartbeat
+            )
+            handler._settings = dataclasses.replace(handler._settings, timeout=bounded)
+        return info
+
+    handler.next_rendezvous = next_rendezvous
+    return handler
 
 
 def _rendezvous_store(params, host: str, port: int) -> dist.TCPStore:
     """torch's c10d store (as its `_create_tcp_store` makes it), served on the endpoint's address
     only: by the host `is_host` names, else the one whose interfaces carry that address."""
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-
     timeout_s = params.get_as_int("read_timeout", 60)
     if timeout_s <= 0:
         raise ValueError(f"read_timeout must be a positive number of seconds, got {timeout_s}")
