@@ -21,8 +21,10 @@ def test_each_host_gets_torchruns_multi_node_flags_and_only_what_the_user_named(
         "--rdzv-id=j",
         "--local-addr=10.0.0.2",
     ]
-    # 10.0.0.1 is not this machine's: it does not serve the store, whatever its host name says
-    assert "--rdzv-backend=dpscale-c10d" in args and "--rdzv-conf=is_host=0,read_timeout=60" in args
+    # 10.0.0.1 is not this machine's: it does not serve the store, whatever its host name says;
+    # a rejoin after a failure waits the collective timeout (60 s) + 20 s, not torch's 600 s
+    assert "--rdzv-backend=dpscale-c10d" in args
+    assert "--rdzv-conf=is_host=0,read_timeout=60,rejoin_timeout=80" in args
     static = Nodes(min_nodes=2, max_nodes=2, rdzv_endpoint="10.0.0.1:29400", rdzv_id="j", node_rank=1)
     assert torchrun_node_args(static)[-2:] == ["--rdzv-backend=static", "--node-rank=1"]
 
