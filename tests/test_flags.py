@@ -195,3 +195,20 @@ def test_the_torchrun_worker_refuses_bad_threads_in_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err == "python -m dpscale.train.worker: error: --threads must be >= 1, got 0"
     assert worker.WorkerOptions().threads == 1
+
+
+def test_a_reports_config_is_rebuilt_without_its_checks_and_with_todays_defaults():
+    from dpscale.flags import unchecked_config
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Recorded:
+        sizes: tuple[int, ...] = (1, 2)
+        added_later: int = 7
+        names: list[str] = dataclasses.field(default_factory=lambda: ["a"])
+
+        def __post_init__(self):
+            raise AssertionError("an old report's config is not validated again")
+
+    config = unchecked_config(Recorded, {"sizes": [4, 8], "names": ["b"]})
+    assert (config.sizes, config.added_later, config.names) == ((4, 8), 7, ["b"])
+    assert dataclasses.asdict(config) == {"sizes": (4, 8), "added_later": 7, "names": ["b"]}

@@ -148,8 +148,8 @@ def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
 
     Every field that has a value is written, defaults included, so the command means the same
     run after a default changes; None and False fields are left out (their flag unset). Lists are
-    written comma-separated, as the list flags parse them. A field missing from `config` (an older
-    report's config rebuilt without validation) counts as its default.
+    written comma-separated, as the list flags parse them. A field missing from `config` (a config
+    rebuilt by hand without `unchecked_config`) counts as its default.
     """
     argv: list[str] = []
     for f in dataclasses.fields(config):
@@ -171,6 +171,25 @@ def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
         else:
             argv += [flag_name(f), str(value)]
     return argv
+
+
+def unchecked_config(cls: type, values: dict) -> object:
+    """The config a report recorded (`asdict` of it), rebuilt without running its checks: an old
+    report need not fit today's rules (its data set rebuilt, its user model importable, its
+    transport registered). Fields it lacks take their defaults; a list becomes a tuple where the
+    field's default is one, as `config_file_kwargs` reads them."""
+    config = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            config.__dict__[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            config.__dict__[f.name] = f.default_factory()
+        if f.name in values:
+            value = values[f.name]
+            if isinstance(value, list) and isinstance(config.__dict__.get(f.name), tuple):
+                value = tuple(value)
+            config.__dict__[f.name] = value
+    return config
 
 
 def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:

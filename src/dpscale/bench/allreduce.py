@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from ..flags import flag_spec
+from ..flags import flag_spec, unchecked_config
 from ..log import get_logger
 from ..multirank import run_ranks
 from .args import parse_int_list, parse_name_list, parse_size_list
@@ -178,9 +178,7 @@ class AllReduceResult:
     @classmethod
     def from_dict(cls, doc: dict) -> AllReduceResult:
         """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
-        # Validation is skipped: an old run's transports need not be registered (or usable) now.
-        config = object.__new__(AllReduceConfig)
-        config.__dict__.update(doc["config"])
+        config = unchecked_config(AllReduceConfig, doc["config"])  # its transports need not exist now
         points = [AllReducePoint(**p) for p in doc["points"]]
         return cls(config, points, [LatencyBandwidthFit(**f) for f in doc["fits"]])
 

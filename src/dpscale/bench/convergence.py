@@ -48,7 +48,7 @@ from pathlib import Path
 from ..cores import usable_cores
 from ..engine.hooks import COMPRESSIONS
 from ..errors import ConfigError
-from ..flags import flag_spec
+from ..flags import flag_spec, unchecked_config
 from ..multirank import run_ranks
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
@@ -207,9 +207,7 @@ class ConvergenceResult:
     @classmethod
     def from_dict(cls, doc: dict) -> ConvergenceResult:
         """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
-        # Validation is skipped: it would rebuild the data set, and an old report need not fit today's rules.
-        config = object.__new__(ConvergenceConfig)
-        config.__dict__.update(doc["config"])
+        config = unchecked_config(ConvergenceConfig, doc["config"])  # validating would build the data
         return cls(config, [ConvergenceRun(**r) for r in doc["runs"]])
 
     def summary(self) -> list[dict]:

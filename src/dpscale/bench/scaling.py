@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field, fields
 from ..cores import usable_cores
 from ..engine.registry import BENCH_ENGINES, DEFAULT_BENCH_ENGINES
 from ..errors import ConfigError
-from ..flags import flag_spec
+from ..flags import flag_spec, unchecked_config
 from ..log import get_logger
 from ..multirank import run_ranks
 from ..workloads import WORKLOADS
@@ -213,9 +213,7 @@ class ScalingResult:
     @classmethod
     def from_dict(cls, doc: dict) -> ScalingResult:
         """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
-        # Validation is skipped: an old run's user model need not be importable now.
-        config = object.__new__(ScalingConfig)
-        config.__dict__.update(doc["config"])
+        config = unchecked_config(ScalingConfig, doc["config"])  # its user model need not import now
         runs = [EngineRun(**r) for r in doc["runs"]]
         slowest = {(r.engine, r.world_size): [max(s) for s in r.step_ms] for r in runs}
         points = []

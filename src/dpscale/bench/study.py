@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..engine.registry import TRAIN_ENGINES
 from ..errors import ConfigError
-from ..flags import flag_spec
+from ..flags import flag_spec, unchecked_config
 from ..log import get_logger
 from ..workloads.recipe import load_recipe
 from . import allreduce, convergence, kinds, scaling, study_summary, weak, weak_report
@@ -142,9 +142,7 @@ class StudyResult:
     @classmethod
     def from_dict(cls, doc: dict) -> StudyResult:
         """Rebuild from `to_dict()` output (report.json's "results"), e.g. to re-render a report."""
-        # Validation is skipped: an old study's user models need not be importable now.
-        config = object.__new__(StudyConfig)
-        config.__dict__.update({k: tuple(v) if isinstance(v, list) else v for k, v in doc["config"].items()})
+        config = unchecked_config(StudyConfig, doc["config"])  # its user models need not import now
         return cls(
             config,
             allreduce.AllReduceResult.from_dict(doc["allreduce"]),

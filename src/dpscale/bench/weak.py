@@ -39,7 +39,7 @@ from pathlib import Path
 from ..cores import usable_cores
 from ..engine.registry import TRAIN_ENGINES
 from ..errors import ConfigError
-from ..flags import flag_spec
+from ..flags import flag_spec, unchecked_config
 from ..multirank import run_ranks
 from ..train.adascale import AdaScaleGain
 from ..train.callbacks import TrainerCallback
@@ -231,8 +231,7 @@ class WeakResult:
     def from_dict(cls, doc: dict) -> WeakResult:
         """Rebuild from `to_dict()` (report.json's "results") without re-validating (an old report
         need not fit today's rules, and validating would build the data set)."""
-        config = object.__new__(WeakConfig)
-        config.__dict__.update(doc["config"])
+        config = unchecked_config(WeakConfig, doc["config"])
         fields = WeakRun.__dataclass_fields__
         runs = [WeakRun(**{k: v for k, v in r.items() if k in fields}) for r in doc["runs"]]
         return cls(config, runs, doc.get("target_on", "eval"))
