@@ -3,7 +3,10 @@ the one shape every bench runs in (`Bench`): config from the flags, measure, pri
 report, and the --json line last.
 
 commands.py lists the commands; this module knows no bench, so a new bench command is one
-`Bench(...)` there.
+`Bench(...)` there. Three commands keep runners of their own because their shape differs:
+`bench engine` writes one report per model as it goes, `study` writes its combined report under
+its config's directory before printing the summary, and `scale` keeps its script's logs in the
+report and tells the script's own failure (exit 1) from bad input.
 """
 
 from __future__ import annotations
