@@ -34,7 +34,7 @@ bottleneck is the largest of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
 from ..engine.registry import DPSCALE_ON_SHM, PROFILE_ENGINES
@@ -84,7 +84,8 @@ class PredictConfig:
     # profile's input rate, 0 loads in each worker's own loop (before every step) and K > 0 in K
     # processes each, ahead of the step; None: no input term from the profile
     data_workers: int | None = None
-    terms: ScaleTerms = field(default_factory=ScaleTerms)  # stragglers, bandwidth, congestion, interference
+    # stragglers, bandwidth, congestion, interference, input pipeline
+    terms: ScaleTerms = field(default_factory=ScaleTerms)
 
     def __post_init__(self) -> None:
         if not self.world_sizes or any(n < 1 for n in self.world_sizes):
@@ -163,7 +164,9 @@ def _ready(buckets: list[ReadyBucket], prof: ModelProfile, backward_ms: float) -
     return [ReadyBucket(b.index, b.nbytes, min(b.ready_ms * stretch, backward_ms)) for b in buckets]
 
 
-def _input(prof: ModelProfile, cluster: Cluster, config: PredictConfig):
+def _input(
+    prof: ModelProfile, cluster: Cluster, config: PredictConfig
+) -> tuple[float, Callable[[int], float | None]]:
     """(ms each worker spends loading its batch in its own loop, the node's input rate for k workers
     on it or None): --input-samples-per-s or the cluster's rate; else, with --data-workers, the
     profile's one-process rate (0: loaded in the loop; K: K loader processes per worker, assumed to
