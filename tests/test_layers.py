@@ -169,3 +169,15 @@ def test_no_module_is_over_the_line_limit():
         name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert not long, f"over {MAX_LINES} lines, split by concept (STYLE.md): {long}"
+
+
+def test_the_architecture_page_names_every_engine_and_comm_module():
+    # docs/architecture.md's layer table lists the files of the product's heart; a new one goes there too
+    page = (SRC.parent / "docs" / "architecture.md").read_text()
+    unnamed = [
+        f"{path.parent.name}/{path.name}"
+        for folder in ("comm", "engine")
+        for path in sorted((PACKAGE / folder).glob("*.py"))
+        if path.name != "__init__.py" and f"`{path.name}`" not in page
+    ]
+    assert not unnamed, f"name these in docs/architecture.md's layer table (what each holds): {unnamed}"
