@@ -198,6 +198,7 @@ def test_a_host_too_slow_for_one_worker_limits_the_baseline_too():
     config = PredictConfig(world_sizes=[1, 2], algorithm="ring", terms=ScaleTerms(compute_cv=0.0))
     one, two = predict(_profile(), _cluster(input_samples_per_s=40.0), config)
     assert one.step_ms == pytest.approx(200.0) and one.efficiency == pytest.approx(1.0)
+    assert one.bottleneck == two.bottleneck == INPUT_PIPELINE  # one worker waits for data too
     assert two.step_ms == pytest.approx(400.0) and two.efficiency == pytest.approx(0.5)
     with pytest.raises(ValueError, match="--input-samples-per-s"):
         ScaleTerms(input_samples_per_s=0.0)

@@ -145,7 +145,11 @@ def _losses(exposed_ms: float, terms_ms: dict[str, float], extra: dict[str, floa
 
 
 def _bottleneck(world_size: int, step_ms: float, losses_ms: dict[str, float]) -> str:
-    if world_size == 1 or sum(losses_ms.values()) <= COMPUTE_BOUND_SHARE * step_ms:
+    if world_size == 1:
+        # one worker waits for no peer; only its host's input pipeline can hold it back
+        waiting = losses_ms.get(INPUT_PIPELINE, 0.0) > COMPUTE_BOUND_SHARE * step_ms
+        return INPUT_PIPELINE if waiting else "compute"
+    if sum(losses_ms.values()) <= COMPUTE_BOUND_SHARE * step_ms:
         return "compute"
     return max(losses_ms, key=losses_ms.__getitem__)
 
