@@ -9,6 +9,7 @@ Usage: .venv/bin/python scripts/multihost_elastic.py
 """
 
 import json
+import socket
 import sys
 import tempfile
 import time
@@ -44,7 +45,10 @@ def main() -> int:
         print(f"host 2: {run.errors(2).strip()}")
         went_on = codes[:2] == [0, 0]
         went_on &= all(r.get("steps") == 300 and r.get("world_size") == 2 for r in results)
-        lost = f"lost hosts {hosts.addrs[0]} (serves the rendezvous store), {hosts.addrs[1]}:"
+        name = socket.gethostname()  # the emulated hosts share it
+        lost = (
+            f"lost hosts {name} ({hosts.addrs[0]}, serves the rendezvous store), {name} ({hosts.addrs[1]}):"
+        )
         named = lost in run.errors(2)
         print(f"{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, load {open('/proc/loadavg').read()[:14]}")
         return 0 if went_on and codes[2] == 1 and named else 1

@@ -9,6 +9,7 @@
 """
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -80,12 +81,14 @@ def test_a_host_cut_off_for_good_ends_every_host_naming_the_lost_ones(three_host
     assert [p.returncode for p in run.procs] == [1, 1, 1], run.tail()
     assert max(ended[:2]) <= connected_s + 15 and ended[2] <= cut_off_s + 15, ended
     a, b, cut = three_hosts.addrs
+    name = socket.gethostname()  # every emulated host's (the namespaces share it); named before the address
     # the hosts still connected name the one that did not come back: the first to give up says
     # how long it waited; one that finds the store gone a moment later, that it was waiting for it
     for i in (0, 1):
-        assert f"lost host {cut}: " in run.errors(i), run.tail()
+        assert f"lost host {name} ({cut}): " in run.errors(i), run.tail()
     assert any(f"the job waited {TIMEOUT_S + 20} s" in run.errors(i) for i in (0, 1)), run.tail()
-    assert f"lost hosts {a} (serves the rendezvous store), {b}:" in run.errors(2), run.tail()
+    lost = f"lost hosts {name} ({a}, serves the rendezvous store), {name} ({b}):"
+    assert lost in run.errors(2), run.tail()
 
 
 def _params(out: str) -> dict:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from ..comm.attempt import within
+
 PROBE_S = 2.0
 """How long a probe waits for each host: a connect across a working link is answered in far less
 than the 1 s after which TCP resends its first SYN."""
@@ -60,7 +62,20 @@ class HostTable:
         self.peers: list[str] = []
         """The other hosts of the last completed round, by address."""
         self.round: int | None = None
+        self.hostnames: dict[str, str] = {}
+        """Each host's name by address, as it published it (best effort: may be empty)."""
         self._back: set[str] = set()
+
+    def publish_name(self, store, run_id: str, addr: str, timeout_s: float) -> None:
+        """Put this host's name in the rendezvous store before it joins (best effort)."""
+        within(timeout_s, lambda: store.set(_name_key(run_id, addr), socket.gethostname()), None)
+
+    def read_names(self, store, run_id: str, timeout_s: float) -> None:
+        """After a completed round: the names every other host published before it joined."""
+        keys = [_name_key(run_id, addr) for addr in self.peers]
+        names = within(timeout_s, lambda: store.multi_get(keys), None) if keys else []
+        if names:
+            self.hostnames = {addr: name.decode() for addr, name in zip(self.peers, names, strict=True)}
 
     def record(self, handler) -> None:
         """After a completed round: who took part (torch's DynamicRendezvousHandler, private state;
@@ -91,7 +106,12 @@ class HostTable:
         return sorted(set(self.peers) - self._back)
 
     def name(self, addr: str) -> str:
-        return f"{addr} (serves the rendezvous store)" if addr == self.endpoint_host else addr
+        """ "node-01 (10.0.0.1, serves the rendezvous store)", "node-02 (10.0.0.2)", or the address
+        alone (and its role) where the host's name is not known."""
+        where = [addr, "serves the rendezvous store"] if addr == self.endpoint_host else [addr]
+        if host := self.hostnames.get(addr):
+            return f"{host} ({', '.join(where)})"
+        return f"{addr} ({where[1]})" if len(where) > 1 else addr
 
     def unreachable(self) -> list[str]:
         """The hosts (the store's included) that do not answer a probe now."""
@@ -99,5 +119,10 @@ class HostTable:
         return silent(others, self.endpoint_port)
 
     def describe(self, addrs: list[str]) -> str:
-        """ "lost host 10.0.0.2" / "lost hosts 10.0.0.1 (serves the rendezvous store), 10.0.0.3"."""
+        """ "lost host node-02 (10.0.0.2)" / "lost hosts node-01 (10.0.0.1, serves the rendezvous
+        store), node-03 (10.0.0.3)"."""
         return f"lost host{'s' if len(addrs) > 1 else ''} " + ", ".join(self.name(a) for a in addrs)
+
+
+def _name_key(run_id: str, addr: str) -> str:
+    return f"dpscale/hostname/{run_id}/{addr}"

@@ -246,17 +246,21 @@ def create_multi_host_handler(params):
     store = _rendezvous_store(params, host, port)
     timeout_s = params.get_as_int("read_timeout", 60)
     hosts = HostTable(host, port)
+    # every host's name next to its address, before it joins: errors then say "node-03 (10.0.0.3)"
+    hosts.publish_name(store, params.run_id, params.local_addr, timeout_s)
     backend = _MultiHostBackend(store, params.run_id, timeout_s, f"{host}:{port}", hosts)
     handler = create_handler(store, backend, params)
     # private API, as for the single-host handler (tests/train/test_rendezvous_binding_multi_host.py)
     handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port, timeout_s)
-    return export_round(_track_hosts(handler, hosts, params.get_as_int(REJOIN_TIMEOUT)))
+    names = (store, params.run_id, timeout_s)
+    return export_round(_track_hosts(handler, hosts, params.get_as_int(REJOIN_TIMEOUT), names))
 
 
-def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None):
-    """Make `handler` keep the host table of its last completed round and, from then on, wait at
-    most `rejoin_timeout_s` (when given) for the hosts to come back after a failure; a wait that
-    ends unmet names the hosts that did not rejoin. Returns the handler."""
+def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None, names: tuple = ()):
+    """Make `handler` keep the host table of its last completed round (with the names the hosts
+    published, read through `names` = (store, run_id, timeout_s)) and, from then on, wait at most
+    `rejoin_timeout_s` (when given) for the hosts to come back after a failure; a wait that ends
+    unmet names the hosts that did not rejoin. Returns the handler."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
 
     join = handler.next_rendezvous
@@ -289,6 +293,8 @@ def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None):
                 f"at {hosts.endpoint_host}:{hosts.endpoint_port} was closed or stopped answering)"
             ) from e
         hosts.record(handler)
+        if names:
+            hosts.read_names(*names)
         if rejoin_timeout_s is not None:
             # the first round waits torch's join timeout (hosts started by hand); a rejoin after a
             # failure only as long as the hosts that are still there need (nodes.py says how long).
