@@ -41,8 +41,7 @@ import torch
 
 from dpscale import DistributedDataParallel
 from dpscale.bench.args import parse_size_list
-from dpscale.bench.rounds import run_rounds
-from dpscale.bench.scaling import quantile
+from dpscale.bench.rounds import quantile, run_rounds
 from dpscale.comm import SharedMemoryTransport
 from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
