@@ -289,7 +289,7 @@ def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None, names:
                 raise
             raise HostsDidNotRejoin(
                 f"{hosts.describe(missing)}: {'it' if len(missing) == 1 else 'they'} had not rejoined "
-                "after a failure when another host gave up waiting and ended the job (the rendezvous "
+                "after a failure when another host ended the job (the rendezvous "
                 f"at {hosts.endpoint_host}:{hosts.endpoint_port} was closed or stopped answering)"
             ) from e
         hosts.record(handler)
