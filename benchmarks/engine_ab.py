@@ -1,6 +1,15 @@
 """Old vs new engine on gloo, in alternating rounds in one run: did an engine change cost time?
 
     python benchmarks/engine_ab.py [--models mlp] [--rounds 20] [--steps 5] [--json out.json]
+    python benchmarks/engine_ab.py --base REF [--transport gloo|shm] [--models mlp,transformer] ...
+
+With `--base REF` the variants are `torch` (torch DDP), `base` (dpscale's engine as it is at git
+REF, loaded from `git archive REF src/dpscale` as a package of its own) and `head` (the engine in
+this tree), all three built as the benches build them (engine/registry.wrap: bucket_cap_mb=25,
+gradient_as_bucket_view=True), dpscale on `--transport`. A step is bench/scaling.timed_step (zero_grad
++ forward + mean loss + backward + SGD step) on a fixed batch, as in `dpscale bench engine`.
+
+Without `--base`, the variants of the 2026-12-01 per-parameter question:
 
 Both ranks (world size 2, gloo, one intra-op thread each) hold the same workload wrapped four
 ways and train them in turn, a round of `steps` steps each, the order rotating every round
@@ -22,20 +31,32 @@ Figures of record: per variant, the median over rounds of (variant / torch) with
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import shutil
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.bench.rounds import fixed_round_sizes, run_rounds
+from dpscale.bench.scaling import timed_step
 from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
+from dpscale.workloads.recipe import load_recipe
 
 VARIANTS = ("torch", "old", "view", "new")
+BASE_VARIANTS = ("torch", "base", "head")
+PER_WORKER_BATCH = 64  # as `dpscale bench engine`
+BASE_PACKAGE = "dpscale_base"  # the engine at --base, importable next to this tree's dpscale
 
 
 @dataclass
@@ -94,12 +115,68 @@ def _rank(rank: int, world: int, name: str, rounds: int, steps: int) -> dict:
     return {"batch": batch, "rounds": {v: [sum(r) * 1e3 / len(r) for r in out[v]] for v in VARIANTS}}
 
 
-def run(name: str, rounds: int, steps: int, workers: int = 2) -> EngineAB:
-    ranks = run_ranks(_rank, workers, name, rounds, steps, timeout_s=3600)
+def extract_base(ref: str, into: Path) -> None:
+    """`src/dpscale` as of git `ref`, as the package BASE_PACKAGE under `into` (its imports are
+    relative, so it runs beside this tree's dpscale without touching it)."""
+    repo = Path(__file__).resolve().parent.parent
+    tar = subprocess.run(["git", "-C", str(repo), "archive", ref, "src/dpscale"], capture_output=True)
+    if tar.returncode != 0:
+        raise SystemExit(f"--base: git archive {ref!r} failed: {tar.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as t:
+        t.extractall(into, filter="data")
+    shutil.move(into / "src" / "dpscale", into / BASE_PACKAGE)
+
+
+def _wrap_base(variant: str, module: nn.Module, transport: str) -> nn.Module:
+    # as engine/registry.wrap builds the engines for the benches
+    if variant == "torch":
+        return nn.parallel.DistributedDataParallel(module, bucket_cap_mb=25.0, gradient_as_bucket_view=True)
+    if variant == "base":
+        from dpscale_base import DistributedDataParallel as engine  # noqa: N813 - see extract_base
+    else:
+        engine = DistributedDataParallel
+    return engine(module, transport=transport, bucket_cap_mb=25.0, gradient_as_bucket_view=True)
+
+
+def _rank_base(
+    rank: int, world: int, name: str, rounds: int, steps: int, base_dir: str, transport: str
+) -> dict:
+    sys.path.insert(0, base_dir)
+    torch.set_num_threads(1)
+    work = load_recipe(name)
+    batch = PER_WORKER_BATCH
+    x, y = work.make_batch(batch, torch.Generator().manual_seed(100 + rank))
+    models, opts = {}, {}
+    for v in BASE_VARIANTS:
+        torch.manual_seed(0)  # same initial weights for every variant
+        models[v] = _wrap_base(v, work.build_model(), transport)
+        opts[v] = torch.optim.SGD(models[v].parameters(), lr=1e-4, momentum=0.9)
+
+    def step(v: str) -> float:
+        return timed_step(models[v], opts[v], work.loss, x, y, batch) / 1e3
+
+    run_rounds(BASE_VARIANTS, step, fixed_round_sizes(2 * steps, steps))  # warm-up
+    out = run_rounds(BASE_VARIANTS, step, fixed_round_sizes(rounds * steps, steps))
+    for v, m in models.items():
+        if v != "torch":
+            m.close()
+    return {"batch": batch, "rounds": {v: [sum(r) * 1e3 / len(r) for r in out[v]] for v in BASE_VARIANTS}}
+
+
+def run(
+    name: str, rounds: int, steps: int, workers: int = 2, *, base: str | None = None, transport: str = "gloo"
+) -> EngineAB:
+    variants = VARIANTS if base is None else BASE_VARIANTS
+    if base is None:
+        ranks = run_ranks(_rank, workers, name, rounds, steps, timeout_s=3600)
+    else:
+        with tempfile.TemporaryDirectory(prefix="engine-ab-") as tmp:
+            extract_base(base, Path(tmp))
+            ranks = run_ranks(_rank_base, workers, name, rounds, steps, tmp, transport, timeout_s=3600)
     # a round counts at its slower rank
-    per_round = {v: [max(r["rounds"][v][k] for r in ranks) for k in range(rounds)] for v in VARIANTS}
+    per_round = {v: [max(r["rounds"][v][k] for r in ranks) for k in range(rounds)] for v in variants}
     figures = []
-    for v in VARIANTS:
+    for v in variants:
         ratios = [a / t for a, t in zip(per_round[v], per_round["torch"], strict=True)]
         deciles = statistics.quantiles(ratios, n=10)
         median_ms = statistics.median(per_round[v])
@@ -112,6 +189,8 @@ def main() -> None:
     parser.add_argument("--models", default="mlp", help=f"comma-separated, from {', '.join(WORKLOADS)}")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--base", help="git ref: time its engine (variant base) against this tree's")
+    parser.add_argument("--transport", default="gloo", choices=("gloo", "shm"), help="dpscale's, with --base")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -119,12 +198,14 @@ def main() -> None:
         parser.error(f"--models: choose from {', '.join(WORKLOADS)}")
     if args.rounds < 3 or args.steps < 1:
         parser.error("--rounds must be >= 3 and --steps >= 1")
+    if args.transport != "gloo" and args.base is None:
+        parser.error("--transport needs --base")
     results = []
     for name in names:
-        result = run(name, args.rounds, args.steps)
+        result = run(name, args.rounds, args.steps, base=args.base, transport=args.transport)
         results.append(result)
         print(
-            f"{name}: {result.workers} workers x {result.per_worker_batch} samples, gloo, "
+            f"{name}: {result.workers} workers x {result.per_worker_batch} samples, {args.transport}, "
             f"{result.rounds} rounds of {result.steps_per_round} steps"
         )
         for f in result.figures:

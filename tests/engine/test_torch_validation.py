@@ -244,3 +244,22 @@ def test_inputs_go_to_the_modules_device_through_nested_containers():
     assert input_device(split, None, {"1.weight", "1.bias"}) is None  # ignored parameters don't count
     moved = move_to((torch.ones(1), [torch.ones(1), {"x": torch.ones(1), "n": 3}]), torch.device("meta"))
     assert moved[0].is_meta and moved[1][0].is_meta and moved[1][1]["x"].is_meta and moved[1][1]["n"] == 3
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 25, 0.5])
+def test_first_bucket_cap_follows_torchs_rule(bucket_cap_mb):
+    # torch 2.13: a 1 MiB first bucket only when bucket_cap_mb is left at its default; a cap
+    # given explicitly holds for the first bucket too (one collective fewer per step)
+    torch_caps = nn.parallel.distributed._BucketCapacityConfig.create(bucket_cap_mb, None, False)
+    model = ddp(bucket_cap_mb=bucket_cap_mb)
+    assert int(model.first_bucket_cap_mb * 1024 * 1024) == torch_caps.first_bucket_bytes_cap
+    assert model.bucket_bytes_cap == torch_caps.bucket_bytes_cap
+
+
+def test_an_explicit_bucket_cap_gives_no_small_first_bucket():
+    # 4 MiB weights: with the 1 MiB first bucket the last bias is reduced on its own
+    layers = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 1024))
+    assert ddp(layers).bucket_assignment == [["1.bias"], ["1.weight", "0.bias", "0.weight"]]
+    assert ddp(layers, bucket_cap_mb=25).bucket_assignment == [["1.bias", "1.weight", "0.bias", "0.weight"]]
+    small_first = ddp(layers, bucket_cap_mb=25, first_bucket_cap_mb=1)
+    assert len(small_first.bucket_assignment) == 2

@@ -18,6 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 DEFAULT_BUCKET_CAP_MB = 25.0
+# torch's dist._DEFAULT_FIRST_BUCKET_BYTES: the first bucket's cap when bucket_cap_mb is left at its default
+DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
