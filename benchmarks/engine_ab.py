@@ -6,7 +6,7 @@
 With `--base REF` the variants are `torch` (torch DDP), `base` (dpscale's engine as it is at git
 REF, loaded from `git archive REF src/dpscale` as a package of its own) and `head` (the engine in
 this tree), all three built as the benches build them (engine/registry.wrap: bucket_cap_mb=25,
-gradient_as_bucket_view=True), dpscale on `--transport`. A step is bench/scaling.timed_step (zero_grad
+gradient_as_bucket_view=True), dpscale on `--transport`. A step is bench/scaling_rank.timed_step (zero_grad
 + forward + mean loss + backward + SGD step) on a fixed batch, as in `dpscale bench engine`.
 
 Without `--base`, the variants of the 2026-12-01 per-parameter question:
@@ -48,7 +48,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.bench.rounds import fixed_round_sizes, run_rounds
-from dpscale.bench.scaling import timed_step
+from dpscale.bench.scaling_rank import timed_step
 from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 from dpscale.workloads.recipe import load_recipe
