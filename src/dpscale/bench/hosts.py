@@ -45,7 +45,8 @@ class HostFlags:
     local_addr: str | None = field(default=None, metadata=flag_spec(group=GROUP))
     """the address other hosts reach this one at"""
     rdzv_conf: str | None = field(default=None, metadata=flag_spec(group=GROUP))
-    """k=v,... passed to torch's rendezvous (e.g. is_host=1)"""
+    """k=v,... passed to torch's rendezvous (e.g. is_host=1, join_timeout=600); rejoin_timeout=S:
+    how long the hosts wait for each other after a failure (default: collective timeout + 20 s)"""
     node_rank: int | None = field(default=None, metadata=flag_spec(group=GROUP))
     """this host's rank 0..H-1 for a static rendezvous (default: the rendezvous numbers the hosts)"""
 

@@ -39,7 +39,8 @@ class LaunchOptions:
     local_addr: str | None = None
     """the address other hosts reach this one at"""
     rdzv_conf: str | None = None
-    """k=v,... passed to torch's rendezvous (e.g. is_host=1)"""
+    """k=v,... passed to torch's rendezvous (e.g. is_host=1, join_timeout=600); rejoin_timeout=S:
+    how long the hosts wait for each other after a failure (default: collective timeout + 20 s)"""
     node_rank: int | None = None
     """this host's rank 0..N-1 for a static rendezvous (torchrun's meaning; needs --nnodes N; the
     host of rank 0 serves the store; no restarts across hosts). Default: the rendezvous numbers the hosts"""
