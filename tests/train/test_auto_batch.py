@@ -5,6 +5,7 @@ import json
 import types
 
 import pytest
+import torch
 from test_noise_scale_train import _task as regression_task  # tests/train is on sys.path
 
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
@@ -84,6 +85,27 @@ def test_decisions_come_every_check_every_steps_after_enough_measurements():
     grow.after_step(trainer)
     assert calls == [(16, 4)] and trainer.total_steps == 99  # 32 -> 64, steps replanned
     assert grow.changes == [(16, 64)]
+
+
+def test_the_ranks_step_times_are_averaged_on_the_trainers_device(monkeypatch):
+    # CUDA workers reduce over NCCL, which takes no CPU tensor: the times go where the step is
+    grow = GrowBatch(max_global_batch=64)
+    grow.step_s = {1: [0.02, 0.01], 2: [0.03]}
+    seen = []
+
+    class Reduced(Exception):
+        pass
+
+    def all_reduce(tensor, group=None):
+        seen.append((tensor.device, tensor.tolist() if tensor.device.type == "cpu" else None))
+        raise Reduced
+
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
+    monkeypatch.setattr("torch.distributed.all_reduce", all_reduce)
+    for device in ("cpu", "meta"):  # meta: any device but the CPU (none here has a GPU)
+        with pytest.raises(Reduced):
+            grow.agreed_step_s(types.SimpleNamespace(group=None, device=torch.device(device)))
+    assert seen == [(torch.device("cpu"), [0.01, 0.03]), (torch.device("meta"), None)]
 
 
 def _grow_run(rank, world, cfg):

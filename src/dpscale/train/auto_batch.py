@@ -119,7 +119,9 @@ class GrowBatch(TrainerCallback):
         not the median: on a shared host a few steps' median still moves with the load, which
         made decisions flap between two batches."""
         ks = sorted(self.step_s)
-        medians = torch.tensor([min(self.step_s[k]) for k in ks], dtype=torch.float64)
+        # on the trainer's device: an NCCL group (CUDA workers) reduces no CPU tensor
+        device = getattr(trainer, "device", "cpu")
+        medians = torch.tensor([min(self.step_s[k]) for k in ks], dtype=torch.float64, device=device)
         group = getattr(trainer, "group", None)
         if ks and dist.is_available() and dist.is_initialized():
             dist.all_reduce(medians, group=group)
