@@ -127,3 +127,25 @@ def test_after_a_failure_the_hosts_that_do_not_rejoin_are_named_within_the_rejoi
     finally:
         for handler in (other, store_host):
             handler.shutdown()
+
+
+def test_hosts_are_named_as_they_published_themselves_and_a_missing_name_costs_no_wait():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    hosts = HostTable("10.0.0.1", 29400)
+    hosts.peers = ["10.0.0.1", "10.0.0.3"]
+    hosts.publish_name(store, "job", "10.0.0.1", 5)
+    start = time.monotonic()
+    hosts.read_names(store, "job", 5)  # 10.0.0.3 never published: no names, and no 5 s wait
+    assert hosts.hostnames == {} and time.monotonic() - start < 1
+    assert (
+        hosts.describe(["10.0.0.1", "10.0.0.3"])
+        == "lost hosts 10.0.0.1 (serves the rendezvous store), 10.0.0.3"
+    )
+    store.set("dpscale/hostname/job/10.0.0.3", "node-03")
+    hosts.read_names(store, "job", 5)
+    me = socket.gethostname()
+    assert hosts.describe(["10.0.0.1", "10.0.0.3"]) == (
+        f"lost hosts {me} (10.0.0.1, serves the rendezvous store), node-03 (10.0.0.3)"
+    )

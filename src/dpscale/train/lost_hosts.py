@@ -73,7 +73,10 @@ class HostTable:
     def read_names(self, store, run_id: str, timeout_s: float) -> None:
         """After a completed round: the names every other host published before it joined."""
         keys = [_name_key(run_id, addr) for addr in self.peers]
-        names = within(timeout_s, lambda: store.multi_get(keys), None) if keys else []
+        # check first: a get waits for a missing key (a host that could not publish) up to timeout_s
+        if not keys or not within(timeout_s, lambda: store.check(keys), False):
+            return
+        names = within(timeout_s, lambda: store.multi_get(keys), None)
         if names:
             self.hostnames = {addr: name.decode() for addr, name in zip(self.peers, names, strict=True)}
 
