@@ -1,9 +1,9 @@
 """What measuring the gradient noise scale costs: the mlp workload at 2 workers, off and on.
 
-    python benchmarks/noise_scale_cost.py [--rounds 12] [--steps 8] [--json out.json]
+    python benchmarks/noise_scale_cost.py [--rounds 10] [--steps 8] [--json out.json]
 
 Both ranks train the `mlp` workload (its default global batch, 64 per worker, SGD) with one
-dpscale engine, in rounds of `--steps` steps that rotate over four variants (each round pair is
+dpscale engine, in rounds of `--steps` steps that rotate over five variants (each round pair is
 in one run, the order shifts every round):
 
 - `off`: no measurement;
@@ -11,8 +11,10 @@ in one run, the order shifts every round):
   rank's local squared norm, per large tensor in the hook right after its copy-and-divide and per
   small bucket at launch, and the loop pairs it with the norm of the reduced gradients it takes
   anyway for its skip check (`noise_scale_reduced_norm = False`);
-- `every 1, engine both`: a bare engine under a user's loop, which also reads the reduced buckets
-  again after the wait (`noise_scale_reduced_norm = True`).
+- `every 1, local slices`: the same with each rank reading only its 1/W slice of every gradient
+  (`noise_scale_local_slice`; the loop sums the slices' norms over ranks);
+- `every 1, engine both`: a bare engine under a user's loop, which takes the whole local norm and
+  reads the reduced buckets again after the wait (the engine's defaults).
 
 Every variant's loop takes that skip-check norm (torch.nn.utils.get_total_norm), as the Trainer
 does, so it is not counted as the measurement's cost. A step is zero_grad + forward + loss +
@@ -37,12 +39,13 @@ from dpscale.engine import finalize, readiness
 from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
-# name: (measure, every, engine takes the reduced norm too)
+# name: (measure, every, engine takes the reduced norm too, local norm over this rank's slice only)
 VARIANTS = {
-    "off": (False, 1, False),
-    "every 1": (True, 1, False),
-    "every 8": (True, 8, False),
-    "every 1, engine both": (True, 1, True),
+    "off": (False, 1, False, False),
+    "every 1": (True, 1, False, False),
+    "every 8": (True, 8, False, False),
+    "every 1, local slices": (True, 1, False, True),
+    "every 1, engine both": (True, 1, True, False),
 }
 
 
@@ -89,10 +92,10 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
     readiness.bucket_sq_norm = finalize.bucket_sq_norm = timed_norm
 
     def round_ms(variant: str) -> float:
-        measure, every, both = VARIANTS[variant]
+        measure, every, both, sliced = VARIANTS[variant]
         reducer = model.reducer
         reducer.measure_noise_scale, reducer.noise_scale_every = measure, every
-        reducer.noise_scale_reduced_norm = both
+        reducer.noise_scale_reduced_norm, reducer.noise_scale_local_slice = both, sliced
         t0 = time.perf_counter()
         for _ in range(steps):
             idx = torch.randint(0, len(train), (batch,), generator=g)
@@ -152,7 +155,7 @@ def run(rounds: int, steps: int, workers: int = 2) -> NoiseScaleCost:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=8, help="steps per round, a multiple of 8")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()

@@ -111,6 +111,10 @@ def test_the_meter_unscales_fp16_norms_and_takes_the_loops_reduced_norm():
     assert norms.big_sq == 5.0
     meter.update(norms, 8.0, reduced_sq=1e9)  # the engine's figure wins over the loop's
     assert meter.b_simple == pytest.approx(96.0)
+    # ranks that took slices of their gradients: the flags' sum is one rank's norm; else the mean
+    assert meter.small_sq_from_sum(10.0) == 5.0
+    meter.local_slices = True
+    assert meter.small_sq_from_sum(10.0) == 10.0
     # one worker: the first micro-batch's gradient scaled to its own mean, unscaled too
     one = NoiseScaleMeter(1)
     p = torch.nn.Parameter(torch.zeros(3))

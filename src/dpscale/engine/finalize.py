@@ -120,10 +120,13 @@ class Finalize:
         scale = 1.0 if self.comm_hook is not None else float(self.divisor) ** 2
         local = float(torch.stack(self._local_sq).sum()) * scale
         self._local_sq = []
-        if not self.noise_scale_reduced_norm:
-            return local, None
-        reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
-        if self.world_size > 1 and self.divisor == self.world_size:  # not while ranks have joined
+        reduced = None
+        if self.noise_scale_reduced_norm:
+            reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
+        # the rank's own estimate needs its whole local norm (not a slice) and the averaged one,
+        # and not while ranks have joined (the average is then over fewer ranks)
+        whole = reduced is not None and not self.noise_scale_local_slice
+        if whole and self.world_size > 1 and self.divisor == self.world_size:
             self.noise_scale.update(small_sq=local, big_sq=reduced, b_small=1, b_big=self.world_size)
         return local, reduced
 

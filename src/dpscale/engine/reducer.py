@@ -60,6 +60,7 @@ class Reducer(Readiness, Finalize):
         self.process_group = process_group
         self.transport = transport
         self.world_size = dist.get_world_size(process_group)
+        self.rank = dist.get_rank(process_group)
         # what averaged gradients are divided by: the world size, or under Join with
         # divide_by_initial_world_size=False the number of ranks still training (see join.py)
         self.divisor = self.world_size
@@ -106,6 +107,12 @@ class Reducer(Readiness, Finalize):
         # skip check and clipping) turns this off and pairs that norm with grad_sq_norm_local:
         # the step then costs one read of each gradient, while it is still in cache
         self.noise_scale_reduced_norm = True
+        # take the local norm over this rank's 1/W slice of each gradient only (a W-th of the
+        # reads): summed over ranks, the slices' norms are an unbiased estimate of one rank's
+        # whole local norm (each coordinate's expected square is the same on every rank). For a
+        # loop that sums grad_sq_norm_local over ranks (the Trainer); the rank's own figure
+        # (gradient_noise_scale) then needs the whole norm, so it is not updated
+        self.noise_scale_local_slice = False
         self._measure_now = False
         self.noise_scale = NoiseScaleEstimator()
         self._local_sq: list[torch.Tensor] = []
@@ -133,7 +140,8 @@ class Reducer(Readiness, Finalize):
                     bucket.views[pos].copy_(p.grad)
                     p.grad = bucket.views[pos]
         self._futures = [None] * len(buckets)
-        self._tensor_sq: list[list[torch.Tensor]] = [[] for _ in buckets]  # per bucket: its tensors' norms
+        # per bucket: position in the bucket -> that tensor's local squared norm
+        self._tensor_sq: list[dict[int, torch.Tensor]] = [{} for _ in buckets]
 
     def set_synced_steps(self, steps: int) -> None:
         """Count synced steps from `steps` (a resumed run's position): the noise scale is then
@@ -161,7 +169,7 @@ class Reducer(Readiness, Finalize):
         self._callback_queued = False
         self._preset_grads()
         self._local_sq = []
-        self._tensor_sq = [[] for _ in self.buckets]
+        self._tensor_sq = [{} for _ in self.buckets]
         # every rank counts the same synced steps, so all measure on the same ones
         self._measure_now = self.measure_noise_scale and self._step % self.noise_scale_every == 0
         self._t_forward_end = time.perf_counter()

@@ -112,15 +112,17 @@ class TrainConfig:
     data_workers: int = 0
     """DataLoader worker processes per training worker (0: load in the training process)."""
     no_noise_scale: bool = False
-    """Do not measure the gradient noise scale (it costs two reads of each gradient per measured step)."""
+    """Do not measure the gradient noise scale (it costs one read of each gradient per measured step)."""
     auto_batch: bool = False
     """Grow the global batch during training (what --global-batch auto sets): the accumulation steps
-    double while the noise scale is at least twice the global batch, up to 16x the start, and the
-    learning rate takes AdaScale's gain (train/auto_batch.py); needs two gradients per step (two
-    workers, or two micro-batches on one)."""
+    double when the noise scale is at least twice the global batch and the step times measured so
+    far do not predict the doubled batch slower to the target (halving back when they do), up to
+    16x the start, and the learning rate takes AdaScale's gain (train/auto_batch.py); needs two
+    gradients per step (two workers, or two micro-batches on one)."""
     noise_scale_every: int = 8
     """Measure the gradient noise scale on every this many steps (each measurement reads every
-    gradient twice; 1 gives the steadiest estimate, 8 keeps its cost under 1% of a step)."""
+    gradient once more, about 1% of an mlp step at 2 workers; 1 gives the steadiest estimate, 8
+    keeps its cost well under 1% of a step)."""
 
     def __post_init__(self) -> None:
         if self.global_batch == "auto":  # from the flag or a config file: the default batch, grown
