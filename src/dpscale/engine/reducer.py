@@ -60,7 +60,8 @@ class Reducer(Readiness, Finalize):
         self.process_group = process_group
         self.transport = transport
         self.world_size = dist.get_world_size(process_group)
-        self.rank = dist.get_rank(process_group)
+        # from the group itself: a hand-made group works without init_process_group
+        self.rank = process_group.rank() if process_group is not None else dist.get_rank()
         # what averaged gradients are divided by: the world size, or under Join with
         # divide_by_initial_world_size=False the number of ranks still training (see join.py)
         self.divisor = self.world_size
