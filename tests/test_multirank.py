@@ -65,3 +65,19 @@ def test_no_rank_survives():
 def test_world_size_must_be_positive():
     with pytest.raises(ValueError):
         run_ranks(add_rank, 0, 1)
+
+
+def what_a_rank_starts_with(rank, world):
+    import sys
+
+    threads = len(os.listdir(f"/proc/{os.getpid()}/task"))
+    return threads, [m for m in ("torch._dynamo", "dpscale") if m in sys.modules]
+
+
+@pytest.mark.slow
+def test_ranks_start_with_the_preload_imported_and_no_other_thread():
+    # torch's optimizers import torch._dynamo on their first parameter group (~1.2 s of CPU):
+    # the forkserver pays that once, not every rank of every test (benchmarks/rank_startup.py)
+    for threads, loaded in run_ranks(what_a_rank_starts_with, 2, backend=None):
+        assert loaded == ["torch._dynamo", "dpscale"]
+        assert threads == 1, "a rank forked from the server must hold only its own thread"
