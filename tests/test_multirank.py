@@ -14,8 +14,11 @@ def add_rank(rank, world, base):
 
 
 @pytest.mark.slow
-def test_results_come_back_in_rank_order():
-    assert run_ranks(add_rank, 4, 10) == [10, 11, 12, 13]
+def test_results_come_back_in_rank_order_on_every_call():
+    # many short calls: without the barrier after init, a rank that returned at once closed its
+    # socket while a peer was still in gloo's handshake (about 1 call in 12 of 4 ranks failed)
+    for base in range(12):
+        assert run_ranks(add_rank, 4, base) == [base, base + 1, base + 2, base + 3]
 
 
 def one_raises(rank, world):

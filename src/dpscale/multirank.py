@@ -79,6 +79,11 @@ def _rank_main(
                 world_size=world_size,
                 timeout=datetime.timedelta(seconds=pg_timeout_s),
             )
+            # gloo returns from init on a rank whose side of the mesh is connected while a peer may
+            # still be reading the handshake; a rank that then exits at once (a short fn) closes
+            # the socket under it: "Connection closed by peer" on the slow rank, ~1 in 12 calls
+            # of 4 ranks at load 6. Once every rank is past the barrier, every mesh is complete.
+            dist.barrier()
         try:
             result = fn(rank, world_size, *args)
         finally:

@@ -6,13 +6,14 @@ is gone is tested beside it, in tests/train/test_checkpoint.py.)
 """
 
 import os
+import signal
 import time
 
 import pytest
 
 from dpscale.cli import main
 from dpscale.train import dir_lock
-from support.cli_runs import TRAIN, StderrWatch, kill_tagged, run_cli, start_cli
+from support.cli_runs import TRAIN, StderrWatch, kill_tagged, run_cli, start_cli, tagged
 
 
 def test_a_second_job_on_a_held_directory_is_refused_in_process(tmp_path, capsys):
@@ -35,6 +36,12 @@ def test_a_second_dpscale_train_is_refused_while_the_first_runs(tmp_path):
     first, tag = start_cli(long_run)
     try:
         StderrWatch(first).wait_for("step 5/")
+        # Pause the first job's workers: training flat out they held both of CI's cores while
+        # the second job started, and its refusal took 28 s at load 9. The launcher, which holds
+        # the directory's lock, runs on; SIGKILL at the end ends stopped workers too.
+        for pid in tagged(tag):
+            if pid != first.pid:
+                os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
         second = run_cli(TRAIN + ["--checkpoint-dir", str(ckpt)])
         assert second.returncode == 2, second.stderr

@@ -6,6 +6,7 @@ import pytest
 
 from dpscale.comm.select import shm_is_safe
 from dpscale.engine.buckets import MB
+from dpscale.predict import interfere, sync
 from dpscale.predict.profile import ModelProfile, ParamTiming, explicit
 from dpscale.predict.profiling import input_rate, measure, time_input
 
@@ -65,7 +66,12 @@ def test_the_input_rate_is_the_median_batch_time_of_the_data_path():
 
 
 @pytest.mark.slow
-def test_measure_a_small_workload():
+def test_measure_a_small_workload(monkeypatch):
+    # the fewest rounds the sync and interference measurements take (4 and 2, not ~20 s of each):
+    # what they measure is tested in test_sync/test_interfere; here, that measure() wires them in.
+    # (This test took 35 s on a quiet host, 345 s at load 12.)
+    monkeypatch.setattr(sync, "BUDGET_S", 0.0)
+    monkeypatch.setattr(interfere, "ROUNDS", 2)
     p = measure("digits", 16, steps=4, warmup=1, co_located=2)
     assert p.source == "measured" and p.threads == 1
     assert p.forward_ms > 0 and p.backward_ms > 0 and p.optimizer_ms > 0
@@ -81,5 +87,8 @@ def test_measure_a_small_workload():
     assert p.compute_cv is not None and p.compute_cv >= 0 and p.device == "cpu"
     assert p.interference is not None and 0 <= p.interference <= 1
     assert p.input_samples_per_s is not None and p.input_samples_per_s > 0
+    pairs = {(t, n) for t in sync.SYNC_TRANSPORTS for n in (1, 2)}
+    assert {(c.transport, c.world_size) for c in p.sync} == pairs
+    assert all(c.bucket_bytes == tuple(b.nbytes for b in p.buckets()) for c in p.sync)
     with pytest.raises(ValueError, match="--model"):
         measure("resnet", 16)
