@@ -27,10 +27,7 @@ import subprocess
 import sys
 import time
 
-try:
-    from dpscale.bench.rounds import quantile
-except ImportError:  # TEMP before rebase
-    from dpscale.bench.scaling import quantile
+from dpscale.bench.rounds import quantile
 
 VARIANTS = {
     "before": ("torch", "torch.distributed", "dpscale"),
