@@ -1,6 +1,7 @@
 """Hierarchical all-reduce on emulated hosts, transport selection, and engine parity shm vs gloo."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,25 +106,32 @@ def test_engine_on_hierarchical_transport_matches_gloo():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-def silent_host(rank, world, timeout_s):
+def silent_host(rank, world, timeout_s, done_path):
     import time
 
     os.environ["DPSCALE_HOST_ID"] = f"host{rank}"  # one worker per "host": the reduction crosses hosts
     t = make_transport("hierarchical", None, timeout_s=timeout_s)
+    done = Path(done_path)
     try:
-        if rank == 1:  # alive but silent, as a host cut off from the network looks to the others
-            time.sleep(timeout_s * 4)
+        if rank == 1:  # alive but silent, as a host cut off from the network looks to the others,
+            # until rank 0 has its error (a fixed sleep of 4 timeouts cost 8 s a run)
+            deadline = time.monotonic() + timeout_s * 15
+            while not done.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             return None
         start = time.monotonic()
-        with pytest.raises(RuntimeError, match="[Tt]imed out"):
-            t.all_reduce(t.alloc(4, torch.float32)).wait()
+        try:
+            with pytest.raises(RuntimeError, match="[Tt]imed out"):
+                t.all_reduce(t.alloc(4, torch.float32)).wait()
+        finally:
+            done.touch()
         return time.monotonic() - start
     finally:
         t.close()
 
 
 @pytest.mark.slow
-def test_a_silent_host_fails_the_reduction_within_the_collective_timeout():
+def test_a_silent_host_fails_the_reduction_within_the_collective_timeout(tmp_path):
     # the subgroups between hosts once kept torch's 30-minute default instead of the timeout given
-    waited, _ = run_ranks(silent_host, 2, 2.0, timeout_s=120)
+    waited, _ = run_ranks(silent_host, 2, 2.0, str(tmp_path / "done"), timeout_s=120)
     assert 2.0 <= waited < 8.0, waited

@@ -9,6 +9,7 @@ term for sums near zero).
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,20 +177,26 @@ def test_killed_peer_is_named_within_the_timeout_and_leaves_nothing_behind(tmp_p
     assert not [n for n in os.listdir("/dev/shm") if "dpscale" in n]
 
 
-def stuck_message(rank, world):
+def stuck_message(rank, world, done_path):
     t = SharedMemoryTransport(timeout_s=2)
     buf = t.alloc(64, torch.float32)
-    if rank == 1:
-        time.sleep(4)  # twice rank 0's time-out
+    done = Path(done_path)
+    if rank == 1:  # silent but alive until rank 0 has its error (a fixed sleep is too short under
+        # load and longer than needed on a quiet host)
+        deadline = time.monotonic() + 30
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         return "slept"
     try:
         t.all_reduce(buf)
     except PeerTimeoutError as e:
         return str(e)
+    finally:
+        done.touch()
     return "no error"
 
 
-def test_timeout_message_names_the_missing_rank():
-    msg, slept = run_ranks(stuck_message, 2, timeout_s=60)
+def test_timeout_message_names_the_missing_rank(tmp_path):
+    msg, slept = run_ranks(stuck_message, 2, str(tmp_path / "done"), timeout_s=60)
     assert slept == "slept"
     assert "waited 2 s for rank 1" in msg and "collective #1" in msg
