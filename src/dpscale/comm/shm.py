@@ -36,7 +36,7 @@ __all__ = ["WAIT_POLICIES", "PeerTimeoutError", "SharedMemoryTransport"]
 # Parts up to this size are summed and copied with numpy (~0.5 us a call here against torch's
 # ~3 us); larger ones with torch, which is as fast per byte and may use several threads.
 _NUMPY_MAX_BYTES = 1 << 16
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+_NUMPY_DTYPES = (torch.float32, torch.float64)  # half types accumulate in fp32 in torch
 # Regions remembered at most; a job reduces a fixed set (its buckets), so this only bounds a
 # caller that reduces ever-new tensors through the staging buffer.
 _MAX_REGIONS = 4096
