@@ -94,14 +94,14 @@ class SharedMemoryTransport:
     """Collectives among the ranks of `process_group`, which must all run on this host.
 
     `process_group` (gloo) is used only to set up: exchange where the segments are and map them.
-    `wait` is how a rank waits for a late peer (`shm_wait.WAIT_POLICIES`): `block` sleeps in the
-    kernel after a short spin, `spin` keeps the core busy for milliseconds first.
+    `wait` is how a rank waits for a late peer (`shm_wait.WAIT_POLICIES`): `block` (default) sleeps
+    in the kernel after a short spin, `spin` keeps the core busy for milliseconds first.
     """
 
     name = "shm"
 
     def __init__(
-        self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 300.0, wait: str = "spin"
+        self, process_group: dist.ProcessGroup | None = None, *, timeout_s: float = 300.0, wait: str = "block"
     ):
         if wait not in WAIT_POLICIES:
             choices = ", ".join(WAIT_POLICIES)

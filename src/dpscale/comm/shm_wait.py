@@ -7,13 +7,13 @@ sees the counter also sees the data written before it).
 
 Two ways to wait for a peer that is late (`WAIT_POLICIES`):
 
-- `block`: spin for a few microseconds' worth of checks (a peer that is about to
+- `block` (the default): spin for about 20-30 us of checks (a peer that is about to
   arrive costs no system call), then sleep in the kernel on the peer's counter (Linux futex, the
   word under pthread mutexes) until the peer's arrival wakes it. A waiting rank then burns no CPU,
   which matters when the host has more runnable processes than cores: a spinning rank takes the
   core its late peer needs. The arriving rank makes the wake-up system call only when a peer has
   said it sleeps on it, so a quiet host pays nothing for this.
-- `spin` (the default): spin, then `sched_yield`, then 0.5 ms sleeps (the first policy; it keeps
+- `spin`: spin, then `sched_yield`, then 0.5 ms sleeps (the transport's first policy; it keeps
   the fewest microseconds per barrier on an idle host with a core per rank, and yields the CPU
   only after milliseconds).
 
