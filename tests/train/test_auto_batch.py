@@ -175,3 +175,20 @@ def test_global_batch_auto_grows_to_the_measured_noise_scale():
     final = result["global_batch"]
     assert final in (256, 512) and changes[-1][1] == final, changes
     assert final <= 1.1 * result["gradient_noise_scale"], (changes, result["gradient_noise_scale"])
+
+
+def test_a_growing_batch_that_would_restart_from_its_checkpoints_is_refused(tmp_path, monkeypatch):
+    # a restarted attempt resumes from --checkpoint-dir, which --global-batch auto cannot do yet:
+    # refused before anything starts (launch), and by a worker torchrun restarted (run_worker)
+    from dpscale.errors import ConfigError
+    from dpscale.train.launch import launch
+    from dpscale.train.worker import run_worker
+
+    cfg = TrainConfig(workload="digits", global_batch="auto", checkpoint_dir=str(tmp_path), max_steps=2)
+    with pytest.raises(ConfigError, match="global-batch auto cannot be resumed yet"):
+        launch(cfg, 2, max_restarts=1)
+    with pytest.raises(ConfigError, match="global-batch auto cannot be resumed yet"):
+        launch(cfg, 2, min_nproc=1)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(ConfigError, match="global_batch auto: .* cannot be resumed yet"):
+        run_worker(cfg.to_dict(), threads=1)

@@ -19,6 +19,7 @@ describes in the environment, over its store with a prefix per restart attempt, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -49,7 +50,9 @@ def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(config)
     if is_restart() and cfg.checkpoint_dir:
-        cfg.resume = True  # a restarted attempt continues from the last good checkpoint
+        # a restarted attempt continues from the last good checkpoint; replace() checks the config
+        # again (a growing batch, --global-batch auto, cannot resume yet and says so)
+        cfg = dataclasses.replace(cfg, resume=True)
     device = resolve_device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
