@@ -76,6 +76,8 @@ class EngineAB:
     rounds: int
     steps_per_round: int
     figures: list[VariantFigure]
+    # with --base: median, p10, p90 over rounds of head / base (the change itself)
+    head_over_base: list[float] | None = None
 
 
 def _wrap(variant: str, module: nn.Module) -> nn.Module:
@@ -181,7 +183,12 @@ def run(
         deciles = statistics.quantiles(ratios, n=10)
         median_ms = statistics.median(per_round[v])
         figures.append(VariantFigure(v, median_ms, statistics.median(ratios), deciles[0], deciles[-1]))
-    return EngineAB(name, workers, ranks[0]["batch"], rounds, steps, figures)
+    change = None
+    if base is not None:
+        ratios = [h / b for h, b in zip(per_round["head"], per_round["base"], strict=True)]
+        deciles = statistics.quantiles(ratios, n=10)
+        change = [statistics.median(ratios), deciles[0], deciles[-1]]
+    return EngineAB(name, workers, ranks[0]["batch"], rounds, steps, figures, change)
 
 
 def main() -> None:
@@ -213,6 +220,9 @@ def main() -> None:
                 f"  {f.variant:6s} {f.median_ms:8.2f} ms   /torch {f.ratio_median:.3f} "
                 f"({f.ratio_p10:.3f}-{f.ratio_p90:.3f})"
             )
+        if result.head_over_base is not None:
+            median, p10, p90 = result.head_over_base
+            print(f"  head / base {median:.3f} ({p10:.3f}-{p90:.3f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=2)
