@@ -78,6 +78,9 @@ class EngineAB:
     figures: list[VariantFigure]
     # with --base: median, p10, p90 over rounds of head / base (the change itself)
     head_over_base: list[float] | None = None
+    # with --base, per variant: median over rounds of a step's CPU ms (both ranks' mean), and
+    # median, p10, p90 of its ratio to torch's in the same round
+    cpu_ms: dict[str, list[float]] | None = None
 
 
 def _wrap(variant: str, module: nn.Module) -> nn.Module:
@@ -154,15 +157,23 @@ def _rank_base(
         models[v] = _wrap_base(v, work.build_model(), transport)
         opts[v] = torch.optim.SGD(models[v].parameters(), lr=1e-4, momentum=0.9)
 
-    def step(v: str) -> float:
-        return timed_step(models[v], opts[v], work.loss, x, y, batch) / 1e3
+    def step(v: str) -> tuple[float, float]:
+        # wall time, and the CPU time of the whole rank (backward's thread and gloo's): on a host
+        # shared with other jobs the wall time swings with their load, the work done much less
+        cpu = time.process_time()
+        wall_s = timed_step(models[v], opts[v], work.loss, x, y, batch) / 1e3
+        return wall_s, time.process_time() - cpu
 
     run_rounds(BASE_VARIANTS, step, fixed_round_sizes(2 * steps, steps))  # warm-up
     out = run_rounds(BASE_VARIANTS, step, fixed_round_sizes(rounds * steps, steps))
     for v, m in models.items():
         if v != "torch":
             m.close()
-    return {"batch": batch, "rounds": {v: [sum(r) * 1e3 / len(r) for r in out[v]] for v in BASE_VARIANTS}}
+    return {
+        "batch": batch,
+        "rounds": {v: [sum(w for w, _ in r) * 1e3 / len(r) for r in out[v]] for v in BASE_VARIANTS},
+        "cpu": {v: [sum(c for _, c in r) * 1e3 / len(r) for r in out[v]] for v in BASE_VARIANTS},
+    }
 
 
 def run(
@@ -188,7 +199,15 @@ def run(
         ratios = [h / b for h, b in zip(per_round["head"], per_round["base"], strict=True)]
         deciles = statistics.quantiles(ratios, n=10)
         change = [statistics.median(ratios), deciles[0], deciles[-1]]
-    return EngineAB(name, workers, ranks[0]["batch"], rounds, steps, figures, change)
+        cpu = {v: [statistics.mean(r["cpu"][v][k] for r in ranks) for k in range(rounds)] for v in variants}
+        cpu_ms: dict[str, list[float]] | None = {}
+        for v in variants:
+            ratios = [a / t for a, t in zip(cpu[v], cpu["torch"], strict=True)]
+            deciles = statistics.quantiles(ratios, n=10)
+            cpu_ms[v] = [statistics.median(cpu[v]), statistics.median(ratios), deciles[0], deciles[-1]]
+    else:
+        cpu_ms = None
+    return EngineAB(name, workers, ranks[0]["batch"], rounds, steps, figures, change, cpu_ms)
 
 
 def main() -> None:
@@ -223,6 +242,8 @@ def main() -> None:
         if result.head_over_base is not None:
             median, p10, p90 = result.head_over_base
             print(f"  head / base {median:.3f} ({p10:.3f}-{p90:.3f})")
+        for v, (ms, median, p10, p90) in (result.cpu_ms or {}).items():
+            print(f"  {v:6s} CPU {ms:8.2f} ms/step   /torch {median:.3f} ({p10:.3f}-{p90:.3f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=2)
