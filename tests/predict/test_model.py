@@ -140,3 +140,13 @@ def test_bad_explicit_numbers_name_the_flag(kwargs, flag):
     base = dict(params=1000, bytes_per_param=4, step_compute_ms=10, backward_fraction=0.5, per_worker_batch=8)
     with pytest.raises(ValueError, match=flag):
         explicit(**{**base, **kwargs})
+
+
+def test_the_first_bucket_is_the_cap_unless_one_is_given():
+    # the engine (as torch 2.13) makes a small first bucket only with DDP's default cap, and
+    # dpscale's runs give the cap explicitly (engine/registry.wrap): predict models that layout
+    assert PredictConfig(world_sizes=[2]).first_bucket_mb == 25.0
+    assert PredictConfig(world_sizes=[2], bucket_mb=10.0).first_bucket_mb == 10.0
+    assert PredictConfig(world_sizes=[2], first_bucket_mb=1.0).first_bucket_mb == 1.0
+    with pytest.raises(ValueError, match="--bucket-mb"):
+        PredictConfig(world_sizes=[2], bucket_mb=0.0)

@@ -70,7 +70,10 @@ class PredictConfig:
     world_sizes: list[int]  # --world-sizes (or --nodes): each fills nodes of the cluster's workers/node
     per_worker_batch: int | None = None  # --per-worker-batch: None = the profile's; else compute scaled
     bucket_mb: float = 25.0  # --bucket-mb: bucket cap in MiB (the first bucket is first_bucket_mb)
-    first_bucket_mb: float = 1.0  # the engine's small first bucket, so communication starts early
+    # None: bucket_mb, the layout the engine (and torch 2.13's DDP) builds for an explicit cap, as
+    # dpscale train, the benches and the profile give it (engine/registry.wrap); 1.0 models a
+    # script that leaves DDP's cap at its default (a small first bucket, so communication starts early)
+    first_bucket_mb: float | None = None
     overlap: bool = True  # --no-overlap: every reduction waits for the end of backward
     compression: float = 1.0  # --compression: bytes on the wire = gradient bytes / compression
     algorithm: str = "auto"  # --algorithm: one of ALGORITHM_CHOICES
@@ -88,6 +91,8 @@ class PredictConfig:
     terms: ScaleTerms = field(default_factory=ScaleTerms)
 
     def __post_init__(self) -> None:
+        if self.first_bucket_mb is None:
+            object.__setattr__(self, "first_bucket_mb", self.bucket_mb)
         if not self.world_sizes or any(n < 1 for n in self.world_sizes):
             raise ConfigError(f"--world-sizes: give world sizes >= 1, got {self.world_sizes}")
         if self.per_worker_batch is not None and self.per_worker_batch < 1:
