@@ -91,3 +91,11 @@ def test_the_static_rendezvous_store_listens_on_the_endpoint_only():
     info = handler.next_rendezvous()
     assert (info.rank, info.world_size) == (0, 1)
     assert sorted(set(listening([os.getpid()])) - before) == [f"127.0.0.2:{port}"]  # torch's: *:port
+
+
+def test_a_read_timeout_that_is_not_positive_is_bad_input():
+    # ConfigError: the CLI shows one line (exit 2) instead of a traceback
+    from dpscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="read_timeout must be a positive number of seconds, got 0"):
+        rendezvous_handler_registry.create_handler(_params("127.0.0.2:0", "127.0.0.2", read_timeout="0"))

@@ -38,6 +38,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
 from ..comm.attempt import ROUND_ENV, bounded, source_address
+from ..errors import ConfigError
 from .lost_hosts import PROBE_S, HostTable
 from .nodes import REJOIN_TIMEOUT, carries_address
 
@@ -239,7 +240,7 @@ def create_multi_host_handler(params):
     if not params.local_addr:
         params.local_addr = source_address(host)
         if not params.local_addr:
-            raise ValueError(
+            raise ConfigError(
                 f"cannot tell which address of this host the others reach it at (no route to {host}): "
                 "give --local-addr"
             )
@@ -315,7 +316,7 @@ def _rendezvous_store(params, host: str, port: int) -> dist.TCPStore:
     only: by the host `is_host` names, else the one whose interfaces carry that address."""
     timeout_s = params.get_as_int("read_timeout", 60)
     if timeout_s <= 0:
-        raise ValueError(f"read_timeout must be a positive number of seconds, got {timeout_s}")
+        raise ConfigError(f"read_timeout must be a positive number of seconds, got {timeout_s}")
     is_host = params.get_as_bool("is_host")
     if is_host is None and carries_address(host):
         try:
