@@ -7,7 +7,7 @@ sees the counter also sees the data written before it).
 
 Two ways to wait for a peer that is late (`WAIT_POLICIES`):
 
-- `block` (the default): spin for about 20-30 us of checks (a peer that is about to
+- `block` (the default): spin for about 100-150 us of checks (a peer that is about to
   arrive costs no system call), then sleep in the kernel on the peer's counter (Linux futex, the
   word under pthread mutexes) until the peer's arrival wakes it. A waiting rank then burns no CPU,
   which matters when the host has more runnable processes than cores: a spinning rank takes the
@@ -37,9 +37,11 @@ _COUNT, _ASLEEP_ON = 0, 1  # slots of a control line
 # `spin`: busy checks before yielding (a peer microseconds behind), yields before sleeping
 _SPIN = 2000
 _YIELD = 20000
-# `block`: busy checks before sleeping; about 20-30 us here, the spread of two ranks' arrival at
-# a collective when both have a core (one check costs ~0.1 us, plus the loop)
-_BLOCK_SPIN = 200
+# `block`: busy checks before sleeping, ~100-150 us here (one check ~0.1 us, plus the loop). With
+# 200 (~25 us) an idle host's small all-reduce took a ~60 us futex wake-up in half the runs (a peer
+# that arrives 30-60 us late); 1000 removed it and cost nothing measurable on engine steps, quiet
+# or with 5 busy processes (BENCHMARKS.md, "spin budget")
+_BLOCK_SPIN = 1000
 # A sleeper wakes at least this often to check its deadline; arrivals wake it at once.
 _BLOCK_SLICE_S = 0.01
 
