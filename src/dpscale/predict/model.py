@@ -90,14 +90,16 @@ class PredictConfig:
     # stragglers, bandwidth, congestion, interference, input pipeline
     terms: ScaleTerms = field(default_factory=ScaleTerms)
 
+    def first_bucket(self) -> float:
+        """The first bucket's cap in MiB (resolved at use, so replace(bucket_mb=...) follows)."""
+        return self.bucket_mb if self.first_bucket_mb is None else self.first_bucket_mb
+
     def __post_init__(self) -> None:
-        if self.first_bucket_mb is None:
-            object.__setattr__(self, "first_bucket_mb", self.bucket_mb)
         if not self.world_sizes or any(n < 1 for n in self.world_sizes):
             raise ConfigError(f"--world-sizes: give world sizes >= 1, got {self.world_sizes}")
         if self.per_worker_batch is not None and self.per_worker_batch < 1:
             raise ConfigError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
-        if not self.bucket_mb > 0 or not self.first_bucket_mb > 0:
+        if not self.bucket_mb > 0 or not self.first_bucket() > 0:
             raise ConfigError(f"--bucket-mb: must be > 0, got {self.bucket_mb}")
         if not self.compression >= 1:
             raise ConfigError(f"--compression: must be >= 1 (2 for fp16 gradients), got {self.compression}")
@@ -218,7 +220,7 @@ def predict(
     loading_ms, input_rate = _input(prof, cluster, config)
     # one worker, nothing to communicate, no contention (but fed by one host like any other)
     baseline_ms = max(prof.compute_ms + overhead_ms + loading_ms, terms.input_ms(1, batch, input_rate(1)))
-    buckets = prof.buckets(config.bucket_mb, config.first_bucket_mb)
+    buckets = prof.buckets(config.bucket_mb, config.first_bucket())
     out = []
     # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
     cv = terms.compute_cv

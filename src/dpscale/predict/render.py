@@ -173,7 +173,7 @@ def write_report(
         f"- **Profile:** {profile_summary(profile)}",
         f"- **Cluster:** {cluster.describe()}",
         f"- **Sources:** {cluster.source or 'flags given on the command line'}",
-        f"- **Options:** buckets {config.bucket_mb:g} MiB (first {config.first_bucket_mb:g} MiB), "
+        f"- **Options:** buckets {config.bucket_mb:g} MiB (first {config.first_bucket():g} MiB), "
         f"overlap {overlap}, "
         f"compression {config.compression:g}x, algorithm {config.algorithm}, engine {config.engine}, "
         f"contention {'from the profile' if config.contention is None else f'{config.contention:g}x'}, "
