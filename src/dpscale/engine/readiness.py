@@ -70,23 +70,19 @@ class Readiness:
         if grad is not view and (not as_view or grad.data_ptr() != view.data_ptr()):
             if grad.requires_grad:  # backward(create_graph=True)
                 grad = self._detached(param)
-            if as_view:
+            # gradient_as_bucket_view=False (torch's default): .grad stays a tensor of its own
+            # (accumulating locally under no_sync); its value goes into the bucket at a synced
+            # step, here for a large tensor, at launch for a bucket of small ones (one call for
+            # the bucket, see _start_reduction), and the reduced one comes back after the
+            # reduction (Finalize._copy_out)
+            if as_view or (expecting and not self._small[bucket.index]):
                 if divide:
                     torch.div(grad, self.divisor, out=view)  # copy and pre-divide in one pass
                 else:
                     view.copy_(grad)
+            if as_view:
                 param.grad = view
                 self._spent.append(grad)
-            elif expecting and not self._small[bucket.index]:
-                # gradient_as_bucket_view=False (torch's default): .grad stays a tensor of its own
-                # (accumulating locally under no_sync); its value goes into the bucket at a synced
-                # step, here for a large tensor, at launch for a bucket of small ones (one call
-                # for the bucket, see _start_reduction), and the reduced one comes back after the
-                # reduction (Finalize._copy_out)
-                if divide:
-                    torch.div(grad, self.divisor, out=view)
-                else:
-                    view.copy_(grad)
         elif divide:
             # autograd added into the view in place: it holds the local sum, divided now
             view.div_(self.divisor)

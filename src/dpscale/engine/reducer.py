@@ -192,21 +192,15 @@ class Reducer(Readiness, Finalize):
             if not missing:
                 continue
             if self.gradient_as_bucket_view:
-                if len(missing) == len(b.param_indices):
-                    b.buffer.zero_()
-                else:
-                    for k in missing:
-                        b.views[k].zero_()
-            grads = b.views
-            if not self.gradient_as_bucket_view:
+                grads = b.views
+                _zero_views(b.buffer, grads, missing)
+            else:
                 # torch's default, gradients apart from the bucket: views into the bucket's pool
                 # (its copy of the same layout), copied into the bucket at launch and back after
                 grads = self._pool(b, missing).views
             for k in missing:
-                grad = grads[k]
-                i = b.param_indices[k]
-                params[i].grad = grad
-                preset[i] = True
+                params[b.param_indices[k]].grad = grads[k]
+                preset[b.param_indices[k]] = True
 
     def _pool(self, b: Bucket, missing: list[int]) -> GradPool:
         """The bucket's pool with the views of `missing` zeroed; a new pool if anyone but us
@@ -215,11 +209,8 @@ class Reducer(Readiness, Finalize):
         pool = self._pools[b.index]
         if pool is None or not pool.free():
             pool = self._pools[b.index] = GradPool(b)
-        elif len(missing) == len(b.param_indices):
-            pool.flat.zero_()
         else:
-            for k in missing:
-                pool.views[k].zero_()
+            _zero_views(pool.flat, pool.views, missing)
         return pool
 
     def release_spent(self) -> None:
@@ -248,6 +239,15 @@ class Reducer(Readiness, Finalize):
                 "the last synced forward was not followed by a backward that finished: call "
                 "backward on its output (or run the forward under no_sync) before the next step"
             )
+
+
+def _zero_views(flat: torch.Tensor, views: list[torch.Tensor], positions: list[int]) -> None:
+    """Zero `views[k]` for k in `positions`, all of `flat` in one call when that is every view."""
+    if len(positions) == len(views):
+        flat.zero_()
+    else:
+        for k in positions:
+            views[k].zero_()
 
 
 class GradPool:
