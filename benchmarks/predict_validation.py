@@ -160,6 +160,10 @@ def run_emulate(args: argparse.Namespace) -> int:
     prof = profiling.measure(config.model, config.per_worker_batch)
     result = emulate.run(config)
     rows = emulate_validate.validate_emulation(result, prof)
+    # the same step with the link's rate from this run's all-reduce: what the host's load leaves out
+    (from_run,) = emulate_validate.validate_emulation(result, prof, link_from_run=True)[-1:]
+    from_run = replace(from_run, what=from_run.what + ", link rate from the run")
+    rows.append(from_run)
     cluster = emulate_validate.emulated_cluster(result)
     print(render.profile_summary(prof))
     print(f"cluster {cluster.describe()}; emulated bare-model step {result.local_step_ms:.2f} ms")

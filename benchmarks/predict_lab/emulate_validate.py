@@ -2,8 +2,12 @@
 
 The cluster is described to the model with the figures the emulation enforces: the tbf rate
 between hosts. Compute is not taken on trust, as in validate.py: the training step's compute is the
-profile scaled to the emulation's own bare-model step (every worker computing at once), so what is
-checked is communication and overlap. Target: within 20%.
+profile scaled to the emulation's own bare-model step (every worker computing at once, the slowest
+rank's, timed in the same run step by step beside the training steps), so what is checked is
+communication and overlap. With `link_from_run` the link's rate is also taken from the same run (the
+measured all-reduce of the largest size over the modelled one): every level then comes from the run
+being checked, and what remains is how the model composes a step from them (buckets, overlap, engine
+overhead), which the host's load does not move. Target: within 20%.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from dpscale.predict.cluster import INTER, Cluster, Link, preset_cluster
 from dpscale.predict.costs import all_reduce_cost
+from dpscale.predict.degrade import ScaleTerms
 from dpscale.predict.model import PredictConfig, predict
 from dpscale.predict.profile import ModelProfile
 from predict_lab.emulate import EmulationResult
@@ -49,11 +54,15 @@ def emulated_cluster(result: EmulationResult) -> Cluster:
     )
 
 
-def validate_emulation(result: EmulationResult, profile: ModelProfile) -> list[EmulationRow]:
+def validate_emulation(
+    result: EmulationResult, profile: ModelProfile, *, link_from_run: bool = False
+) -> list[EmulationRow]:
     """Predicted vs measured all-reduce times and training step of an emulated cluster run.
 
     The training step's compute is the profile scaled to the emulation's own bare-model step (all
     workers computing at once), as for the scaling report; the check is of communication and overlap.
+    `link_from_run`: the training step is predicted with the link's rate scaled by how far the run's
+    largest all-reduce was from the model's (the all-reduce rows themselves stay at the tbf rate).
     """
     c = result.config
     cluster = emulated_cluster(result)
@@ -73,12 +82,21 @@ def validate_emulation(result: EmulationResult, profile: ModelProfile) -> list[E
                 cost.seconds * 1e3,
             )
         )
+    if link_from_run and rows:
+        # the largest message is the one the link's rate decides (latency is a sliver of it)
+        largest = max(zip(result.allreduce, rows, strict=True), key=lambda pr: pr[0]["bytes"])[1]
+        rate = cluster.inter.bandwidth_GBps * largest.predicted_ms / largest.measured_ms
+        cluster = replace(cluster, inter=replace(cluster.inter, bandwidth_GBps=rate))
     prof = profile.at_batch(c.per_worker_batch)
     config = PredictConfig(
         world_sizes=[world],
         per_worker_batch=c.per_worker_batch,
         algorithm=algorithm,
         overlap=c.transport != "auto",
+        # the compute level is the slowest rank's measured step: the wait for the slowest worker is
+        # in it already, and the profile's step-to-step variation, measured at another time, would
+        # count it twice
+        terms=ScaleTerms(stragglers=False),
     )
     factor = result.local_step_ms / prof.compute_ms
     (pred,) = predict(profile, cluster, config, contention_by_world_size={world: factor})

@@ -8,6 +8,9 @@ measurements, each step or call counted at its slowest rank (what the next colle
    contention as training has (cores, memory), the input the prediction scales its profile by;
 3. training steps of the same model in dpscale's engine with the configured transport.
 
+2 and 3 alternate step by step, so that a change of the host's load in the middle of the run
+slows both alike (the prediction takes its compute level from 2 to predict 3).
+
 Rank 0 prints one JSON line: {"allreduce": [{"bytes", "time_us"}], "local_step_ms", "train_step_ms",
 "train_comm_ms", "transport"}.
 """
@@ -45,23 +48,32 @@ def _allreduce_times(sizes_bytes: list[int], iters: int) -> list[dict]:
     return out
 
 
-def _step_times(model, batch, loss_sum, steps: int, warmup: int) -> tuple[list[float], list[float]]:
+def _timed_step(model, opt, x, y, loss_sum) -> float:
+    """One synchronized step: the slowest rank's seconds."""
+    dist.barrier()  # start together, as synchronized training does
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    (loss_sum(model(x), y) / len(x)).backward()
+    opt.step()
+    return _slowest(time.perf_counter() - t0)
+
+
+def _alternating_step_times(local, ddp, batch, loss_sum, steps: int, warmup: int):
+    """Step times in ms of the bare model and of the engine, one step of each in turn, and the
+    engine's communication per step."""
     x, y = batch
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-    times, comm = [], []
+    opts = [torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9) for m in (local, ddp)]
+    local_ms, train_ms, comm = [], [], []
     for s in range(warmup + steps):
-        dist.barrier()  # start together, as synchronized training does
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        (loss_sum(model(x), y) / len(x)).backward()
-        opt.step()
-        elapsed = _slowest(time.perf_counter() - t0)
-        stats = getattr(model, "last_step_stats", None)
+        bare = _timed_step(local, opts[0], x, y, loss_sum)
+        engine = _timed_step(ddp, opts[1], x, y, loss_sum)
+        stats = getattr(ddp, "last_step_stats", None)
         if s >= warmup:
-            times.append(elapsed * 1e3)
+            local_ms.append(bare * 1e3)
+            train_ms.append(engine * 1e3)
             if stats is not None:
                 comm.append(stats.comm_ms)
-    return times, comm
+    return local_ms, train_ms, comm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         g = torch.Generator().manual_seed(100 + dist.get_rank())
         batch = train.batch(torch.randint(0, len(train), (cfg["per_worker_batch"],), generator=g).tolist())
         torch.manual_seed(0)
-        local, _ = _step_times(workload.build_model(), batch, workload.loss_sum, cfg["steps"], cfg["warmup"])
+        local_model = workload.build_model()
         torch.manual_seed(0)
         ddp = DistributedDataParallel(workload.build_model(), transport=cfg["transport"])
-        train_ms, comm_ms = _step_times(ddp, batch, workload.loss_sum, cfg["steps"], cfg["warmup"])
+        local, train_ms, comm_ms = _alternating_step_times(
+            local_model, ddp, batch, workload.loss_sum, cfg["steps"], cfg["warmup"]
+        )
         result = {
             "allreduce": allreduce,
             "local_step_ms": statistics.median(local),
