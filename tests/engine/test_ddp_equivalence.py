@@ -216,3 +216,44 @@ def test_bucket_mixing_accumulated_and_fresh_gradients_is_averaged_once(transpor
     for a, b in ((a0, b0), (a1, b1)):
         torch.testing.assert_close(a, torch.full((3,), 3.0))
         torch.testing.assert_close(b, torch.full((3,), 1.5))
+
+
+class EchoGroup(dist.ProcessGroup):
+    """A world of three in Python whose all-reduce leaves each tensor as it is: what comes back
+    is this rank's gradient as the engine pre-divided it, bit for bit."""
+
+    def __init__(self):
+        super().__init__(0, 3)
+
+    def allreduce(self, tensors, opts):
+        fut = torch.futures.Future()
+        fut.set_result(tensors)
+        return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("gradient_as_bucket_view", [False, True])
+@pytest.mark.parametrize("width", [4, 256])  # buckets of small tensors, of large ones
+def test_pre_division_is_torch_ddps_bit_for_bit(width, gradient_as_bucket_view, set_to_none):
+    # x / 3 and x * (1/3) differ in the last bit for about a third of all x. torch's reducer
+    # multiplies a fresh gradient by 1/3 as it copies it into the bucket and divides one that is
+    # its bucket view already (gradient_as_bucket_view, .grad zeroed in place): so does dpscale
+    grads = {}
+    for engine in (nn.parallel.DistributedDataParallel, DistributedDataParallel):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(width, width), nn.Tanh(), nn.Linear(width, width))
+        # find_unused_parameters: torch then never rebuilds its buckets (a collective this group lacks)
+        ddp = engine(
+            model,
+            process_group=EchoGroup(),
+            init_sync=False,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            find_unused_parameters=engine is nn.parallel.DistributedDataParallel,
+        )
+        x = torch.randn(8, width, generator=torch.Generator().manual_seed(1))
+        for step in range(3):  # later steps reuse the buckets (and dpscale's pool)
+            ddp.zero_grad(set_to_none=set_to_none or step == 0)
+            ddp(x).square().sum().backward()
+        grads[engine] = [p.grad.clone() for p in model.parameters()]
+    ours, theirs = grads[DistributedDataParallel], grads[nn.parallel.DistributedDataParallel]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))

@@ -52,12 +52,14 @@ class Finalize:
             p, view = self.params[i], bucket.views[pos]
             # a gradient of the user's (accumulated in no_sync steps), not the zeros we preset
             had_grad[i] = p.grad is not None and not self._preset[i]
+            # a local accumulated sum, undivided so far (a bucket of small tensors: at launch)
+            divide = self.comm_hook is None and not self._small[bucket.index]
             if p.grad is None:
                 view.zero_()  # contributes nothing from this rank
             elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-            if p.grad is not None and self.comm_hook is None and not self._small[bucket.index]:
-                view.div_(self.divisor)  # a local accumulated sum, undivided so far
+                self._copy_in(p.grad, view, divide)
+            elif divide:
+                view.div_(self.divisor)
             bucket.pending -= 1
         self._launch_ready_buckets()
         sparse_futures = [self._reduce_sparse(i, k) for k, i in enumerate(self.sparse_indices)]
@@ -138,7 +140,8 @@ class Finalize:
             if self._ready[i]:
                 bucket, pos = self._slot[i]
                 if self.comm_hook is None and not self._small[bucket.index]:
-                    bucket.views[pos].div_(self.divisor)  # large tensors: divided per tensor
+                    # large tensors: divided per tensor, as the hook's copy would have
+                    bucket.views[pos].mul_(1.0 / self.divisor)
                 bucket.pending -= 1
 
     def _reduce_sparse(self, i: int, k: int) -> torch.futures.Future:

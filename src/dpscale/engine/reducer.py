@@ -141,6 +141,7 @@ class Reducer(Readiness, Finalize):
                     bucket.views[pos].copy_(p.grad)
                     p.grad = bucket.views[pos]
         self._futures = [None] * len(buckets)
+        self._in_place = [False] * len(buckets)  # see _preset_grads
         # per bucket: position in the bucket -> that tensor's local squared norm
         self._tensor_sq: list[dict[int, torch.Tensor]] = [{} for _ in buckets]
 
@@ -184,11 +185,18 @@ class Reducer(Readiness, Finalize):
         # would cost more memory traffic than the copy-and-divide it saves, so they keep it.
         # A parameter that then gets no gradient anywhere is given None back after the reduction.
         # With gradient_as_bucket_view=False the same is done with the bucket's pool (GradPool).
+        # The bucket's average at launch is torch's: its reducer multiplies a fresh gradient by
+        # 1/divisor as it copies it into the bucket, but divides in place one that already is its
+        # bucket view (gradient_as_bucket_view=True, a .grad kept from the last step). A bucket
+        # whose gradients were all None before backward (zero_grad's default) is multiplied, one
+        # with gradients kept as its views divided (a mix of both: divided).
         params, preset = self.params, self._preset
+        self._in_place = [False] * len(self.buckets)
         for b in self.buckets:
             if not self._small[b.index]:
                 continue
             missing = [k for k, i in enumerate(b.param_indices) if params[i].grad is None]
+            self._in_place[b.index] = self.gradient_as_bucket_view and len(missing) < len(b.param_indices)
             if not missing:
                 continue
             if self.gradient_as_bucket_view:
