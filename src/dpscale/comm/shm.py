@@ -69,9 +69,10 @@ class _Region:
         self.tensor: torch.Tensor | None = None
         self.future: torch.futures.Future | None = None
 
-    def sum_and_spread(self) -> None:
-        """Sum my part over all ranks and write the sum into every rank's copy of it."""
-        if self.np_parts is not None:
+    def sum_and_spread(self, between_hosts=None) -> None:
+        """Sum my part over all ranks and write the sum into every rank's copy of it;
+        `between_hosts(part)`, if given, reduces the summed part across hosts before it spreads."""
+        if self.np_parts is not None and between_hosts is None:
             mine, *others = self.np_parts
             for p in others:
                 np.add(mine, p, out=mine)
@@ -79,6 +80,8 @@ class _Region:
                 np.copyto(p, mine)
             return
         _sum_into(self.mine, self.parts)
+        if between_hosts is not None:
+            between_hosts(self.mine)
         for p in self.parts[1:]:
             p.copy_(self.mine)
 
@@ -209,17 +212,9 @@ class SharedMemoryTransport:
         """Sum in place. `between_hosts(part)`, if given, reduces my summed part across hosts."""
         region, staged = self._region_for(tensor)
         self._wait_all(self._arrive(), "all_reduce: inputs ready")
-        if region.hi > region.lo:
-            if between_hosts is None:
-                region.sum_and_spread()
-            else:
-                mine = region.mine
-                _sum_into(mine, region.parts)
-                between_hosts(mine)
-                for p in region.parts[1:]:
-                    p.copy_(mine)
-        elif between_hosts is not None:
-            between_hosts(region.mine)
+        # an empty part still takes part in the cross-host collective, which every rank issues
+        if region.hi > region.lo or between_hosts is not None:
+            region.sum_and_spread(between_hosts)
         self._wait_all(self._arrive(), "all_reduce: results written")
         if staged:
             tensor.view(-1).copy_(region.views[self.rank])
