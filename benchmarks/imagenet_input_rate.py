@@ -12,7 +12,10 @@ measures it here, for one process with one thread, on what one PyTorch loader wo
   decode the JPEG to RGB with PIL, RandomResizedCrop to 224 (bilinear), a random horizontal flip,
   and the uint8 array that its collate copies into the batch (normalisation runs on the GPU);
 - `torchvision`: the standard torchvision ImageNet training transform, the same plus ToTensor
-  (float, CHW, /255) and Normalize, on the CPU.
+  (float, CHW, /255) and Normalize, on the CPU;
+- `decode`: the decode alone (PIL, to an RGB uint8 array), what ternaus/imread_benchmark times per
+  image on real ImageNet validation JPEGs on other CPUs (Iglovikov & Kosarevsky, arXiv 2605.08731):
+  the figure that compares this picture with real ones.
 
 The image is generated (no download): a deterministic picture of smooth shapes and texture,
 `--width` x `--height` (500 x 375, the most common ImageNet shape), saved as a JPEG whose quality is
@@ -45,7 +48,7 @@ from dpscale.bench.rounds import quantile
 CROP = 224
 MEAN = (0.485, 0.456, 0.406)  # torchvision's ImageNet normalisation
 STD = (0.229, 0.224, 0.225)
-VARIANTS = ("dle-worker", "torchvision")
+VARIANTS = ("dle-worker", "torchvision", "decode")
 
 
 def synthetic_photo(width: int, height: int, seed: int = 0) -> np.ndarray:
@@ -116,7 +119,14 @@ def torchvision_standard(data: bytes, rng: random.Random) -> torch.Tensor:
     return pixels.sub_(mean).div_(std)
 
 
-PIPELINES = {"dle-worker": dle_worker, "torchvision": torchvision_standard}
+def decode_only(data: bytes, rng: random.Random) -> np.ndarray:
+    """The JPEG decoded to an RGB uint8 array, nothing else."""
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+PIPELINES = {"dle-worker": dle_worker, "torchvision": torchvision_standard, "decode": decode_only}
 
 
 @dataclass(frozen=True)
@@ -166,7 +176,7 @@ def measure(
     wall: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(rounds):
-        order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]  # alternate which goes first
+        order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]  # alternate the order between rounds
         for variant in order:
             fn = PIPELINES[variant]
             c0, t0 = time.process_time(), time.perf_counter()

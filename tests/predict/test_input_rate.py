@@ -41,6 +41,7 @@ def test_both_pipelines_produce_a_training_sample():
     assert sample.shape == (224, 224, 3) and sample.dtype == np.uint8
     tensor = rate.torchvision_standard(data, random.Random(0))
     assert tuple(tensor.shape) == (3, 224, 224)
+    assert rate.decode_only(data, random.Random(0)).shape == (240, 300, 3)
     # the same crop, normalised: undoing ToTensor + Normalize gives the uint8 sample back
     mean = np.array(rate.MEAN).reshape(3, 1, 1)
     std = np.array(rate.STD).reshape(3, 1, 1)
