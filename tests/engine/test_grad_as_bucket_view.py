@@ -78,3 +78,56 @@ def test_what_a_user_sees_of_gradient_as_bucket_view_is_torchs():
                 assert ours["same_tensor"] and theirs["same_tensor"], (kind, as_view)
                 for a, b in zip(ours["values"], theirs["values"], strict=True):
                     torch.testing.assert_close(a, b)
+
+
+class EchoGroup(torch.distributed.ProcessGroup):
+    """A world of one in Python: all-reduce leaves tensors as they are."""
+
+    def __init__(self):
+        super().__init__(0, 1)
+
+    def allreduce(self, tensors, opts):
+        fut = torch.futures.Future()
+        fut.set_result(tensors)
+        return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+class SmallPair(nn.Module):
+    """`a` and `b` (small tensors) share a bucket; `use_ab` decides whether they take part."""
+
+    def __init__(self):
+        super().__init__()
+        self.big = nn.Linear(8, 8)
+        self.a = nn.Parameter(torch.ones(3))
+        self.b = nn.Parameter(torch.ones(3))
+
+    def forward(self, x, use_ab):
+        out = self.big(x).sum()
+        return out + (self.a * x[:, :3]).sum() + self.b.sum() if use_ab else out
+
+
+def test_a_pool_gradient_set_to_none_after_forward_contributes_zeros():
+    # The pool keeps last step's reduced values in its views; a .grad the user sets to None
+    # between forward and backward (zero_grad after forward) must add zeros to the bucket, not those
+    model = SmallPair()
+    ddp = DistributedDataParallel(
+        model, process_group=EchoGroup(), init_sync=False, bucket_cap_mb=1e-4, find_unused_parameters=True
+    )
+    pair = ddp.bucket_assignment.index(["b", "a"])  # a bucket of its own
+    seen = {}
+
+    def record(state, bucket):
+        seen[bucket.index()] = bucket.buffer().clone()
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, record)
+    x = torch.randn(2, 8)
+    ddp(x, use_ab=True).backward()
+    assert seen[pair].abs().min() > 0  # the pool now holds a and b's (reduced) gradients
+    out = ddp(x, use_ab=False)
+    ddp.zero_grad(set_to_none=True)
+    out.backward()
+    assert torch.equal(seen[pair], torch.zeros(6))
+    assert model.a.grad is None and model.b.grad is None

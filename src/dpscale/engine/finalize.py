@@ -98,7 +98,7 @@ class Finalize:
         for b in self.buckets:
             members = self._members[b.index]
             pool = self._pools[b.index]
-            if pool is not None and pool.holds([p.grad for p in members]):
+            if pool is not None and pool.gaps([p.grad for p in members]) is not None:
                 pool.flat.copy_(b.buffer)
                 continue
             for p, view in zip(members, b.views, strict=True):

@@ -193,8 +193,11 @@ class Readiness:
             # gradients apart from the bucket (see _preset_grads) go into it: one copy of the pool
             grads = [p.grad for p in self._members[bucket.index]]
             pool = self._pools[bucket.index]
-            if pool is not None and all(g is v for g, v in zip(grads, pool.views, strict=True)):
+            gaps = None if pool is None else pool.gaps(grads)
+            if gaps is not None:
                 bucket.buffer.copy_(pool.flat)
+                for k in gaps:  # .grad set to None after forward: the pool's view may be stale
+                    bucket.views[k].zero_()
             else:
                 for view, grad in zip(bucket.views, grads, strict=True):
                     if grad is None:

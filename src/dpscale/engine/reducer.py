@@ -283,6 +283,13 @@ class GradPool:
                 return False
         return self._storage_use_count() == self._storage_refs
 
-    def holds(self, grads: list[torch.Tensor | None]) -> bool:
-        """Whether every gradient given (None aside) is this pool's view at its place."""
-        return all(g is None or g is v for g, v in zip(grads, self.views, strict=True))
+    def gaps(self, grads: list[torch.Tensor | None]) -> list[int] | None:
+        """Where `grads` (the bucket's `.grad`s, in bucket order) are None, if every other one is
+        this pool's view at its place; None if some gradient is a tensor of its own."""
+        gaps = []
+        for k, (g, v) in enumerate(zip(grads, self.views, strict=True)):
+            if g is None:
+                gaps.append(k)
+            elif g is not v:
+                return None
+        return gaps
