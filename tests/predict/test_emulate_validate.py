@@ -45,11 +45,10 @@ def test_a_load_that_slows_the_transfers_does_not_move_the_check_with_the_link_f
     assert ar.measured_ms == ar_ms and abs(train.error_pct) < 1.0, train
     # at the tbf rate the same run misses by the load's share (the check before #16's fourth round)
     (_, at_tbf) = validate_emulation(run, PROFILE)
-    assert (
-        at_tbf.error_pct == pytest.approx(train.error_pct, abs=1.0)
-        if slower == 1.0
-        else at_tbf.error_pct < -25
-    )
+    if slower == 1.0:
+        assert abs(at_tbf.error_pct) < 1.0
+    else:
+        assert at_tbf.error_pct < -100 * EMULATION_TARGET
 
 
 def test_the_profiles_step_to_step_variation_is_not_counted_on_top_of_the_runs_slowest_rank():
@@ -65,4 +64,3 @@ def test_the_compute_level_is_the_runs_bare_step():
     # the explicit profile's gradients become ready through backward, so part of the reduction
     # hides behind it: a slower compute adds at most its own 20 ms to the step
     assert 0 < slow - quick <= 20.0 + 1e-9
-    assert EMULATION_TARGET == 0.20
