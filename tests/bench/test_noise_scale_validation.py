@@ -143,7 +143,7 @@ def test_the_preconditioned_noise_is_the_micro_batch_against_the_step_in_adams_n
         loss=lambda out, target: ((out - target) ** 2).sum(dim=1),
     )
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    model.weight.grad = torch.ones(1, 3)
+    model.weight.grad = torch.tensor([[1.0, 4.0, 0.25]])  # P = 1, 1/4, 4: unlike the plain norm
     opt.step()  # second moments to weight by
     loss = task.loss(model(x), y).mean()
     (full,) = torch.autograd.grad(loss, [model.weight])
@@ -179,16 +179,18 @@ def test_evaluation_is_coarse_far_from_the_target_and_every_step_near_it():
             evaluated.append(self.step)
             return {"loss": next(losses)}
 
-    trainer, reach = FakeTrainer(), validation.FirstReach(0.5)
+    trainer, reach = FakeTrainer(), validation.FirstReach(0.5, coarse_every=4)
     while trainer.step < trainer.total_steps:
         trainer.step += 1
         reach.after_step(trainer)
     assert evaluated == [4, 8, 9, 10]  # every 4 steps above 1.0, every step below
     assert (reach.reached_at, trainer.total_steps, reach.late_noise_scale) == (10, 10, 7.0)
     assert reach.coarse_hit is False
-    jump = validation.FirstReach(0.5)
+    jump = validation.FirstReach(0.5, coarse_every=4)
     jump._last = (4, 5.0)  # straight from above 2x the target to it: flagged
     trainer.step, trainer.total_steps, losses = 8, 100, iter([0.4])
     jump.after_step(trainer)
     assert jump.reached_at == 8 and jump.coarse_hit is True
-    assert math.isinf(validation.FirstReach(0.5)._last[1])
+    exact, trainer.step, losses = validation.FirstReach(0.5), 1, iter([5.0])
+    exact.after_step(trainer)  # by default after every step, however far from the target
+    assert evaluated[-1] == 1 and math.isinf(validation.FirstReach(0.5)._last[1])
