@@ -84,7 +84,13 @@ class TaskSpec:
 SPECS = {
     "digits": TaskSpec("digits", base_batch=8, target_loss=0.25, max_steps=800, lr=0.02),
     "transformer": TaskSpec(
-        "transformer", base_batch=4, target_loss=0.2, max_steps=240, lr=1e-3, optimizer="adamw", coarse_every=4
+        "transformer",
+        base_batch=4,
+        target_loss=0.2,
+        max_steps=240,
+        lr=1e-3,
+        optimizer="adamw",
+        coarse_every=4,
     ),
     "own": TaskSpec("own", base_batch=8, target_loss=0.1, max_steps=500, lr=None),
 }
@@ -191,7 +197,11 @@ def _train_seed(rank: int, world: int, spec: TaskSpec, multipliers: list[int], s
     runs = []
     for k in multipliers:
         batch = k * spec.base_batch
-        reach, gain, adam = FirstReach(spec.target_loss, spec.coarse_every), AdaScaleGain(base_batch=spec.base_batch), None
+        reach, gain, adam = (
+            FirstReach(spec.target_loss, spec.coarse_every),
+            AdaScaleGain(base_batch=spec.base_batch),
+            None,
+        )
         callbacks: list[TrainerCallback] = [reach, gain]
         if spec.optimizer != "sgd" or spec.lr is None:  # AdamW, the trainer's or the task's own
             adam = PreconditionedNoise()
@@ -380,7 +390,8 @@ def _num(value, fmt: str = ".0f") -> str:
 def table(rows: list[dict]) -> str:
     heads = " | ".join(f"{what} (error [p10..p90 over the seeds])" for what in PREDICTIONS.values())
     lines = [
-        f"| task | B | steps: median (min-max, missed/seeds) | {heads} | noise scale: pooled / late / Adam | mean LR gain |",
+        f"| task | B | steps: median (min-max, missed/seeds) | {heads} "
+        "| noise scale: pooled / late / Adam | mean LR gain |",
         "|:---|---:|---:|" + "---:|" * len(PREDICTIONS) + "---:|---:|",
     ]
 
@@ -397,7 +408,10 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         measured = "not reached" if r["steps_to_target"] is None else f"{r['steps_to_target']:g}"
         spread = f"{_num(r['min_steps'])}-{_num(r['max_steps'])}, {r['missed']}/{r['seeds']}"
-        noise = " / ".join(_num(r[k], ".0f" if (r[k] or 0) >= 10 else ".2g") for k in ("noise_scale", "late_noise_scale", "adam_noise_scale"))
+        noise = " / ".join(
+            _num(r[k], ".0f" if (r[k] or 0) >= 10 else ".2g")
+            for k in ("noise_scale", "late_noise_scale", "adam_noise_scale")
+        )
         cells = [r["task"], r["global_batch"], f"{measured} ({spread})"]
         cells += [cell(r, suffix) for suffix in PREDICTIONS] + [noise, f"{r['mean_gain']:.2f}"]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
@@ -405,7 +419,7 @@ def table(rows: list[dict]) -> str:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """"0-7" or "0,3,5" -> the seeds."""
+    """ "0-7" or "0,3,5" -> the seeds."""
     if "-" in text:
         first, last = (int(x) for x in text.split("-"))
         return list(range(first, last + 1))
@@ -433,10 +447,13 @@ def main() -> None:
     parser.add_argument("--multipliers", default="1,2,4,8,16")
     parser.add_argument("--jobs", type=int, default=1, help="(task, seed) processes at once")
     parser.add_argument("--json", help="write every run and the rows here")
-    parser.add_argument("--render", help="print the tables of a --json file instead of training")
+    parser.add_argument("--render", nargs="+", help="print the tables of --json files instead of training")
     args = parser.parse_args()
     if args.render:
-        runs = json.loads(Path(args.render).read_text())["runs"]
+        runs = [r for path in args.render for r in json.loads(Path(path).read_text())["runs"]]
+        keys = [(r["task"], r["seed"], r["multiplier"]) for r in runs]
+        if len(set(keys)) < len(keys):
+            parser.error("--render: the files hold the same (task, seed, batch) twice; give each task once")
     else:
         multipliers = [int(m) for m in args.multipliers.split(",")]
         if multipliers[0] != 1:
