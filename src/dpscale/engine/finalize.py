@@ -33,7 +33,9 @@ class Finalize:
         if self._counting:
             self._end_counting()
         allow_unused = self.find_unused_parameters or self.static_graph
-        missing = [i for i in self.dense_indices if not self._ready[i]]
+        # a bucket launches once its last gradient is in: with every bucket launched, none is missing
+        launched_all = self._next_bucket == len(self.buckets)
+        missing = [] if launched_all else [i for i in self.dense_indices if not self._ready[i]]
         missing_sparse = [i for i in self.sparse_indices if not self._ready[i]]
         if (missing or missing_sparse) and not allow_unused:
             self._abort_launched()
@@ -48,12 +50,12 @@ class Finalize:
             )
         had_grad = {}
         for i in missing:
-            bucket, pos = self._slot[i]
-            p, view = self.params[i], bucket.views[pos]
+            bucket, _, view, small = self._slot[i]
+            p = self.params[i]
             # a gradient of the user's (accumulated in no_sync steps), not the zeros we preset
             had_grad[i] = p.grad is not None and not self._preset[i]
             # a local accumulated sum, undivided so far (a bucket of small tensors: at launch)
-            divide = self.comm_hook is None and not self._small[bucket.index]
+            divide = self.comm_hook is None and not small
             if p.grad is None:
                 view.zero_()  # contributes nothing from this rank
             elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
@@ -75,11 +77,11 @@ class Finalize:
             if self._ready[i] or had_grad[i] or used[i]:
                 self.params[i].grad = result
         for i in missing:
-            bucket, pos = self._slot[i]
+            view = self._slot[i][2]
             p = self.params[i]
             if had_grad[i] or used[i]:
                 if p.grad is None or self.gradient_as_bucket_view:
-                    p.grad = bucket.views[pos]
+                    p.grad = view
                 # else: a tensor of its own, which _copy_out fills
             elif self._preset[i]:
                 p.grad = None  # unused everywhere: as if we had never set it
@@ -138,10 +140,10 @@ class Finalize:
         self._expected = list(self._arrivals)
         for i in self.dense_indices:
             if self._ready[i]:
-                bucket, pos = self._slot[i]
-                if self.comm_hook is None and not self._small[bucket.index]:
+                bucket, _, view, small = self._slot[i]
+                if self.comm_hook is None and not small:
                     # large tensors: divided per tensor, as the hook's copy would have
-                    bucket.views[pos].mul_(1.0 / self.divisor)
+                    view.mul_(1.0 / self.divisor)
                 bucket.pending -= 1
 
     def _reduce_sparse(self, i: int, k: int) -> torch.futures.Future:

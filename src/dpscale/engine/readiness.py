@@ -55,8 +55,7 @@ class Readiness:
         return hook
 
     def _on_grad_ready(self, i: int, param: torch.Tensor) -> None:
-        bucket, pos = self._slot[i]
-        view = bucket.views[pos]
+        bucket, pos, view, small = self._slot[i]
         grad = param.grad
         expecting = self._expecting
         more_to_come = False  # static graph: this gradient arrives again in this backward
@@ -65,7 +64,7 @@ class Readiness:
             more_to_come = self._counting or self._arrivals[i] < self._expected[i]
         # a bucket of large tensors is divided tensor by tensor, fused with the copy; one of
         # small tensors once, at launch (see _preset_grads)
-        divide = expecting and not more_to_come and self.comm_hook is None and not self._small[bucket.index]
+        divide = not small and expecting and not more_to_come and self.comm_hook is None
         as_view = self.gradient_as_bucket_view
         if grad is not view and (not as_view or grad.data_ptr() != view.data_ptr()):
             if grad.requires_grad:  # backward(create_graph=True)
@@ -75,7 +74,7 @@ class Readiness:
             # step, here for a large tensor, at launch for a bucket of small ones (one call for
             # the bucket, see _start_reduction), and the reduced one comes back after the
             # reduction (Finalize._copy_out)
-            if as_view or (expecting and not self._small[bucket.index]):
+            if as_view or (expecting and not small):
                 self._copy_in(grad, view, divide)
             if as_view:
                 param.grad = view

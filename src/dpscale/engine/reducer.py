@@ -15,6 +15,7 @@ launch a bucket when every expected gradient has arrived.
 
 from __future__ import annotations
 
+import operator
 import sys
 import time
 
@@ -129,17 +130,22 @@ class Reducer(Readiness, Finalize):
         """Use a new bucket layout from now on; gradients already accumulated move with it."""
         old = getattr(self, "buckets", None)
         self.buckets = buckets
-        # where each parameter's gradient lives: (bucket, position in bucket)
-        self._slot = {i: (b, pos) for b in buckets for pos, i in enumerate(b.param_indices)}
         self._small = [b.buffer.numel() <= SMALL_TENSOR_NUMEL * len(b.param_indices) for b in buckets]
+        # where each parameter's gradient lives, indexed by parameter (None: sparse): (bucket,
+        # position in the bucket, its view, whether the bucket is one of small tensors), looked
+        # up once per gradient by the hook
+        self._slot: list[tuple[Bucket, int, torch.Tensor, bool] | None] = [None] * len(self.params)
+        for b in buckets:
+            for pos, i in enumerate(b.param_indices):
+                self._slot[i] = (b, pos, b.views[pos], self._small[b.index])
         self._members = [[self.params[i] for i in b.param_indices] for b in buckets]
         self._pools: list[GradPool | None] = [None] * len(buckets)
         if old is not buckets and self.gradient_as_bucket_view:
             for i, p in enumerate(self.params):
                 if p.grad is not None:
-                    bucket, pos = self._slot[i]
-                    bucket.views[pos].copy_(p.grad)
-                    p.grad = bucket.views[pos]
+                    _, _, view, _ = self._slot[i]
+                    view.copy_(p.grad)
+                    p.grad = view
         self._futures = [None] * len(buckets)
         self._in_place = [False] * len(buckets)  # see _preset_grads
         # per bucket: position in the bucket -> that tensor's local squared norm
@@ -286,10 +292,8 @@ class GradPool:
     def gaps(self, grads: list[torch.Tensor | None]) -> list[int] | None:
         """Where `grads` (the bucket's `.grad`s, in bucket order) are None, if every other one is
         this pool's view at its place; None if some gradient is a tensor of its own."""
-        gaps = []
-        for k, (g, v) in enumerate(zip(grads, self.views, strict=True)):
-            if g is None:
-                gaps.append(k)
-            elif g is not v:
-                return None
-        return gaps
+        if all(map(operator.is_, grads, self.views)):  # every step but odd ones: no loop in Python
+            return []
+        if all(g is None or g is v for g, v in zip(grads, self.views, strict=True)):
+            return [k for k, g in enumerate(grads) if g is None]
+        return None
