@@ -2,11 +2,15 @@
 
     python benchmarks/engine_ab.py [--models mlp] [--rounds 20] [--steps 5] [--json out.json]
     python benchmarks/engine_ab.py --base REF [--transport gloo|shm] [--models mlp,transformer] ...
+                                  [--no-noise-scale]
 
 With `--base REF` the variants are `torch` (torch DDP), `base` (dpscale's engine as it is at git
 REF, loaded from `git archive REF src/dpscale` as a package of its own) and `head` (the engine in
 this tree), all three built as the benches build them (engine/registry.wrap: bucket_cap_mb=25,
-gradient_as_bucket_view=True), dpscale on `--transport`. A step is bench/scaling_rank.timed_step (zero_grad
+gradient_as_bucket_view=True), dpscale on `--transport`. `--no-noise-scale` turns dpscale's
+gradient-noise-scale measurement off in base and head (`reducer.measure_noise_scale`, as the
+Trainer's --no-noise-scale does): the engines then do the work torch's does, nothing more.
+A step is bench/scaling_rank.timed_step (zero_grad
 + forward + mean loss + backward + SGD step) on a fixed batch, as in `dpscale bench engine`.
 
 Without `--base`, the variants of the 2026-12-01 per-parameter question:
@@ -132,7 +136,7 @@ def extract_base(ref: str, into: Path) -> None:
     shutil.move(into / "src" / "dpscale", into / BASE_PACKAGE)
 
 
-def _wrap_base(variant: str, module: nn.Module, transport: str) -> nn.Module:
+def _wrap_base(variant: str, module: nn.Module, transport: str, noise_scale: bool) -> nn.Module:
     # as engine/registry.wrap builds the engines for the benches
     if variant == "torch":
         return nn.parallel.DistributedDataParallel(module, bucket_cap_mb=25.0, gradient_as_bucket_view=True)
@@ -140,11 +144,20 @@ def _wrap_base(variant: str, module: nn.Module, transport: str) -> nn.Module:
         from dpscale_base import DistributedDataParallel as engine  # noqa: N813 - see extract_base
     else:
         engine = DistributedDataParallel
-    return engine(module, transport=transport, bucket_cap_mb=25.0, gradient_as_bucket_view=True)
+    ddp = engine(module, transport=transport, bucket_cap_mb=25.0, gradient_as_bucket_view=True)
+    ddp.reducer.measure_noise_scale = noise_scale
+    return ddp
 
 
 def _rank_base(
-    rank: int, world: int, name: str, rounds: int, steps: int, base_dir: str, transport: str
+    rank: int,
+    world: int,
+    name: str,
+    rounds: int,
+    steps: int,
+    base_dir: str,
+    transport: str,
+    noise_scale: bool,
 ) -> dict:
     sys.path.insert(0, base_dir)
     torch.set_num_threads(1)
@@ -154,7 +167,7 @@ def _rank_base(
     models, opts = {}, {}
     for v in BASE_VARIANTS:
         torch.manual_seed(0)  # same initial weights for every variant
-        models[v] = _wrap_base(v, work.build_model(), transport)
+        models[v] = _wrap_base(v, work.build_model(), transport, noise_scale)
         opts[v] = torch.optim.SGD(models[v].parameters(), lr=1e-4, momentum=0.9)
 
     def step(v: str) -> tuple[float, float]:
@@ -177,7 +190,14 @@ def _rank_base(
 
 
 def run(
-    name: str, rounds: int, steps: int, workers: int = 2, *, base: str | None = None, transport: str = "gloo"
+    name: str,
+    rounds: int,
+    steps: int,
+    workers: int = 2,
+    *,
+    base: str | None = None,
+    transport: str = "gloo",
+    noise_scale: bool = True,
 ) -> EngineAB:
     variants = VARIANTS if base is None else BASE_VARIANTS
     if base is None:
@@ -185,7 +205,8 @@ def run(
     else:
         with tempfile.TemporaryDirectory(prefix="engine-ab-") as tmp:
             extract_base(base, Path(tmp))
-            ranks = run_ranks(_rank_base, workers, name, rounds, steps, tmp, transport, timeout_s=3600)
+            args = (name, rounds, steps, tmp, transport, noise_scale)
+            ranks = run_ranks(_rank_base, workers, *args, timeout_s=3600)
     # a round counts at its slower rank
     per_round = {v: [max(r["rounds"][v][k] for r in ranks) for k in range(rounds)] for v in variants}
     figures = []
@@ -217,6 +238,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--base", help="git ref: time its engine (variant base) against this tree's")
     parser.add_argument("--transport", default="gloo", choices=("gloo", "shm"), help="dpscale's, with --base")
+    parser.add_argument(
+        "--no-noise-scale", action="store_true", help="with --base: dpscale measures no gradient noise scale"
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -226,13 +250,17 @@ def main() -> None:
         parser.error("--rounds must be >= 3 and --steps >= 1")
     if args.transport != "gloo" and args.base is None:
         parser.error("--transport needs --base")
+    if args.no_noise_scale and args.base is None:
+        parser.error("--no-noise-scale needs --base")
     results = []
     for name in names:
-        result = run(name, args.rounds, args.steps, base=args.base, transport=args.transport)
+        options = {"base": args.base, "transport": args.transport, "noise_scale": not args.no_noise_scale}
+        result = run(name, args.rounds, args.steps, **options)
         results.append(result)
         print(
             f"{name}: {result.workers} workers x {result.per_worker_batch} samples, {args.transport}, "
             f"{result.rounds} rounds of {result.steps_per_round} steps"
+            + (", dpscale without noise-scale measurement" if args.no_noise_scale else "")
         )
         for f in result.figures:
             print(

@@ -13,6 +13,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.multirank import run_ranks
+from support.echo_group import EchoGroup
 
 RTOL, ATOL = 1e-6, 1e-7
 
@@ -218,19 +219,6 @@ def test_bucket_mixing_accumulated_and_fresh_gradients_is_averaged_once(transpor
         torch.testing.assert_close(b, torch.full((3,), 1.5))
 
 
-class EchoGroup(dist.ProcessGroup):
-    """A world of three in Python whose all-reduce leaves each tensor as it is: what comes back
-    is this rank's gradient as the engine pre-divided it, bit for bit."""
-
-    def __init__(self):
-        super().__init__(0, 3)
-
-    def allreduce(self, tensors, opts):
-        fut = torch.futures.Future()
-        fut.set_result(tensors)
-        return torch._C._distributed_c10d._create_work_from_future(fut)
-
-
 @pytest.mark.parametrize("set_to_none", [True, False])
 @pytest.mark.parametrize("gradient_as_bucket_view", [False, True])
 @pytest.mark.parametrize("width", [4, 256])  # buckets of small tensors, of large ones
@@ -245,7 +233,7 @@ def test_pre_division_is_torch_ddps_bit_for_bit(width, gradient_as_bucket_view, 
         # find_unused_parameters: torch then never rebuilds its buckets (a collective this group lacks)
         ddp = engine(
             model,
-            process_group=EchoGroup(),
+            process_group=EchoGroup(world_size=3),
             init_sync=False,
             gradient_as_bucket_view=gradient_as_bucket_view,
             find_unused_parameters=engine is nn.parallel.DistributedDataParallel,

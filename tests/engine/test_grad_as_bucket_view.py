@@ -13,6 +13,7 @@ from torch import nn
 from dpscale import DistributedDataParallel
 from dpscale.engine.reducer import SMALL_TENSOR_NUMEL
 from dpscale.multirank import run_ranks
+from support.echo_group import EchoGroup
 
 
 def model(kind: str) -> nn.Module:
@@ -78,18 +79,6 @@ def test_what_a_user_sees_of_gradient_as_bucket_view_is_torchs():
                 assert ours["same_tensor"] and theirs["same_tensor"], (kind, as_view)
                 for a, b in zip(ours["values"], theirs["values"], strict=True):
                     torch.testing.assert_close(a, b)
-
-
-class EchoGroup(torch.distributed.ProcessGroup):
-    """A world of one in Python: all-reduce leaves tensors as they are."""
-
-    def __init__(self):
-        super().__init__(0, 1)
-
-    def allreduce(self, tensors, opts):
-        fut = torch.futures.Future()
-        fut.set_result(tensors)
-        return torch._C._distributed_c10d._create_work_from_future(fut)
 
 
 class SmallPair(nn.Module):
