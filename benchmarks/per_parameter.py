@@ -1,6 +1,6 @@
 """Per-parameter-tensor cost of the engine: torch DDP vs dpscale at one worker on gloo.
 
-    python benchmarks/per_parameter.py [--rounds 40] [--steps 10] [--json out.json]
+    python benchmarks/per_parameter.py [--rounds 40] [--steps 10] [--base REF] [--json out.json]
 
 A model of 800 small parameter tensors (200 x Linear(16,16) + LayerNorm(16), batch 8) makes the
 per-tensor work of an engine (its gradient hooks, bucket copies, bookkeeping) dominate a step. At
@@ -9,20 +9,26 @@ variants (bare model, torch DDP, dpscale with its defaults and with
 gradient_as_bucket_view=True) run in alternating rounds of `steps` steps in one
 process; a round's ratio is dpscale's overhead over torch's, and the median of those ratios is
 the figure of record (an absolute time on a shared machine is not). A step is zero_grad +
-forward + sum + backward, no optimizer (identical for all).
+forward + sum + backward, no optimizer (identical for all). With `--base REF` dpscale's engine as
+it is at git REF (benchmarks/engine_ab.py's extract_base) takes turns too, with its defaults as
+`dpscale`: its overhead over torch's, and this tree's step over its, measure an engine change.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from engine_ab import BASE_PACKAGE, extract_base
 from torch import nn
 
 from dpscale import DistributedDataParallel
@@ -59,9 +65,13 @@ class PerParameterResult:
     view_ratio_median: float
     view_ratio_p10: float
     view_ratio_p90: float
+    # with --base: the engine at REF (defaults), its overhead / torch's and head / base per round
+    base_ms: float | None = None
+    base_ratio: list[float] | None = None  # median, p10, p90
+    head_over_base: list[float] | None = None  # median, p10, p90 of dpscale step / base step
 
 
-def run(rounds: int, steps: int) -> PerParameterResult:
+def run(rounds: int, steps: int, base_engine: type | None = None) -> PerParameterResult:
     torch.set_num_threads(1)
     x = torch.randn(BATCH, WIDTH)
     models = {
@@ -70,6 +80,8 @@ def run(rounds: int, steps: int) -> PerParameterResult:
         "dpscale": DistributedDataParallel(build(), transport="gloo"),
         "dpscale_view": DistributedDataParallel(build(), transport="gloo", gradient_as_bucket_view=True),
     }
+    if base_engine is not None:
+        models["base"] = base_engine(build(), transport="gloo")
     tensors = sum(1 for _ in models["bare"].parameters())
 
     def round_ms(model: nn.Module) -> float:
@@ -95,6 +107,14 @@ def run(rounds: int, steps: int) -> PerParameterResult:
     med = {k: statistics.median(v) for k, v in times.items()}
     deciles = statistics.quantiles(ratios, n=10)
     view_deciles = statistics.quantiles(view_ratios, n=10)
+    base = {}
+    if base_engine is not None:
+        head_over_base = [h / b for h, b in zip(times["dpscale"], times["base"], strict=True)]
+        base = {
+            "base_ms": med["base"],
+            "base_ratio": _median_p10_p90(overhead_ratios("base")),
+            "head_over_base": _median_p10_p90(head_over_base),
+        }
     return PerParameterResult(
         tensors=tensors,
         rounds=rounds,
@@ -112,21 +132,33 @@ def run(rounds: int, steps: int) -> PerParameterResult:
         view_ratio_median=statistics.median(view_ratios),
         view_ratio_p10=view_deciles[0],
         view_ratio_p90=view_deciles[-1],
+        **base,
     )
+
+
+def _median_p10_p90(values: list[float]) -> list[float]:
+    deciles = statistics.quantiles(values, n=10)
+    return [statistics.median(values), deciles[0], deciles[-1]]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--base", help="git ref: also time dpscale's engine as it is there")
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
     if args.rounds < 3 or args.steps < 1:
         parser.error("--rounds must be >= 3 and --steps >= 1")
     with tempfile.TemporaryDirectory() as tmp:
+        base_engine = None
+        if args.base is not None:
+            extract_base(args.base, Path(tmp))
+            sys.path.insert(0, tmp)
+            base_engine = importlib.import_module(BASE_PACKAGE).DistributedDataParallel
         dist.init_process_group("gloo", store=dist.FileStore(f"{tmp}/store", 1), rank=0, world_size=1)
         try:
-            result = run(args.rounds, args.steps)
+            result = run(args.rounds, args.steps, base_engine)
         finally:
             dist.destroy_process_group()
     print(
@@ -140,6 +172,12 @@ def main() -> None:
         f"({result.dpscale_view_us_per_tensor:.2f} us/tensor), overhead/torch's "
         f"{result.view_ratio_median:.3f} ({result.view_ratio_p10:.3f}-{result.view_ratio_p90:.3f})"
     )
+    if result.base_ms is not None:
+        (ratio, p10, p90), (change, c10, c90) = result.base_ratio, result.head_over_base
+        print(
+            f"base ({args.base}) {result.base_ms:.2f} ms, overhead/torch's {ratio:.3f} "
+            f"({p10:.3f}-{p90:.3f}); dpscale / base step {change:.3f} ({c10:.3f}-{c90:.3f})"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(asdict(result), f, indent=2)
