@@ -1,20 +1,24 @@
 """`--global-batch auto` against fixed global batches: time to a target on 2 workers.
 
-    python benchmarks/auto_batch.py [--tasks digits,transformer] [--rounds 2] [--json out.json]
+    python benchmarks/auto_batch.py [--tasks digits,transformer] [--rounds 8] [--first-seed 0]
+                                     [--json out.json]
 
 Two workers, each with a fixed micro-batch b, train to a target eval loss with the global batch
 2b x k for k = 1, 2, 4, 8 (accumulation), and with the batch grown by train/auto_batch.GrowBatch:
 `auto` (the default rule: double once the noise scale has reached twice the batch and the step
 times measured so far do not predict the doubled batch slower to the target; halve back when they
-predict the smaller one 10% sooner) and `auto (grow at 1x)` (the noise scale need only reach the
-batch). Every variant takes AdaScale's learning-rate gain
+predict the smaller one 10% sooner), `auto (grow at 1x)` and `auto (grow at 0.5x)` (the noise
+scale need only reach the batch, or half of it, before the step times decide). Every variant takes
+AdaScale's learning-rate gain
 relative to 2b (train/adascale.py), so the rate follows the batch in all of them alike, and is
 evaluated at the same sample counts. Two times to target: the sum of the training steps' measured
 times until the target (evaluations excluded), median over rounds; and steps x the median step
 time at each step's k over every variant's steps in this run, which takes the host's drift
 between variants out (step counts are exact; the 2-core host is shared). Variants take turns in
-rounds whose order rotates; round r trains with seed r (initial weights and data order), so the
-spread over rounds includes the seed's.
+rounds whose order rotates; round r trains with seed first_seed + r (initial weights and data
+order). The seed moves the steps to target more than the batch does, so each variant's time is
+also divided by the best fixed batch's time with the same seed: the median of those ratios, with
+p10-p90, is the comparison (best fixed: the lowest median time over seeds).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from dpscale import Task
+from dpscale.bench.rounds import quantile
 from dpscale.bench.weak import TargetWatch
 from dpscale.multirank import run_ranks
 from dpscale.train.adascale import AdaScaleGain
@@ -41,7 +46,7 @@ TASKS = {
 }
 FIXED = (1, 2, 4, 8)
 # auto variants: name -> GrowBatch's grow_at (double once the noise scale is grow_at x the batch)
-AUTO = {"auto": 2.0, "auto (grow at 1x)": 1.0}
+AUTO = {"auto": 2.0, "auto (grow at 1x)": 1.0, "auto (grow at 0.5x)": 0.5}
 
 
 def _variant(rank: int, task: str, k: int | str, seed: int) -> dict:
@@ -106,17 +111,18 @@ def _variant(rank: int, task: str, k: int | str, seed: int) -> dict:
         "batch_changes": grow.changes if grow else [],
         "step_k": ks[:n],
         "step_ms": ms[:n],
+        "gns": [s.get("gns") for s in steps[:n]],
     }
 
 
-def _all(rank: int, world: int, tasks: list[str], rounds: int) -> list[dict]:
+def _all(rank: int, world: int, tasks: list[str], rounds: int, first_seed: int) -> list[dict]:
     out = []
     variants: list[int | str] = [*FIXED, *AUTO]
     for r in range(rounds):
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for task in tasks:
             for k in order:
-                out.append(_variant(rank, task, k, seed=r) | {"round": r})
+                out.append(_variant(rank, task, k, seed=first_seed + r) | {"round": r})
     return out
 
 
@@ -131,34 +137,89 @@ def per_k_step_ms(rows: list[dict]) -> dict[int, float]:
     return {k: round(statistics.median(v), 2) for k, v in sorted(by_k.items())}
 
 
+def ratios_to_best_fixed(times: dict[str, dict[int, float]]) -> tuple[str, dict[str, list[float]]]:
+    """The fixed variant with the lowest median time over seeds, and each variant's time divided
+    by that variant's time with the same seed (seeds where either missed the target are left out)."""
+    fixed = [v for v in times if v.startswith("fixed") and times[v]]
+    best = min(fixed, key=lambda v: statistics.median(times[v].values()))
+    ratios = {
+        v: [t / times[best][seed] for seed, t in sorted(by_seed.items()) if seed in times[best]]
+        for v, by_seed in times.items()
+    }
+    return best, ratios
+
+
+def oracle_times(
+    step_ms: dict[int, float], *, base: int, noise_start: float, noise_end: float, points: int = 1000
+) -> tuple[dict[int, float], float]:
+    """Time to target at each fixed k, and with the k chosen afresh at every point of the run by
+    an oracle that knows the noise scale, relative to the best fixed k (up to S_min).
+
+    McCandlish et al.: a step at batch B makes 1 / (1 + B_noise / B) of the progress of a step at
+    an infinite batch, so a stretch dp of the run costs (1 + B_noise / B) t(B) dp in time. The
+    noise scale is taken to grow linearly with progress from `noise_start` to `noise_end` (samples).
+    The oracle's ratio is the most any growth rule could gain with these step times."""
+    grid = [(i + 0.5) / points for i in range(points)]
+    noise = [noise_start + (noise_end - noise_start) * p for p in grid]
+    cost = {k: [(1 + n / (base * k)) * t for n in noise] for k, t in step_ms.items()}
+    fixed = {k: sum(c) / points for k, c in cost.items()}
+    best = min(fixed.values())
+    oracle = sum(min(c[i] for c in cost.values()) for i in range(points)) / points
+    return {k: t / best for k, t in fixed.items()}, oracle / best
+
+
+def _noise_range(rows: list[dict], min_updates: int = 8) -> tuple[float, float]:
+    """The fixed batches' noise scale once `min_updates` steps are in the EMA, and at the target
+    (medians over the runs): its growth during the run."""
+    runs = [r["gns"] for r in rows if r["variant"].startswith("fixed") and r["reached"]]
+    runs = [g for g in runs if len(g) >= min_updates and None not in (g[min_updates - 1], g[-1])]
+    return statistics.median(g[min_updates - 1] for g in runs), statistics.median(g[-1] for g in runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default="digits,transformer")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--json")
     args = parser.parse_args()
     tasks = args.tasks.split(",")
-    rows = run_ranks(_all, 2, tasks, args.rounds, timeout_s=3600)[0]
+    rows = run_ranks(_all, 2, tasks, args.rounds, args.first_seed, timeout_s=3600)[0]
     print(
-        "| task | variant | reached | steps | samples | time to target s: measured, median "
-        "| steps x step time of their k, median over rounds | final batch |"
+        "| task | variant | reached | steps | time to target s: measured, median | steps x step time "
+        "of their k, median over seeds | that / best fixed's, same seed: median (p10-p90) | final batch |"
     )
     print("|:---|:---|---:|---:|---:|---:|---:|---:|")
+    names = [f"fixed x{k}" for k in FIXED] + list(AUTO)
     for task in tasks:
         step_ms = per_k_step_ms([r for r in rows if r["task"] == task])
         print(f"step time by k, {task} (median over every variant's steps, ms): {step_ms}")
-        for variant in [f"fixed x{k}" for k in FIXED] + list(AUTO):
-            mine = [r for r in rows if r["task"] == task and r["variant"] == variant]
-            times = [r["time_to_target_s"] for r in mine if r["reached"]]
+        mine = {v: [r for r in rows if r["task"] == task and r["variant"] == v] for v in names}
+        modeled = {
+            v: {r["round"]: sum(step_ms[k] for k in r["step_k"]) / 1e3 for r in rs if r["reached"]}
+            for v, rs in mine.items()
+        }
+        best, ratios = ratios_to_best_fixed(modeled)
+        for v, rs in mine.items():
+            times = [r["time_to_target_s"] for r in rs if r["reached"]]
             med = f"{statistics.median(times):.2f}" if times else "not reached"
-            modeled = [sum(step_ms[k] for k in r["step_k"]) / 1e3 for r in mine if r["reached"]]
-            mod = f"{statistics.median(modeled):.3f}" if modeled else "not reached"
-            steps = "/".join(str(r["steps"]) for r in mine)
-            samples = "/".join(str(r["samples"]) for r in mine)
-            final = "/".join(str(r["final_global_batch"]) for r in mine)
+            mod = f"{statistics.median(modeled[v].values()):.3f}" if modeled[v] else "not reached"
+            q = ratios[v]
+            ratio = (
+                f"{statistics.median(q):.3f} ({quantile(q, 0.1):.2f}-{quantile(q, 0.9):.2f})" if q else "-"
+            )
+            ratio += " (best fixed)" if v == best else ""
+            steps = "/".join(str(r["steps"]) for r in rs)
+            final = "/".join(str(r["final_global_batch"]) for r in rs)
+            print(f"| {task} | {v} | {len(times)}/{len(rs)} | {steps} | {med} | {mod} | {ratio} | {final} |")
+        start, end = _noise_range([r for r in rows if r["task"] == task])
+        for scale in (1, 3):  # as measured, and 3x (the validation's fitted B_noise is 1.7-3x it)
+            fixed, oracle = oracle_times(
+                step_ms, base=2 * TASKS[task][0], noise_start=scale * start, noise_end=scale * end
+            )
             print(
-                f"| {task} | {variant} | {len(times)}/{len(mine)} | {steps} | {samples} | {med} | {mod} "
-                f"| {final} |"
+                f"{task}: noise scale {scale * start:.1f} -> {scale * end:.1f} samples; model times / best "
+                f"fixed: {', '.join(f'k={k} {t:.3f}' for k, t in fixed.items())}; oracle growth {oracle:.3f}"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -77,8 +77,9 @@ class GrowBatch(TrainerCallback):
     ) -> int:
         """The accumulation steps to use from now on (the current ones when nothing changes).
 
-        `step_s`: the median step time at each accumulation tried so far (None or empty: the
-        noise scale alone decides, as if a step took the same time at any batch)."""
+        `step_s`: the fastest step time at each accumulation tried so far, as `agreed_step_s`
+        gives it (None or empty: the noise scale alone decides, as if a step took the same time at
+        any batch)."""
         if b_simple is None or not b_simple > 0:
             return accumulation
         base = global_batch // accumulation  # the global batch at one accumulation step
@@ -121,12 +122,12 @@ class GrowBatch(TrainerCallback):
         ks = sorted(self.step_s)
         # on the trainer's device: an NCCL group (CUDA workers) reduces no CPU tensor
         device = getattr(trainer, "device", "cpu")
-        medians = torch.tensor([min(self.step_s[k]) for k in ks], dtype=torch.float64, device=device)
+        fastest = torch.tensor([min(self.step_s[k]) for k in ks], dtype=torch.float64, device=device)
         group = getattr(trainer, "group", None)
         if ks and dist.is_available() and dist.is_initialized():
-            dist.all_reduce(medians, group=group)
-            medians /= dist.get_world_size(group)
-        return dict(zip(ks, medians.tolist(), strict=True))
+            dist.all_reduce(fastest, group=group)
+            fastest /= dist.get_world_size(group)
+        return dict(zip(ks, fastest.tolist(), strict=True))
 
     def after_step(self, trainer) -> None:
         if trainer.step % self.check_every or trainer.noise_scale.estimator.updates < self.min_updates:

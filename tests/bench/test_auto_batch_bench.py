@@ -1,0 +1,46 @@
+"""benchmarks/auto_batch.py's arithmetic: the comparison with the best fixed batch, seed by seed,
+and the bound on what any growth rule could gain from given step times and noise scales."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "auto_batch.py"
+_spec = importlib.util.spec_from_file_location("auto_batch_bench", _PATH)
+bench = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = bench
+_spec.loader.exec_module(bench)
+
+
+def test_each_variant_is_divided_by_the_best_fixed_batch_with_the_same_seed():
+    times = {
+        "fixed x1": {0: 1.0, 1: 2.0, 2: 3.0},
+        "fixed x2": {0: 0.5, 1: 3.0, 2: 4.0},  # faster on seed 0, slower in the median
+        "auto": {0: 0.5, 2: 3.3},  # missed the target with seed 1
+    }
+    best, ratios = bench.ratios_to_best_fixed(times)
+    assert best == "fixed x1"
+    assert ratios["fixed x1"] == [1.0, 1.0, 1.0]
+    assert ratios["fixed x2"] == pytest.approx([0.5, 1.5, 4 / 3])
+    assert ratios["auto"] == pytest.approx([0.5, 1.1])
+
+
+def test_step_times_proportional_to_the_batch_leave_growth_nothing_to_gain():
+    # time to target ~ (1 + B_noise / B) x m B = m (B + B_noise): the smallest batch wins at every
+    # noise scale, so the oracle schedule is the smallest fixed batch
+    fixed, oracle = bench.oracle_times({1: 1.0, 2: 2.0, 4: 4.0}, base=8, noise_start=1.0, noise_end=500.0)
+    assert min(fixed, key=fixed.get) == 1 and oracle == pytest.approx(1.0)
+    assert fixed[2] > 1.0
+
+
+def test_an_overhead_bound_step_and_a_growing_noise_scale_let_growth_win():
+    # the cost of a step is mostly fixed, and the noise scale grows 100x: small batches early,
+    # large late beat any one batch
+    times = {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4}
+    fixed, oracle = bench.oracle_times(times, base=8, noise_start=2.0, noise_end=200.0)
+    assert min(fixed.values()) == 1.0 and oracle < 0.99
+    # a noise scale that stays put: one batch is best throughout, the oracle only ties it
+    _, still = bench.oracle_times(times, base=8, noise_start=20.0, noise_end=20.0)
+    assert still == pytest.approx(1.0)
