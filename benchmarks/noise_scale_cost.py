@@ -11,8 +11,6 @@ in one run, the order shifts every round):
   rank's local squared norm, per large tensor in the hook right after its copy-and-divide and per
   small bucket at launch, and the loop pairs it with the norm of the reduced gradients it takes
   anyway for its skip check (`noise_scale_reduced_norm = False`);
-- `every 1, local slices`: the same with each rank reading only its 1/W slice of every gradient
-  (`noise_scale_local_slice`; the loop sums the slices' norms over ranks);
 - `every 1, engine both`: a bare engine under a user's loop, which takes the whole local norm and
   reads the reduced buckets again after the wait (the engine's defaults).
 
@@ -39,13 +37,12 @@ from dpscale.engine import finalize, readiness
 from dpscale.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
-# name: (measure, every, engine takes the reduced norm too, local norm over this rank's slice only)
+# name: (measure, every, engine takes the reduced norm too)
 VARIANTS = {
-    "off": (False, 1, False, False),
-    "every 1": (True, 1, False, False),
-    "every 8": (True, 8, False, False),
-    "every 1, local slices": (True, 1, False, True),
-    "every 1, engine both": (True, 1, True, False),
+    "off": (False, 1, False),
+    "every 1": (True, 1, False),
+    "every 8": (True, 8, False),
+    "every 1, engine both": (True, 1, True),
 }
 
 
@@ -92,10 +89,10 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
     readiness.bucket_sq_norm = finalize.bucket_sq_norm = timed_norm
 
     def round_ms(variant: str) -> float:
-        measure, every, both, sliced = VARIANTS[variant]
+        measure, every, both = VARIANTS[variant]
         reducer = model.reducer
         reducer.measure_noise_scale, reducer.noise_scale_every = measure, every
-        reducer.noise_scale_reduced_norm, reducer.noise_scale_local_slice = both, sliced
+        reducer.noise_scale_reduced_norm = both
         t0 = time.perf_counter()
         for _ in range(steps):
             idx = torch.randint(0, len(train), (batch,), generator=g)

@@ -127,10 +127,9 @@ class Finalize:
         reduced = None
         if self.noise_scale_reduced_norm:
             reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
-        # the rank's own estimate needs its whole local norm (not a slice) and the averaged one,
-        # and not while ranks have joined (the average is then over fewer ranks)
-        whole = reduced is not None and not self.noise_scale_local_slice
-        if whole and self.world_size > 1 and self.divisor == self.world_size:
+        # the rank's own estimate needs the averaged norm, and not while ranks have joined (the
+        # average is then over fewer ranks)
+        if reduced is not None and self.world_size > 1 and self.divisor == self.world_size:
             self.noise_scale.update(small_sq=local, big_sq=reduced, b_small=1, b_big=self.world_size)
         return local, reduced
 

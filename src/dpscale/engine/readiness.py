@@ -106,7 +106,7 @@ class Readiness:
         if self._measure_now and not self._small[bucket.index]:
             # the local norm, fused in cache with the copy-and-divide just above: the view was
             # written a moment ago, while a whole bucket read at launch would come from memory
-            self._tensor_sq[bucket.index][pos] = self._local_sq_norm(view)
+            self._tensor_sq[bucket.index][pos] = bucket_sq_norm(view)
         bucket.pending -= 1
         if bucket.pending == 0:
             self._launch_ready_buckets()
@@ -178,15 +178,6 @@ class Readiness:
         # backward: that time is not overlapped with compute, whatever the timestamps say.
         timing.blocking_s = time.perf_counter() - timing.start_s
 
-    def _local_sq_norm(self, grad: torch.Tensor) -> torch.Tensor:
-        """This rank's squared norm of `grad`, or of its 1/W slice (`noise_scale_local_slice`:
-        rank r takes the r-th of W equal slices, so the ranks' slices partition the gradient)."""
-        if not self.noise_scale_local_slice:
-            return bucket_sq_norm(grad)
-        flat = grad.view(-1)
-        n, w, r = flat.numel(), self.world_size, self.rank
-        return bucket_sq_norm(flat[n * r // w : n * (r + 1) // w])
-
     def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
         if not self.gradient_as_bucket_view and self._small[bucket.index]:
             # gradients apart from the bucket (see _preset_grads) go into it: one copy of the pool
@@ -215,15 +206,14 @@ class Readiness:
             # undivided with one: the hook contract): a small bucket read now (still in cache after
             # its division); a bucket of large tensors from the norms its tensors got as they
             # arrived, and now for those that never passed the hook in this backward (unused here,
-            # the counting backward of a static graph): per tensor either way, so every rank
-            # splits the bucket alike (see noise_scale_local_slice)
+            # the counting backward of a static graph)
             if self._small[bucket.index]:
-                self._local_sq.append(self._local_sq_norm(bucket.buffer))
+                self._local_sq.append(bucket_sq_norm(bucket.buffer))
             else:
                 parts = self._tensor_sq[bucket.index]
                 for pos, view in enumerate(bucket.views):
                     if pos not in parts:
-                        parts[pos] = self._local_sq_norm(view)
+                        parts[pos] = bucket_sq_norm(view)
                 self._local_sq.append(torch.stack(list(parts.values())).sum())
         # a hook issues its own collectives, but recording it here still shows where a rank was
         op = "all_reduce" if self.comm_hook is None else "comm_hook"

@@ -61,8 +61,6 @@ class Reducer(Readiness, Finalize):
         self.process_group = process_group
         self.transport = transport
         self.world_size = dist.get_world_size(process_group)
-        # from the group itself: a hand-made group works without init_process_group
-        self.rank = process_group.rank() if process_group is not None else dist.get_rank()
         # what averaged gradients are divided by: the world size, or under Join with
         # divide_by_initial_world_size=False the number of ranks still training (see join.py)
         self.divisor = self.world_size
@@ -109,12 +107,6 @@ class Reducer(Readiness, Finalize):
         # skip check and clipping) turns this off and pairs that norm with grad_sq_norm_local:
         # the step then costs one read of each gradient, while it is still in cache
         self.noise_scale_reduced_norm = True
-        # take the local norm over this rank's 1/W slice of each gradient only (a W-th of the
-        # reads): summed over ranks, the slices' norms are an unbiased estimate of one rank's
-        # whole local norm (each coordinate's expected square is the same on every rank). For a
-        # loop that sums grad_sq_norm_local over ranks (the Trainer); the rank's own figure
-        # (gradient_noise_scale) then needs the whole norm, so it is not updated
-        self.noise_scale_local_slice = False
         self._measure_now = False
         self.noise_scale = NoiseScaleEstimator()
         self._local_sq: list[torch.Tensor] = []

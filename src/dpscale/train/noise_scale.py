@@ -47,14 +47,6 @@ class NoiseScaleMeter:
         self.enabled = enabled
         self.every = every  # measure on every this many steps (the engine counts the same way)
         self.estimator = NoiseScaleEstimator(ema_decay=ema_decay)
-        # W > 1: the engine takes each rank's local norm over its 1/W slice of the gradients
-        # (engine reducer.noise_scale_local_slice); their sum over ranks estimates one rank's norm
-        self.local_slices = False
-
-    def small_sq_from_sum(self, total: float) -> float:
-        """One rank's local squared norm from the sum of every rank's `small_sq` (the step-flags
-        all-reduce): the sum itself when the ranks took slices, else their mean."""
-        return total if self.local_slices and self.world_size > 1 else total / self.world_size
 
     def wants_micro_norm(self, micro_batches: int, step: int) -> bool:
         """Whether the loop must take the first micro-batch's gradient norm at 0-based `step`."""

@@ -73,7 +73,7 @@ class TrainStep:
         dist.all_reduce(flags, group=self.group)
         if noise is not None:
             # the norm just taken for the skip check is the big-batch norm: no second read
-            small_sq = self.noise_scale.small_sq_from_sum(float(flags[3]))
+            small_sq = float(flags[3]) / self.world_size  # the ranks' local norms, averaged
             self.noise_scale.update(noise, small_sq, reduced_sq=float(norm) ** 2)
         skipped = bool(flags[1] > 0)
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0

@@ -157,9 +157,7 @@ class Trainer(TrainStep, SaveRestore):
             self.model.reducer.noise_scale_every = every
             # the step's skip check takes the reduced gradients' norm anyway (train/step.py): the
             # engine need not read them again, unless sparse gradients (outside its buckets) are in
-            # it. Each rank keeps reading its whole local gradient: slices (noise_scale_local_slice,
-            # a W-th of the reads) were not measurably cheaper at W=2 on a loaded host (BENCHMARKS.md)
-            # and average fewer local norms per coordinate, a noisier estimate
+            # it
             self.model.reducer.noise_scale_reduced_norm = bool(self.model.reducer.sparse_indices)
         # the hook's state (PowerSGD's Qs and errors) goes into checkpoints; None for stateless hooks
         self.comm_state = None
