@@ -190,10 +190,25 @@ class BatchRun:
     adam_trace_sum: float | None  # the same sums in Adam's preconditioned norm (None: not Adam)
     adam_grad_sq_sum: float | None
     mean_gain: float  # AdaScale's mean learning-rate multiplier over the run
+    lr_factor: float  # on top of AdaScale's rate (--lr-factors)
     wall_s: float
 
 
-def _train_seed(rank: int, world: int, spec: TaskSpec, multipliers: list[int], seed: int) -> list[dict]:
+class RateFactor(TrainerCallback):
+    """Multiplies every step's learning rate by `factor` (after AdaScale's gain): the grid that tunes
+    the rate per batch. The scheduler sets the rate afresh each step, so it does not compound."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def after_reduce(self, trainer, grads) -> None:
+        for group in trainer.optimizer.param_groups:
+            group["lr"] *= self.factor
+
+
+def _train_seed(
+    rank: int, world: int, spec: TaskSpec, multipliers: list[int], seed: int, lr_factor: float = 1.0
+) -> list[dict]:
     runs = []
     for k in multipliers:
         batch = k * spec.base_batch
@@ -202,7 +217,7 @@ def _train_seed(rank: int, world: int, spec: TaskSpec, multipliers: list[int], s
             AdaScaleGain(base_batch=spec.base_batch),
             None,
         )
-        callbacks: list[TrainerCallback] = [reach, gain]
+        callbacks: list[TrainerCallback] = [reach, gain, RateFactor(lr_factor)]
         if spec.optimizer != "sgd" or spec.lr is None:  # AdamW, the trainer's or the task's own
             adam = PreconditionedNoise()
             callbacks.append(adam)
@@ -238,6 +253,7 @@ def _train_seed(rank: int, world: int, spec: TaskSpec, multipliers: list[int], s
             adam_trace_sum=adam_sums["trace_sum"] if adam_sums else None,
             adam_grad_sq_sum=adam_sums["grad_sq_sum"] if adam_sums else None,
             mean_gain=statistics.fmean(gain.gains) if gain.gains else 1.0,
+            lr_factor=lr_factor,
             wall_s=wall,
         )
         runs.append(asdict(run))
@@ -445,6 +461,9 @@ def main() -> None:
     parser.add_argument("--tasks", default="digits,transformer,own")
     parser.add_argument("--seeds", default="0-7", help="e.g. 0-7 or 0,1,2")
     parser.add_argument("--multipliers", default="1,2,4,8,16")
+    parser.add_argument(
+        "--lr-factors", default="1", help="factors on AdaScale's rate to try at every batch, e.g. 0.5,1,2"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="(task, seed) processes at once")
     parser.add_argument("--json", help="write every run and the rows here")
     parser.add_argument("--render", nargs="+", help="print the tables of --json files instead of training")
@@ -462,12 +481,15 @@ def main() -> None:
         for name in names:
             if name not in SPECS:
                 parser.error(f"--tasks: unknown {name!r}; choose from {', '.join(SPECS)}")
-        units = [(name, seed) for name in names for seed in parse_seeds(args.seeds)]
+        factors = [float(f) for f in args.lr_factors.split(",")]
+        units = [(name, f, seed) for name in names for f in factors for seed in parse_seeds(args.seeds)]
 
         def one(unit):
-            name, seed = unit
-            runs = run_ranks(_train_seed, 1, SPECS[name], multipliers, seed, timeout_s=3600)[0]
-            print(f"{name} seed {seed}: steps {[r['steps_to_target'] for r in runs]}", flush=True)
+            name, factor, seed = unit
+            runs = run_ranks(_train_seed, 1, SPECS[name], multipliers, seed, factor, timeout_s=3600)[0]
+            print(
+                f"{name} lr x{factor:g} seed {seed}: steps {[r['steps_to_target'] for r in runs]}", flush=True
+            )
             return runs
 
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
