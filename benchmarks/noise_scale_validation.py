@@ -1,7 +1,9 @@
 """Does S(B) = S_min (1 + B_noise / B) predict the steps to a target at 2B..16B from runs at B?
 
-    python benchmarks/noise_scale_validation.py [--tasks digits,transformer,own] [--seeds 0-7]
-                                                [--multipliers 1,2,4,8,16] [--jobs 2] [--json out.json]
+    python benchmarks/noise_scale_validation.py [--tasks digits,transformer,own] [--seeds 0-15]
+                                                [--multipliers 1,2,4,8,16] [--lr-factors 0.5,1,2]
+                                                [--jobs 2] [--json out.json]
+    python benchmarks/noise_scale_validation.py --render out.json [more.json ...]
 
 McCandlish et al. 2018 (eq. 2.11): with the learning rate tuned for each batch, the optimizer steps
 to a given loss follow S(B) = S_min (1 + B_noise / B). Per task and seed this script trains at the
@@ -29,7 +31,10 @@ recomputed, a forward and backward on B/2 samples per step).
 
 The learning rate at kB is the rate at B times AdaScale's gain r = (B_noise/B + 1) / (B_noise/(kB) + 1)
 with the (plain) noise scale measured live in that run (train/adascale.py): the paper's optimal rate
-eps(B) = eps_max / (1 + B_noise / B) relative to B. Evaluation after every step, except for the
+eps(B) = eps_max / (1 + B_noise / B) relative to B. `--lr-factors` multiplies that rate by each
+factor at every batch (B included); the report then also gives each task with the rate tuned per
+batch: at each batch the factor with the fewest median steps (a tie to the factor nearest 1), the
+noise scale at B from the runs chosen at B. Evaluation after every step, except for the
 transformer (whose 64 held-out sequences cost as much as its training): every 4 steps while the
 last eval loss is above twice the target, every step after (a run that met the target straight
 from above twice it is flagged `coarse_hit`: its count may be up to 3 steps late). Tasks: digits (SGD,
@@ -273,6 +278,31 @@ def _pooled(runs: list[dict], trace: str, grad_sq: str) -> float | None:
     return sum(r[trace] for r in runs) / denominator if denominator > 0 else None
 
 
+def tune(runs: list[dict]) -> list[dict]:
+    """Per batch, the runs at the learning-rate factor whose median steps are fewest (a tie goes to
+    the factor nearest 1): the rate tuned per batch over the grid, as S(B) assumes. Runs of one
+    factor are all kept (ordered by batch)."""
+    kept = []
+    for k in sorted({r["multiplier"] for r in runs}):
+        same = [r for r in runs if r["multiplier"] == k]
+        by_factor = {}
+        for r in same:
+            by_factor.setdefault(r.get("lr_factor", 1.0), []).append(r)
+
+        def cost(item):
+            factor, chosen = item
+            median = median_steps([r["steps_to_target"] for r in chosen])
+            return (math.inf if median is None else median, abs(math.log(factor)))
+
+        kept += min(by_factor.items(), key=cost)[1]
+    return kept
+
+
+def rows_for(runs: list[dict]) -> list[dict]:
+    """The rows with predictions for one task's runs (the rate tuned per batch when several factors ran)."""
+    return predictions(aggregate(tune(runs)))
+
+
 def aggregate(runs: list[dict]) -> list[dict]:
     """One row per batch over the seeds: the median steps and their min-max, the pooled noise
     scales (plain and Adam's) and the mean late one."""
@@ -297,6 +327,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "late_noise_scale": statistics.fmean(lates) if lates else None,
                 "adam_noise_scale": _pooled(same, "adam_trace_sum", "adam_grad_sq_sum"),
                 "mean_gain": statistics.fmean(r["mean_gain"] for r in same),
+                "lr_factor": statistics.fmean(r.get("lr_factor", 1.0) for r in same),
             }
         )
     return rows
@@ -387,7 +418,7 @@ def error_bands(runs: list[dict], *, draws: int = 1000, seed: int = 0) -> dict[t
     errors: dict[tuple[int, str], list[float]] = {}
     for _ in range(draws):
         drawn = [r for _ in seeds for r in by_seed[rng.choice(seeds)]]
-        for row in predictions(aggregate(drawn)):
+        for row in rows_for(drawn):
             for suffix in PREDICTIONS:
                 if row["error" + suffix] is not None:
                     errors.setdefault((row["multiplier"], suffix), []).append(row["error" + suffix])
@@ -407,7 +438,7 @@ def table(rows: list[dict]) -> str:
     heads = " | ".join(f"{what} (error [p10..p90 over the seeds])" for what in PREDICTIONS.values())
     lines = [
         f"| task | B | steps: median (min-max, missed/seeds) | {heads} "
-        "| noise scale: pooled / late / Adam | mean LR gain |",
+        "| noise scale: pooled / late / Adam | mean LR gain x factor |",
         "|:---|---:|---:|" + "---:|" * len(PREDICTIONS) + "---:|---:|",
     ]
 
@@ -429,7 +460,10 @@ def table(rows: list[dict]) -> str:
             for k in ("noise_scale", "late_noise_scale", "adam_noise_scale")
         )
         cells = [r["task"], r["global_batch"], f"{measured} ({spread})"]
-        cells += [cell(r, suffix) for suffix in PREDICTIONS] + [noise, f"{r['mean_gain']:.2f}"]
+        cells += [cell(r, suffix) for suffix in PREDICTIONS] + [
+            noise,
+            f"{r['mean_gain']:.2f} x {r.get('lr_factor', 1.0):g}",
+        ]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return "\n".join(lines)
 
@@ -444,22 +478,30 @@ def parse_seeds(text: str) -> list[int]:
 
 def report(runs: list[dict]) -> dict:
     """Per task: the rows with predictions, each error's band over the seeds ("band" + suffix: its
-    bootstrap p10-p90) and the least-squares fit of all batches."""
+    bootstrap p10-p90) and the least-squares fit of all batches; with several learning-rate
+    factors, once at the factor 1 (AdaScale's rate) as "NAME" and once tuned per batch as
+    "NAME, rate tuned" (the selection redone in every bootstrap draw)."""
     out = {}
     for name in dict.fromkeys(r["task"] for r in runs):
         mine = [r for r in runs if r["task"] == name]
-        rows, bands = predictions(aggregate(mine)), error_bands(mine)
-        for row in rows:
-            for suffix in PREDICTIONS:
-                row["band" + suffix] = bands.get((row["multiplier"], suffix))
-        out[name] = {"rows": rows, "fit": fitted(rows)}
+        variants = {name: [r for r in mine if r.get("lr_factor", 1.0) == 1.0]}
+        if len({r.get("lr_factor", 1.0) for r in mine}) > 1:
+            variants[f"{name}, rate tuned"] = mine
+        for label, chosen in variants.items():
+            if not chosen:
+                continue
+            rows, bands = rows_for(chosen), error_bands(chosen)
+            for row in rows:
+                for suffix in PREDICTIONS:
+                    row["band" + suffix] = bands.get((row["multiplier"], suffix))
+            out[label] = {"rows": rows, "fit": fitted(rows)}
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default="digits,transformer,own")
-    parser.add_argument("--seeds", default="0-7", help="e.g. 0-7 or 0,1,2")
+    parser.add_argument("--seeds", default="0-15", help="e.g. 0-7 or 0,1,2")
     parser.add_argument("--multipliers", default="1,2,4,8,16")
     parser.add_argument(
         "--lr-factors", default="1", help="factors on AdaScale's rate to try at every batch, e.g. 0.5,1,2"

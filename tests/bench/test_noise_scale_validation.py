@@ -194,3 +194,26 @@ def test_evaluation_is_coarse_far_from_the_target_and_every_step_near_it():
     exact, trainer.step, losses = validation.FirstReach(0.5), 1, iter([5.0])
     exact.after_step(trainer)  # by default after every step, however far from the target
     assert evaluated[-1] == 1 and math.isinf(validation.FirstReach(0.5)._last[1])
+
+
+def test_the_rate_tuned_per_batch_keeps_the_factor_with_the_fewest_median_steps():
+    def at(factor, steps, seeds=(0, 1, 2)):
+        return [r | {"lr_factor": factor} for s in seeds for r in _seed_runs(s, steps, trace=80.0)]
+
+    runs = at(1.0, [60, 35, 25, 20, 18]) + at(2.0, [70, 30, 25, None, 12]) + at(0.5, [50, 40, 30, 19, 18])
+    kept = validation.tune(runs)
+    chosen = {r["multiplier"]: r["lr_factor"] for r in kept}
+    # fewest steps per batch; the tie at 4B (25 and 25) goes to 1, a miss never wins
+    assert chosen == {1: 0.5, 2: 2.0, 4: 1.0, 8: 0.5, 16: 2.0}
+    assert len(kept) == 5 * 3
+    shown = validation.report(runs)
+    assert set(shown) == {"t", "t, rate tuned"}
+    assert [r["steps_to_target"] for r in shown["t"]["rows"]] == [60, 35, 25, 20, 18]
+    tuned = shown["t, rate tuned"]["rows"]
+    assert [r["steps_to_target"] for r in tuned] == [50, 30, 25, 19, 12]
+    # the prediction starts from the tuned S(B) = 50 and the noise scale of the runs chosen at B
+    assert tuned[1]["predicted_steps"] == pytest.approx(50 / (1 + 8 / 8) * (1 + 8 / 16))
+    assert "x 0.5" in validation.table(tuned)
+    one = at(1.0, [60, 35, 25, 20, 18])
+    key = lambda r: (r["multiplier"], r["seed"])  # noqa: E731
+    assert sorted(validation.tune(one), key=key) == sorted(one, key=key)  # one factor: all kept
