@@ -512,9 +512,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         runs = [r for path in args.render for r in json.loads(Path(path).read_text())["runs"]]
-        keys = [(r["task"], r["seed"], r["multiplier"]) for r in runs]
+        keys = [(r["task"], r["seed"], r["multiplier"], r.get("lr_factor", 1.0)) for r in runs]
         if len(set(keys)) < len(keys):
-            parser.error("--render: the files hold the same (task, seed, batch) twice; give each task once")
+            parser.error(
+                "--render: the files hold the same (task, seed, batch, rate factor) twice; give each once"
+            )
     else:
         multipliers = [int(m) for m in args.multipliers.split(",")]
         if multipliers[0] != 1:

@@ -2,6 +2,7 @@
 predictions from the runs at B, Adam's preconditioner and the evaluation schedule (no process)."""
 
 import importlib.util
+import json
 import math
 import sys
 import types
@@ -217,3 +218,26 @@ def test_the_rate_tuned_per_batch_keeps_the_factor_with_the_fewest_median_steps(
     one = at(1.0, [60, 35, 25, 20, 18])
     key = lambda r: (r["multiplier"], r["seed"])  # noqa: E731
     assert sorted(validation.tune(one), key=key) == sorted(one, key=key)  # one factor: all kept
+
+
+def test_render_joins_files_of_other_rate_factors_and_refuses_a_run_given_twice(
+    tmp_path, monkeypatch, capsys
+):
+    def dump(name, runs):
+        path = tmp_path / name
+        path.write_text(json.dumps({"runs": runs}))
+        return str(path)
+
+    one = dump(
+        "one.json", [r | {"lr_factor": 1.0} for s in range(3) for r in _seed_runs(s, [60, 35, 25, 20, 18])]
+    )
+    two = dump(
+        "two.json", [r | {"lr_factor": 2.0} for s in range(3) for r in _seed_runs(s, [50, 30, 25, 19, 12])]
+    )
+    monkeypatch.setattr(sys, "argv", ["noise_scale_validation.py", "--render", one, two])
+    validation.main()
+    assert "t, rate tuned: best fit" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["noise_scale_validation.py", "--render", one, one])
+    with pytest.raises(SystemExit) as exit_:
+        validation.main()
+    assert exit_.value.code == 2 and "twice" in capsys.readouterr().err
