@@ -55,6 +55,38 @@ def test_step_times_decide_whether_a_doubling_pays():
     assert want(b_simple=50.0, global_batch=128, accumulation=4, step_s=times) == 2
 
 
+def _time_to_target(step_s, *, base, noise, k=1, grow=None, s_min=200):
+    """A run on McCandlish's law, no clock: a step at batch B makes 1 / (S_min (1 + B_noise / B))
+    of the way, B_noise grows linearly with the way made, a step at k costs step_s[k]; `grow`
+    decides every 4 steps after 8, from the noise scale and the step times of the batches tried."""
+    way, time, step, tried = 0.0, 0.0, 0, {}
+    while way < 1:
+        way += 1 / (s_min * (1 + noise(way) / (base * k)))
+        time += step_s[k]
+        tried[k], step = step_s[k], step + 1
+        if grow is not None and step % 4 == 0 and step >= 8:
+            k = grow.wanted_accumulation(
+                b_simple=noise(way), global_batch=base * k, accumulation=k, step_s=dict(tried)
+            )
+    return time
+
+
+def test_the_rule_beats_every_fixed_batch_where_the_step_has_a_fixed_cost_and_the_noise_grows():
+    def grows(way):  # 8 -> 800 samples over the run
+        return 8 + 792 * way
+
+    overhead_bound = {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4, 16: 4.0}
+    fixed = [_time_to_target(overhead_bound, base=8, noise=grows, k=k) for k in overhead_bound]
+    auto = _time_to_target(overhead_bound, base=8, noise=grows, grow=GrowBatch(max_global_batch=128))
+    assert auto < 0.99 * min(fixed)
+    # a step proportional to the batch (the transformer here): the smallest batch is the fastest
+    # at every noise scale, and the rule keeps it, whatever the noise scale does
+    proportional = {k: float(k) for k in overhead_bound}
+    fixed = [_time_to_target(proportional, base=8, noise=grows, k=k) for k in proportional]
+    auto = _time_to_target(proportional, base=8, noise=grows, grow=GrowBatch(max_global_batch=128))
+    assert min(fixed) == fixed[0] and auto == pytest.approx(fixed[0], rel=0.02)
+
+
 def _fake_trainer(step, b_simple, updates=20):
     state = types.SimpleNamespace(global_batch=32, micro_batch=16, accumulation_steps=2)
     calls = []
