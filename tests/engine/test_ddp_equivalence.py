@@ -219,13 +219,15 @@ def test_bucket_mixing_accumulated_and_fresh_gradients_is_averaged_once(transpor
         torch.testing.assert_close(b, torch.full((3,), 1.5))
 
 
+@pytest.mark.parametrize("no_sync", [False, True])
 @pytest.mark.parametrize("set_to_none", [True, False])
 @pytest.mark.parametrize("gradient_as_bucket_view", [False, True])
 @pytest.mark.parametrize("width", [4, 256])  # buckets of small tensors, of large ones
-def test_pre_division_is_torch_ddps_bit_for_bit(width, gradient_as_bucket_view, set_to_none):
+def test_pre_division_is_torch_ddps_bit_for_bit(width, gradient_as_bucket_view, set_to_none, no_sync):
     # x / 3 and x * (1/3) differ in the last bit for about a third of all x. torch's reducer
     # multiplies a fresh gradient by 1/3 as it copies it into the bucket and divides one that is
-    # its bucket view already (gradient_as_bucket_view, .grad zeroed in place): so does dpscale
+    # its bucket view already (gradient_as_bucket_view, .grad zeroed in place): so does dpscale.
+    # A no_sync step first: torch leaves .grad alone there (a tensor of its own until the sync)
     grads = {}
     for engine in (nn.parallel.DistributedDataParallel, DistributedDataParallel):
         torch.manual_seed(0)
@@ -241,7 +243,42 @@ def test_pre_division_is_torch_ddps_bit_for_bit(width, gradient_as_bucket_view, 
         x = torch.randn(8, width, generator=torch.Generator().manual_seed(1))
         for step in range(3):  # later steps reuse the buckets (and dpscale's pool)
             ddp.zero_grad(set_to_none=set_to_none or step == 0)
+            if no_sync:
+                with ddp.no_sync():
+                    ddp(x.flip(0)).square().sum().backward()
             ddp(x).square().sum().backward()
+        grads[engine] = [p.grad.clone() for p in model.parameters()]
+    ours, theirs = grads[DistributedDataParallel], grads[nn.parallel.DistributedDataParallel]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+class UsedInNoSyncOnly(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x, use_b):
+        return self.b(self.a(x)) if use_b else self.a(x)
+
+
+def test_a_gradient_from_no_sync_unused_at_the_sync_is_divided_as_torch_does():
+    # `b` gets its gradient in the no_sync step only: reduced when finalize finds it unused, from a
+    # bucket view that torch's .grad is not (there a tensor of its own: multiplied by 1/3)
+    grads = {}
+    for engine in (nn.parallel.DistributedDataParallel, DistributedDataParallel):
+        torch.manual_seed(0)
+        model = UsedInNoSyncOnly(256)
+        ddp = engine(
+            model,
+            process_group=EchoGroup(world_size=3),
+            init_sync=False,
+            gradient_as_bucket_view=True,
+            find_unused_parameters=True,
+        )
+        x = torch.randn(8, 256, generator=torch.Generator().manual_seed(1))
+        with ddp.no_sync():
+            ddp(x, use_b=True).square().sum().backward()
+        ddp(x.flip(0), use_b=False).square().sum().backward()
         grads[engine] = [p.grad.clone() for p in model.parameters()]
     ours, theirs = grads[DistributedDataParallel], grads[nn.parallel.DistributedDataParallel]
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))

@@ -61,7 +61,7 @@ class Finalize:
             elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
                 self._copy_in(p.grad, view, divide)
             elif divide:
-                view.div_(self.divisor)
+                self._divide_view(i, view)
             bucket.pending -= 1
         self._launch_ready_buckets()
         sparse_futures = [self._reduce_sparse(i, k) for k, i in enumerate(self.sparse_indices)]
@@ -86,6 +86,7 @@ class Finalize:
             elif self._preset[i]:
                 p.grad = None  # unused everywhere: as if we had never set it
         self._preset = [False] * len(self.params)
+        self._viewed_unsynced = [False] * len(self.params)
         if not self.gradient_as_bucket_view:
             self._copy_out()
         grad_sq = self._grad_sq_norms()

@@ -79,10 +79,12 @@ class Readiness:
             if as_view:
                 param.grad = view
                 self._spent.append(grad)
+                if not expecting:
+                    self._viewed_unsynced[i] = True
         elif divide:
             # autograd added into the view in place: it holds the local sum, divided now (an
             # in-place division, as torch's reducer does with a gradient that is its bucket view)
-            view.div_(self.divisor)
+            self._divide_view(i, view)
         self._used_since_sync[i] = True
         if not expecting:
             return
@@ -120,6 +122,15 @@ class Readiness:
             torch.mul(grad, 1.0 / self.divisor, out=view)
         else:
             view.copy_(grad)
+
+    def _divide_view(self, i: int, view: torch.Tensor) -> None:
+        """The local sum already in parameter `i`'s bucket view, divided by the divisor as torch
+        would: in place if .grad is the view in torch too, multiplied by 1/divisor if it became the
+        view in a no_sync backward (torch's .grad is then a tensor of its own, copied by mul_out)."""
+        if self._viewed_unsynced[i]:
+            view.mul_(1.0 / self.divisor)
+        else:
+            view.div_(self.divisor)
 
     def _detached(self, param: torch.Tensor) -> torch.Tensor:
         # torch DDP allows create_graph=True with a warning; the reduced gradient carries no graph

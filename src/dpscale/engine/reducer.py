@@ -88,6 +88,10 @@ class Reducer(Readiness, Finalize):
         # local_used_map does the same; judging by the synced step alone lets replicas drift)
         self._used_since_sync = [False] * len(params)
         self._preset = [False] * len(params)  # .grad is a view we set before this backward
+        # gradient_as_bucket_view: .grad became its bucket view in a no_sync backward. torch's
+        # reducer leaves .grad alone outside synced steps, so there it is still a tensor of its own
+        # and is multiplied by 1/divisor at the sync, not divided in place (see _preset_grads)
+        self._viewed_unsynced = [False] * len(params)
         self._next_bucket = 0
         self._futures: list[torch.futures.Future | None] = [None] * len(buckets)
         self._timings: list[BucketTiming] = []
@@ -187,14 +191,20 @@ class Reducer(Readiness, Finalize):
         # 1/divisor as it copies it into the bucket, but divides in place one that already is its
         # bucket view (gradient_as_bucket_view=True, a .grad kept from the last step). A bucket
         # whose gradients were all None before backward (zero_grad's default) is multiplied, one
-        # with gradients kept as its views divided (a mix of both: divided).
+        # with gradients kept as its views divided (a mix of both: divided); one whose views were
+        # made in a no_sync backward is multiplied (torch's .grad there is a tensor of its own).
         params, preset = self.params, self._preset
         self._in_place = [False] * len(self.buckets)
         for b in self.buckets:
             if not self._small[b.index]:
                 continue
             missing = [k for k, i in enumerate(b.param_indices) if params[i].grad is None]
-            self._in_place[b.index] = self.gradient_as_bucket_view and len(missing) < len(b.param_indices)
+            unsynced = self._viewed_unsynced
+            self._in_place[b.index] = (
+                self.gradient_as_bucket_view
+                and len(missing) < len(b.param_indices)
+                and not any(unsynced[i] for i in b.param_indices)
+            )
             if not missing:
                 continue
             if self.gradient_as_bucket_view:
