@@ -261,13 +261,12 @@ class UsedInNoSyncOnly(nn.Module):
         return self.b(self.a(x)) if use_b else self.a(x)
 
 
-def test_a_gradient_from_no_sync_unused_at_the_sync_is_divided_as_torch_does():
-    # `b` gets its gradient in the no_sync step only: reduced when finalize finds it unused, from a
-    # bucket view that torch's .grad is not (there a tensor of its own: multiplied by 1/3)
+def _grads_after(width: int, steps) -> dict:
+    """Both engines' gradients after `steps`, a list of (no_sync, use_b, set_to_none)."""
     grads = {}
     for engine in (nn.parallel.DistributedDataParallel, DistributedDataParallel):
         torch.manual_seed(0)
-        model = UsedInNoSyncOnly(256)
+        model = UsedInNoSyncOnly(width)
         ddp = engine(
             model,
             process_group=EchoGroup(world_size=3),
@@ -275,10 +274,35 @@ def test_a_gradient_from_no_sync_unused_at_the_sync_is_divided_as_torch_does():
             gradient_as_bucket_view=True,
             find_unused_parameters=True,
         )
-        x = torch.randn(8, 256, generator=torch.Generator().manual_seed(1))
-        with ddp.no_sync():
-            ddp(x, use_b=True).square().sum().backward()
-        ddp(x.flip(0), use_b=False).square().sum().backward()
+        g = torch.Generator().manual_seed(1)
+        for no_sync, use_b, set_to_none in steps:
+            if set_to_none is not None:
+                ddp.zero_grad(set_to_none=set_to_none)
+            x = torch.randn(8, width, generator=g)
+            if no_sync:
+                with ddp.no_sync():
+                    ddp(x, use_b=use_b).square().sum().backward()
+            else:
+                ddp(x, use_b=use_b).square().sum().backward()
         grads[engine] = [p.grad.clone() for p in model.parameters()]
+    return grads
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        # `b` gets its gradient in the no_sync step only: reduced when finalize finds it unused,
+        # from a bucket view that torch's .grad is not (a tensor of its own: multiplied by 1/3)
+        [(True, True, None), (False, False, None)],
+        # zero_grad(set_to_none=False) keeps a's gradients as their bucket views while b, unused
+        # everywhere in the first step, is None again: one bucket of small tensors, a's divided
+        # in place and b's multiplied, as torch does tensor by tensor
+        [(False, False, False), (False, True, False)],
+    ],
+    ids=["no-sync-gradient-unused-at-the-sync", "kept-views-and-a-fresh-gradient-in-one-bucket"],
+)
+@pytest.mark.parametrize("width", [4, 256])
+def test_pre_division_of_gradients_of_different_histories_is_torch_ddps(width, steps):
+    grads = _grads_after(width, steps)
     ours, theirs = grads[DistributedDataParallel], grads[nn.parallel.DistributedDataParallel]
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))

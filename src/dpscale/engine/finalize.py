@@ -86,7 +86,7 @@ class Finalize:
             elif self._preset[i]:
                 p.grad = None  # unused everywhere: as if we had never set it
         self._preset = [False] * len(self.params)
-        self._viewed_unsynced = [False] * len(self.params)
+        self._viewed_unsynced.clear()
         if not self.gradient_as_bucket_view:
             self._copy_out()
         grad_sq = self._grad_sq_norms()

@@ -80,7 +80,7 @@ class Readiness:
                 param.grad = view
                 self._spent.append(grad)
                 if not expecting:
-                    self._viewed_unsynced[i] = True
+                    self._viewed_unsynced.add(i)
         elif divide:
             # autograd added into the view in place: it holds the local sum, divided now (an
             # in-place division, as torch's reducer does with a gradient that is its bucket view)
@@ -127,7 +127,7 @@ class Readiness:
         """The local sum already in parameter `i`'s bucket view, divided by the divisor as torch
         would: in place if .grad is the view in torch too, multiplied by 1/divisor if it became the
         view in a no_sync backward (torch's .grad is then a tensor of its own, copied by mul_out)."""
-        if self._viewed_unsynced[i]:
+        if i in self._viewed_unsynced:
             view.mul_(1.0 / self.divisor)
         else:
             view.div_(self.divisor)
@@ -208,10 +208,17 @@ class Readiness:
         if self.comm_hook is None and self.divisor != 1 and self._small[bucket.index]:
             # the views hold local sums: average once per bucket, as torch's reducer would have
             # tensor by tensor (see _preset_grads)
-            if self._in_place[bucket.index]:
+            in_place = self._in_place[bucket.index]
+            if in_place is True:
                 bucket.buffer.div_(self.divisor)
-            else:
+            elif not in_place:
                 bucket.buffer.mul_(1.0 / self.divisor)
+            else:  # a mix, view by view
+                for k, view in enumerate(bucket.views):
+                    if k in in_place:
+                        view.div_(self.divisor)
+                    else:
+                        view.mul_(1.0 / self.divisor)
         if self._measure_now:
             # this rank's gradient after the division (divided by the divisor without a hook,
             # undivided with one: the hook contract): a small bucket read now (still in cache after

@@ -91,7 +91,7 @@ class Reducer(Readiness, Finalize):
         # gradient_as_bucket_view: .grad became its bucket view in a no_sync backward. torch's
         # reducer leaves .grad alone outside synced steps, so there it is still a tensor of its own
         # and is multiplied by 1/divisor at the sync, not divided in place (see _preset_grads)
-        self._viewed_unsynced = [False] * len(params)
+        self._viewed_unsynced: set[int] = set()
         self._next_bucket = 0
         self._futures: list[torch.futures.Future | None] = [None] * len(buckets)
         self._timings: list[BucketTiming] = []
@@ -143,7 +143,9 @@ class Reducer(Readiness, Finalize):
                     view.copy_(p.grad)
                     p.grad = view
         self._futures = [None] * len(buckets)
-        self._in_place = [False] * len(buckets)  # see _preset_grads
+        # per bucket of small tensors: which of its gradients are divided in place at launch
+        # (True: all, False: none, else their positions), see _preset_grads
+        self._in_place: list[bool | set[int]] = [False] * len(buckets)
         # per bucket: position in the bucket -> that tensor's local squared norm
         self._tensor_sq: list[dict[int, torch.Tensor]] = [{} for _ in buckets]
 
@@ -191,20 +193,15 @@ class Reducer(Readiness, Finalize):
         # 1/divisor as it copies it into the bucket, but divides in place one that already is its
         # bucket view (gradient_as_bucket_view=True, a .grad kept from the last step). A bucket
         # whose gradients were all None before backward (zero_grad's default) is multiplied, one
-        # with gradients kept as its views divided (a mix of both: divided); one whose views were
-        # made in a no_sync backward is multiplied (torch's .grad there is a tensor of its own).
+        # with gradients kept as its views divided, a mix view by view (_divided_in_place).
         params, preset = self.params, self._preset
         self._in_place = [False] * len(self.buckets)
         for b in self.buckets:
             if not self._small[b.index]:
                 continue
             missing = [k for k, i in enumerate(b.param_indices) if params[i].grad is None]
-            unsynced = self._viewed_unsynced
-            self._in_place[b.index] = (
-                self.gradient_as_bucket_view
-                and len(missing) < len(b.param_indices)
-                and not any(unsynced[i] for i in b.param_indices)
-            )
+            if self.gradient_as_bucket_view:
+                self._in_place[b.index] = self._divided_in_place(b, missing)
             if not missing:
                 continue
             if self.gradient_as_bucket_view:
@@ -217,6 +214,21 @@ class Reducer(Readiness, Finalize):
             for k in missing:
                 params[b.param_indices[k]].grad = grads[k]
                 preset[b.param_indices[k]] = True
+
+    def _divided_in_place(self, b: Bucket, missing: list[int]) -> bool | set[int]:
+        """Which gradients of bucket `b` torch's reducer would divide in place (with
+        gradient_as_bucket_view): those that are their bucket views from before this backward. It
+        multiplies the others: None now (`missing`), or made views in a no_sync backward, where its
+        .grad stays a tensor of its own (_viewed_unsynced). True: all, False: none, else their
+        positions (a mix: some parameter unused in the last step, or a no_sync step first)."""
+        n = len(b.param_indices)
+        if not self._viewed_unsynced and len(missing) in (0, n):  # every step but odd ones
+            return not missing
+        unsynced, params = self._viewed_unsynced, self.params
+        divided = {
+            k for k, i in enumerate(b.param_indices) if params[i].grad is not None and i not in unsynced
+        }
+        return True if len(divided) == n else divided or False
 
     def _pool(self, b: Bucket, missing: list[int]) -> GradPool:
         """The bucket's pool with the views of `missing` zeroed; a new pool if anyone but us
