@@ -54,7 +54,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -506,6 +506,9 @@ def main() -> None:
     parser.add_argument(
         "--lr-factors", default="1", help="factors on AdaScale's rate to try at every batch, e.g. 0.5,1,2"
     )
+    parser.add_argument(
+        "--every-step", action="store_true", help="evaluate after every step on every task (exact counts)"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="(task, seed) processes at once")
     parser.add_argument("--json", help="write every run and the rows here")
     parser.add_argument("--render", nargs="+", help="print the tables of --json files instead of training")
@@ -530,7 +533,8 @@ def main() -> None:
 
         def one(unit):
             name, factor, seed = unit
-            runs = run_ranks(_train_seed, 1, SPECS[name], multipliers, seed, factor, timeout_s=3600)[0]
+            spec = replace(SPECS[name], coarse_every=1) if args.every_step else SPECS[name]
+            runs = run_ranks(_train_seed, 1, spec, multipliers, seed, factor, timeout_s=3600)[0]
             print(
                 f"{name} lr x{factor:g} seed {seed}: steps {[r['steps_to_target'] for r in runs]}", flush=True
             )

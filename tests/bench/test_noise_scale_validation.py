@@ -241,3 +241,21 @@ def test_render_joins_files_of_other_rate_factors_and_refuses_a_run_given_twice(
     with pytest.raises(SystemExit) as exit_:
         validation.main()
     assert exit_.value.code == 2 and "twice" in capsys.readouterr().err
+
+
+def test_every_step_evaluates_the_transformer_after_every_step_too(monkeypatch):
+    specs = []
+
+    def fake_run_ranks(fn, world, spec, multipliers, seed, factor, timeout_s):
+        specs.append(spec)
+        return [
+            [r | {"task": spec.name, "lr_factor": factor} for r in _seed_runs(seed, [60, 35, 25, 20, 18])]
+        ]
+
+    monkeypatch.setattr(validation, "run_ranks", fake_run_ranks)
+    argv = ["noise_scale_validation.py", "--tasks", "transformer", "--seeds", "0,1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    validation.main()
+    monkeypatch.setattr(sys, "argv", [*argv, "--every-step"])
+    validation.main()
+    assert [s.coarse_every for s in specs] == [4, 4, 1, 1]
