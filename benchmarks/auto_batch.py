@@ -137,10 +137,13 @@ def per_k_step_ms(rows: list[dict]) -> dict[int, float]:
     return {k: round(statistics.median(v), 2) for k, v in sorted(by_k.items())}
 
 
-def ratios_to_best_fixed(times: dict[str, dict[int, float]]) -> tuple[str, dict[str, list[float]]]:
+def ratios_to_best_fixed(times: dict[str, dict[int, float]]) -> tuple[str | None, dict[str, list[float]]]:
     """The fixed variant with the lowest median time over seeds, and each variant's time divided
-    by that variant's time with the same seed (seeds where either missed the target are left out)."""
+    by that variant's time with the same seed (seeds where either missed the target are left out);
+    (None, no ratios) when no fixed batch reached the target."""
     fixed = [v for v in times if v.startswith("fixed") and times[v]]
+    if not fixed:
+        return None, {v: [] for v in times}
     best = min(fixed, key=lambda v: statistics.median(times[v].values()))
     ratios = {
         v: [t / times[best][seed] for seed, t in sorted(by_seed.items()) if seed in times[best]]
@@ -168,11 +171,14 @@ def oracle_times(
     return {k: t / best for k, t in fixed.items()}, oracle / best
 
 
-def _noise_range(rows: list[dict], min_updates: int = 8) -> tuple[float, float]:
+def _noise_range(rows: list[dict], min_updates: int = 8) -> tuple[float, float] | None:
     """The fixed batches' noise scale once `min_updates` steps are in the EMA, and at the target
-    (medians over the runs): its growth during the run."""
+    (medians over the runs): its growth during the run. None without a fixed run that reached the
+    target with that many measured steps."""
     runs = [r["gns"] for r in rows if r["variant"].startswith("fixed") and r["reached"]]
     runs = [g for g in runs if len(g) >= min_updates and None not in (g[min_updates - 1], g[-1])]
+    if not runs:
+        return None
     return statistics.median(g[min_updates - 1] for g in runs), statistics.median(g[-1] for g in runs)
 
 
@@ -185,6 +191,8 @@ def main() -> None:
     args = parser.parse_args()
     tasks = args.tasks.split(",")
     rows = run_ranks(_all, 2, tasks, args.rounds, args.first_seed, timeout_s=3600)[0]
+    if args.json:  # first: what follows only renders, and a run of up to an hour must not be lost
+        Path(args.json).write_text(json.dumps(rows, indent=2))
     print(
         "| task | variant | reached | steps | time to target s: measured, median | steps x step time "
         "of their k, median over seeds | that / best fixed's, same seed: median (p10-p90) | final batch |"
@@ -212,7 +220,11 @@ def main() -> None:
             steps = "/".join(str(r["steps"]) for r in rs)
             final = "/".join(str(r["final_global_batch"]) for r in rs)
             print(f"| {task} | {v} | {len(times)}/{len(rs)} | {steps} | {med} | {mod} | {ratio} | {final} |")
-        start, end = _noise_range([r for r in rows if r["task"] == task])
+        noise = _noise_range([r for r in rows if r["task"] == task])
+        if noise is None:
+            print(f"{task}: no fixed batch reached the target with 8 measured steps: no oracle bound")
+            continue
+        start, end = noise
         for scale in (1, 3):  # as measured, and 3x (the validation's fitted B_noise is 1.7-3x it)
             fixed, oracle = oracle_times(
                 step_ms, base=2 * TASKS[task][0], noise_start=scale * start, noise_end=scale * end
@@ -221,8 +233,6 @@ def main() -> None:
                 f"{task}: noise scale {scale * start:.1f} -> {scale * end:.1f} samples; model times / best "
                 f"fixed: {', '.join(f'k={k} {t:.3f}' for k, t in fixed.items())}; oracle growth {oracle:.3f}"
             )
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

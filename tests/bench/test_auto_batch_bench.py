@@ -2,6 +2,7 @@
 and the bound on what any growth rule could gain from given step times and noise scales."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -44,3 +45,32 @@ def test_an_overhead_bound_step_and_a_growing_noise_scale_let_growth_win():
     # a noise scale that stays put: one batch is best throughout, the oracle only ties it
     _, still = bench.oracle_times(times, base=8, noise_start=20.0, noise_end=20.0)
     assert still == pytest.approx(1.0)
+
+
+def test_a_run_where_no_fixed_batch_reached_the_target_is_kept_and_rendered(tmp_path, monkeypatch, capsys):
+    # the JSON is written before anything is rendered: a run of up to an hour is never lost to a
+    # table that has no best fixed batch to divide by
+    def row(variant, reached):
+        return {
+            "task": "digits",
+            "variant": variant,
+            "round": 0,
+            "reached": reached,
+            "steps": 12 if reached else None,
+            "time_to_target_s": 0.1 if reached else None,
+            "final_global_batch": 32,
+            "step_k": [1] * 12,
+            "step_ms": [5.0] * 12,
+            "gns": [20.0] * 12,
+        }
+
+    rows = [row(f"fixed x{k}", False) for k in bench.FIXED] + [row(v, v == "auto") for v in bench.AUTO]
+    monkeypatch.setattr(bench, "run_ranks", lambda *args, **kwargs: [rows])
+    out = tmp_path / "rows.json"
+    monkeypatch.setattr(
+        sys, "argv", ["auto_batch.py", "--tasks", "digits", "--rounds", "1", "--json", str(out)]
+    )
+    bench.main()
+    assert json.loads(out.read_text()) == rows
+    shown = capsys.readouterr().out
+    assert "| digits | auto | 1/1 | 12 | 0.10 |" in shown and "no oracle bound" in shown
