@@ -9,6 +9,7 @@ from torch import nn
 from dpscale import DistributedDataParallel
 from dpscale.engine.noise_scale import NoiseScaleEstimator
 from dpscale.multirank import run_ranks
+from support.echo_group import EchoGroup
 
 # A linear regression whose per-sample gradients are cheap to compute one by one: at fixed
 # weights w, sample i's gradient is (w.x_i - y_i) x_i, and tr(Sigma) / |G|^2 over the whole
@@ -171,3 +172,13 @@ def measured_steps(rank, world, every):
 def test_noise_scale_every_measures_the_same_steps_on_every_rank():
     for seen, updates in run_ranks(measured_steps, 2, 2):
         assert seen == [True, False, True, False, True] and updates == 3
+
+
+@pytest.mark.parametrize(("world", "measured"), [(1, False), (2, True)])
+def test_one_rank_takes_no_norms(world, measured):
+    # one rank's gradient is its average: no pair to measure, so the engine reads nothing more
+    ddp = DistributedDataParallel(nn.Linear(4, 2), process_group=EchoGroup(world), init_sync=False)
+    ddp.reducer.noise_scale_every = 1
+    ddp(torch.randn(3, 4)).sum().backward()
+    assert (ddp.last_step_stats.grad_sq_norm_local is not None) == measured
+    ddp.close()

@@ -176,8 +176,11 @@ class Reducer(Readiness, Finalize):
         self._preset_grads()
         self._local_sq = []
         self._tensor_sq = [{} for _ in self.buckets]
-        # every rank counts the same synced steps, so all measure on the same ones
-        self._measure_now = self.measure_noise_scale and self._step % self.noise_scale_every == 0
+        # every rank counts the same synced steps, so all measure on the same ones. One rank has
+        # no small/large pair to measure (its gradient is the average): no norms, no cost
+        self._measure_now = (
+            self.measure_noise_scale and self.world_size > 1 and self._step % self.noise_scale_every == 0
+        )
         self._t_forward_end = time.perf_counter()
 
     def _preset_grads(self) -> None:
