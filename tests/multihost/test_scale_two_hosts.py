@@ -1,7 +1,9 @@
 """`dpscale scale` across two emulated hosts: torchrun's multi-node flags, one job per world size."""
 
 import json
+import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -12,10 +14,20 @@ pytestmark = pytest.mark.slow
 NANOGPT = str(Path(__file__).resolve().parents[2] / "examples" / "nanogpt_style.py")
 
 
-def _rows(proc, timeout_s: float) -> list[dict]:
-    out, err = proc.communicate(timeout=timeout_s)
-    assert proc.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+def _all_rows(procs, timeout_s: float) -> list[list[dict]]:
+    """Every host's JSON rows; on a hang, every host is killed and every host's stderr shown."""
+    outs, deadline = [], time.monotonic() + timeout_s  # one deadline for all: under pytest-timeout
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        tails = [f"host {i}:\n{proc.communicate()[1][-3000:]}" for i, proc in enumerate(procs)]
+        pytest.fail(f"dpscale scale hung past {timeout_s} s\n" + "\n".join(tails))
+    for proc, (_, err) in zip(procs, outs, strict=True):
+        assert proc.returncode == 0, err[-3000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
 
 
 @pytest.mark.parametrize("rendezvous", ["dynamic", "static"])
@@ -29,7 +41,7 @@ def test_scale_measures_a_world_size_that_spans_two_hosts(hosts, tmp_path, rende
         rank = ["--node-rank", str(i)] if rendezvous == "static" else []
         argv = [*scale, "--local-addr", addr, *rank, "--report-dir", "reports", "--", NANOGPT]
         procs.append(hosts.start(i, [*argv, "--eval_interval=1000"], cwd=tmp_path / f"h{i}"))
-    first, second = (_rows(p, 300) for p in procs)
+    first, second = _all_rows(procs, 240)
     # host 0 serves the store, so it alone runs the 1-worker baseline and knows the efficiency
     assert [(r["world_size"], r["hosts"]) for r in first] == [(1, 1), (2, 2)]
     assert first[0]["efficiency"] == 1.0 and first[1]["efficiency"] > 0
@@ -49,7 +61,7 @@ def test_bench_scaling_measures_a_world_size_that_spans_two_hosts(hosts, tmp_pat
         (tmp_path / f"h{i}").mkdir()
         argv = [*bench, "--local-addr", addr, "--report-dir", "reports"]
         procs.append(hosts.start(i, argv, cwd=tmp_path / f"h{i}"))
-    first, second = (_rows(p, 300) for p in procs)
+    first, second = _all_rows(procs, 240)
     rows = {(r["engine"], r["world_size"]): r for r in first}
     assert {k: r["hosts"] for k, r in rows.items()} == {
         ("dpscale", 1): 1,
