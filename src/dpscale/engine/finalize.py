@@ -129,8 +129,8 @@ class Finalize:
         if self.noise_scale_reduced_norm:
             reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
         # the rank's own estimate needs the averaged norm, and not while ranks have joined (the
-        # average is then over fewer ranks)
-        if reduced is not None and self.world_size > 1 and self.divisor == self.world_size:
+        # average is then over fewer ranks); one rank never measures (see prepare_for_backward)
+        if reduced is not None and self.divisor == self.world_size:
             self.noise_scale.update(small_sq=local, big_sq=reduced, b_small=1, b_big=self.world_size)
         return local, reduced
 

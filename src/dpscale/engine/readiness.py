@@ -105,7 +105,7 @@ class Readiness:
             self._order.append(i)
         if not self._callback_queued:
             self._queue_finalize()
-        if self._measure_now and not self._small[bucket.index]:
+        if self._measure_now and not small:
             # the local norm, fused in cache with the copy-and-divide just above: the view was
             # written a moment ago, while a whole bucket read at launch would come from memory
             self._tensor_sq[bucket.index][pos] = bucket_sq_norm(view)
