@@ -1,26 +1,18 @@
 """The benchmarks' options that change what is compared: engine_ab.py's --no-noise-scale,
 per_parameter.py's --base (the scripts themselves run rarely)."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from support.benchmark_module import BENCHMARKS, load_benchmark
 
 
 def load(name: str, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as `python benchmarks/x.py` runs it
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, f"_bench_{name}", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark(BENCHMARKS / f"{name}.py", f"_bench_{name}", monkeypatch)
 
 
 @pytest.fixture

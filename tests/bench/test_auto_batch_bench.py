@@ -1,18 +1,14 @@
 """benchmarks/auto_batch.py's arithmetic: the comparison with the best fixed batch, seed by seed,
 and the bound on what any growth rule could gain from given step times and noise scales."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "auto_batch.py"
-_spec = importlib.util.spec_from_file_location("auto_batch_bench", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)
+from support.benchmark_module import BENCHMARKS, load_benchmark
+
+bench = load_benchmark(BENCHMARKS / "auto_batch.py", "auto_batch_bench")
 
 
 def test_each_variant_is_divided_by_the_best_fixed_batch_with_the_same_seed():

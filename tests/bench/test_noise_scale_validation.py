@@ -1,21 +1,17 @@
 """benchmarks/noise_scale_validation.py's arithmetic: medians over seeds, pooled noise scales, the
 predictions from the runs at B, Adam's preconditioner and the evaluation schedule (no process)."""
 
-import importlib.util
 import json
 import math
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "noise_scale_validation.py"
-_spec = importlib.util.spec_from_file_location("noise_scale_validation", _PATH)
-validation = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = validation  # its dataclasses look their module up while being defined
-_spec.loader.exec_module(validation)
+from support.benchmark_module import BENCHMARKS, load_benchmark
+
+validation = load_benchmark(BENCHMARKS / "noise_scale_validation.py", "noise_scale_validation")
 
 
 def _runs(steps, noise=50.0, base=8):
