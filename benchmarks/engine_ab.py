@@ -212,23 +212,24 @@ def run(
     figures = []
     for v in variants:
         ratios = [a / t for a, t in zip(per_round[v], per_round["torch"], strict=True)]
-        deciles = statistics.quantiles(ratios, n=10)
-        median_ms = statistics.median(per_round[v])
-        figures.append(VariantFigure(v, median_ms, statistics.median(ratios), deciles[0], deciles[-1]))
+        figures.append(VariantFigure(v, statistics.median(per_round[v]), *median_p10_p90(ratios)))
     change = None
     if base is not None:
-        ratios = [h / b for h, b in zip(per_round["head"], per_round["base"], strict=True)]
-        deciles = statistics.quantiles(ratios, n=10)
-        change = [statistics.median(ratios), deciles[0], deciles[-1]]
+        change = median_p10_p90([h / b for h, b in zip(per_round["head"], per_round["base"], strict=True)])
         cpu = {v: [statistics.mean(r["cpu"][v][k] for r in ranks) for k in range(rounds)] for v in variants}
         cpu_ms: dict[str, list[float]] | None = {}
         for v in variants:
             ratios = [a / t for a, t in zip(cpu[v], cpu["torch"], strict=True)]
-            deciles = statistics.quantiles(ratios, n=10)
-            cpu_ms[v] = [statistics.median(cpu[v]), statistics.median(ratios), deciles[0], deciles[-1]]
+            cpu_ms[v] = [statistics.median(cpu[v]), *median_p10_p90(ratios)]
     else:
         cpu_ms = None
     return EngineAB(name, workers, ranks[0]["batch"], rounds, steps, figures, change, cpu_ms)
+
+
+def median_p10_p90(values: list[float]) -> list[float]:
+    """The figure of record of a list of per-round ratios: [median, p10, p90]."""
+    deciles = statistics.quantiles(values, n=10)
+    return [statistics.median(values), deciles[0], deciles[-1]]
 
 
 def main() -> None:

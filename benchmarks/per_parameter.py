@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from engine_ab import BASE_PACKAGE, extract_base
+from engine_ab import BASE_PACKAGE, extract_base, median_p10_p90
 from torch import nn
 
 from dpscale import DistributedDataParallel
@@ -112,8 +112,8 @@ def run(rounds: int, steps: int, base_engine: type | None = None) -> PerParamete
         head_over_base = [h / b for h, b in zip(times["dpscale"], times["base"], strict=True)]
         base = {
             "base_ms": med["base"],
-            "base_ratio": _median_p10_p90(overhead_ratios("base")),
-            "head_over_base": _median_p10_p90(head_over_base),
+            "base_ratio": median_p10_p90(overhead_ratios("base")),
+            "head_over_base": median_p10_p90(head_over_base),
         }
     return PerParameterResult(
         tensors=tensors,
@@ -134,11 +134,6 @@ def run(rounds: int, steps: int, base_engine: type | None = None) -> PerParamete
         view_ratio_p90=view_deciles[-1],
         **base,
     )
-
-
-def _median_p10_p90(values: list[float]) -> list[float]:
-    deciles = statistics.quantiles(values, n=10)
-    return [statistics.median(values), deciles[0], deciles[-1]]
 
 
 def main() -> None:
