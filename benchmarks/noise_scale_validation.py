@@ -62,6 +62,7 @@ import torch
 from dpscale import Task
 from dpscale.engine.noise_scale import NoiseScaleEstimator
 from dpscale.multirank import run_ranks
+from dpscale.predict import goodput
 from dpscale.train.adascale import AdaScaleGain
 from dpscale.train.callbacks import TrainerCallback
 from dpscale.train.config import TrainConfig
@@ -334,9 +335,9 @@ def aggregate(runs: list[dict]) -> list[dict]:
 
 
 def _law(s_at_b: float, b: int, noise: float):
-    """S(.) through S(b) = s_at_b with B_noise = noise."""
-    s_min = s_at_b / (1 + noise / b)
-    return lambda batch: s_min * (1 + noise / batch)
+    """S(.) through S(b) = s_at_b with B_noise = noise: the law `dpscale predict --goodput` uses."""
+    s_min = goodput.s_min_from_run(s_at_b, b, noise)
+    return lambda batch: goodput.steps_to_target(batch, s_min=s_min, noise_scale=noise)
 
 
 def two_point_law(rows: list[dict]):
