@@ -20,6 +20,21 @@ BERT_LOSS_TABLE_ACCUMULATION = {
     ("DGX-1", 512): {1: 1024, 4: 256, 16: 64},
 }
 
+# A whole PyTorch DataLoader's rate from a published figure (#16, fifth round): ImageNet at 512 px from
+# RAM, RandomResizedCrop 224 + horizontal flip, on an AWS p3dn.24xlarge (2 x Xeon Platinum 8175M,
+# 96 vCPUs), as (cores, images/s). Read off FFCV's documentation figure (libffcv/ffcv,
+# docs/_static/benchmarking_results_t.svg, 2022-01-10, the "Pytorch 512px" line, "From RAM") by its
+# axis ticks; the same reading gives the page's FFCV table (31278 and 172801 img/s) within 1 img/s.
+# Not the published hosts' CPUs and no sourced ratio to them, so no preset carries it: the docs report
+# what it would predict (a check of the input-pipeline term, not an input of the fit).
+FFCV_PYTORCH_LOADER_FROM_RAM = ((12, 2211.0), (24, 3804.0), (48, 3950.0), (96, 3955.0))
+
+
+def loader_rate_per_core() -> float:
+    """Images/s per core at the figure's first point (12 cores), before its loader levels off."""
+    cores, rate = FFCV_PYTORCH_LOADER_FROM_RAM[0]
+    return rate / cores
+
 
 # VGG-16 (Simonyan & Zisserman 2015, configuration D), 224 x 224 input: parameters and multiply-adds
 # per layer, input to output (13 conv layers, then fc6-fc8). 89% of the parameters are in the fc
