@@ -118,6 +118,7 @@ class FirstReach(TrainerCallback):
         self.reached_at: int | None = None
         self.late_noise_scale: float | None = None
         self.coarse_hit = False
+        self.curve: list[tuple[int, float]] = []  # (step, eval loss) of every evaluation: the drop's shape
         self._last = (0, math.inf)  # (step, eval loss) of the last evaluation
 
     def after_step(self, trainer) -> None:
@@ -126,6 +127,7 @@ class FirstReach(TrainerCallback):
             return
         loss = trainer.evaluate()["loss"]
         self._last = (trainer.step, loss)
+        self.curve.append(self._last)
         if loss <= self.target:
             self.reached_at, self.late_noise_scale = trainer.step, trainer.noise_scale.b_simple
             self.coarse_hit = last_loss > COARSE_ABOVE * self.target and trainer.step - last_step > 1
@@ -143,6 +145,7 @@ class BatchRun:
     trace_sum: float  # sums of the per-step unbiased tr(Sigma) and |G|^2 estimates (samples)
     grad_sq_sum: float
     late_noise_scale: float | None  # the smoothed B_simple when the target was reached (~last 20 steps)
+    eval_losses: list[tuple[int, float]]  # (step, eval loss) of every evaluation up to the target
     adam_trace_sum: float | None  # the same sums in Adam's preconditioned norm (None: not Adam)
     adam_grad_sq_sum: float | None
     mean_gain: float  # AdaScale's mean learning-rate multiplier over the run
@@ -206,6 +209,7 @@ def _train_seed(
             trace_sum=sums["trace_sum"],
             grad_sq_sum=sums["grad_sq_sum"],
             late_noise_scale=reach.late_noise_scale,
+            eval_losses=reach.curve,
             adam_trace_sum=adam_sums["trace_sum"] if adam_sums else None,
             adam_grad_sq_sum=adam_sums["grad_sq_sum"] if adam_sums else None,
             mean_gain=statistics.fmean(gain.gains) if gain.gains else 1.0,

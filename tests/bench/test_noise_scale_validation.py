@@ -38,6 +38,7 @@ def test_evaluation_is_coarse_far_from_the_target_and_every_step_near_it(validat
     assert evaluated == [4, 8, 9, 10]  # every 4 steps above 1.0, every step below
     assert (reach.reached_at, trainer.total_steps, reach.late_noise_scale) == (10, 10, 7.0)
     assert reach.coarse_hit is False
+    assert reach.curve == [(4, 5.0), (8, 0.8), (9, 0.55), (10, 0.45)]  # every evaluation, kept
     jump = validation.FirstReach(0.5, coarse_every=4)
     jump._last = (4, 5.0)  # straight from above 2x the target to it: flagged
     trainer.step, trainer.total_steps, losses = 8, 100, iter([0.4])
