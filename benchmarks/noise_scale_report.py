@@ -240,3 +240,57 @@ def report(runs: list[dict]) -> dict:
                     row["band" + suffix] = bands.get((row["multiplier"], suffix))
             out[label] = {"rows": rows, "fit": fitted(rows)}
     return out
+
+
+def drop_split(runs: list[dict], fraction: float = 0.9) -> list[dict]:
+    """Where each batch's steps go: per run that reached the target, the steps until the eval loss
+    first falls to `fraction` of its first evaluation (the start: leaving the initial plateau) and
+    the steps from there to the target (the drop); per batch their medians and min-max over those
+    runs, and the median share of the start in the steps. Runs without a curve (files of older
+    versions) are left out, and so are runs that met a target above the level; a batch with none
+    gives no row."""
+    rows = []
+    for k in sorted({r["multiplier"] for r in runs}):
+        starts, drops, shares = [], [], []
+        for r in runs:
+            curve = r.get("eval_losses")
+            if r["multiplier"] != k or not curve or r["steps_to_target"] is None:
+                continue
+            level = fraction * curve[0][1]
+            start = next((step for step, loss in curve if loss <= level), None)
+            if start is None:  # a target above the level: no plateau to leave
+                continue
+            starts.append(start)
+            drops.append(r["steps_to_target"] - start)
+            shares.append(start / r["steps_to_target"])
+        if starts:
+            same = next(r for r in runs if r["multiplier"] == k)
+            rows.append(
+                {
+                    "task": same["task"],
+                    "multiplier": k,
+                    "global_batch": same["global_batch"],
+                    "runs": len(starts),
+                    "start": statistics.median(starts),
+                    "start_range": (min(starts), max(starts)),
+                    "drop": statistics.median(drops),
+                    "drop_range": (min(drops), max(drops)),
+                    "start_share": statistics.median(shares),
+                }
+            )
+    return rows
+
+
+def drop_table(rows: list[dict], fraction: float = 0.9) -> str:
+    lines = [
+        f"| task | B | runs | steps to {fraction:g} x the first eval loss: median (min-max) "
+        "| steps from there to the target | share of the steps before it |",
+        "|:---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        start, drop = r["start_range"], r["drop_range"]
+        lines.append(
+            f"| {r['task']} | {r['global_batch']} | {r['runs']} | {r['start']:g} ({start[0]}-{start[1]}) "
+            f"| {r['drop']:g} ({drop[0]}-{drop[1]}) | {r['start_share']:.0%} |"
+        )
+    return "\n".join(lines)

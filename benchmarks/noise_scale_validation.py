@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from noise_scale_adam import PreconditionedNoise  # benchmarks/, beside this script
-from noise_scale_report import report, table
+from noise_scale_report import drop_split, drop_table, report, table
 
 from dpscale import Task
 from dpscale.multirank import run_ranks
@@ -228,6 +228,13 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
+def _by_task_and_factor(runs: list[dict]) -> dict[tuple[str, float], list[dict]]:
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["task"], r.get("lr_factor", 1.0)), []).append(r)
+    return groups
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default="digits,transformer,own")
@@ -279,6 +286,11 @@ def main() -> None:
         fit = result["fit"]
         fit_text = f"S_min {fit[0]:.1f}, B_noise {fit[1]:.1f}" if fit else "no positive fit"
         print(f"{name}: best fit of all batches' medians: {fit_text}")
+    for (name, factor), mine in _by_task_and_factor(runs).items():
+        split = drop_split(mine)
+        if split:
+            print(f"\n{name}, rate x{factor:g}: where the steps go (the start, then the drop)")
+            print(drop_table(split))
     if args.json and not args.render:
         Path(args.json).write_text(json.dumps({"runs": runs, "tasks": results}, indent=2))
 

@@ -110,3 +110,34 @@ def test_the_rate_tuned_per_batch_keeps_the_factor_with_the_fewest_median_steps(
     one = at(1.0, [60, 35, 25, 20, 18])
     key = lambda r: (r["multiplier"], r["seed"])  # noqa: E731
     assert sorted(report.tune(one), key=key) == sorted(one, key=key)  # one factor: all kept
+
+
+def test_the_steps_split_where_the_eval_loss_leaves_its_start():
+    # eval loss 1.0 at the first evaluation: the start ends at the first one <= 0.9
+    def run(seed, k, steps, curve):
+        return seed_runs(seed, [steps] * 5)[0] | {
+            "multiplier": k,
+            "global_batch": 8 * k,
+            "eval_losses": curve,
+        }
+
+    runs = [
+        run(0, 1, 6, [(1, 1.0), (2, 0.95), (3, 0.91), (4, 0.9), (5, 0.3), (6, 0.1)]),  # start 4, drop 2
+        run(1, 1, 10, [(1, 1.0), (4, 0.99), (8, 0.5), (9, 0.2), (10, 0.05)]),  # coarse: start 8, drop 2
+        run(2, 1, None, [(1, 1.0), (2, 0.7)]),  # missed: no drop to count
+        run(0, 2, 3, [(1, 1.2), (2, 1.05), (3, 0.1)]),  # 0.9 x 1.2 = 1.08: start 2
+        run(1, 2, 2, [(1, 0.5), (2, 0.48)]),  # met a target above 0.9 x 0.5: no start to leave, left out
+        seed_runs(3, [5] * 5)[0],  # no curve (an older file): left out
+    ]
+    rows = report.drop_split(runs)
+    assert [(r["multiplier"], r["runs"]) for r in rows] == [(1, 2), (2, 1)]
+    first = rows[0]
+    assert (first["start"], first["start_range"], first["drop"], first["drop_range"]) == (
+        6,
+        (4, 8),
+        2,
+        (2, 2),
+    )
+    assert first["start_share"] == pytest.approx((4 / 6 + 8 / 10) / 2)
+    assert (rows[1]["start"], rows[1]["drop"]) == (2, 1)
+    assert "| 8 | 2 | 6 (4-8) | 2 (2-2) | 73% |" in report.drop_table(rows)

@@ -60,12 +60,20 @@ def test_render_joins_files_of_other_rate_factors_and_refuses_a_run_given_twice(
     one = dump(
         "one.json", [r | {"lr_factor": 1.0} for s in range(3) for r in seed_runs(s, [60, 35, 25, 20, 18])]
     )
+    curve = [(1, 1.0), (5, 0.5), (12, 0.1)]  # the files of this version keep each run's eval losses
     two = dump(
-        "two.json", [r | {"lr_factor": 2.0} for s in range(3) for r in seed_runs(s, [50, 30, 25, 19, 12])]
+        "two.json",
+        [
+            r | {"lr_factor": 2.0, "eval_losses": curve}
+            for s in range(3)
+            for r in seed_runs(s, [50, 30, 25, 19, 12])
+        ],
     )
     monkeypatch.setattr(sys, "argv", ["noise_scale_validation.py", "--render", one, two])
     validation.main()
-    assert "t, rate tuned: best fit" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "t, rate tuned: best fit" in out
+    assert "t, rate x2: where the steps go" in out and "t, rate x1: where" not in out  # one has none
     monkeypatch.setattr(sys, "argv", ["noise_scale_validation.py", "--render", one, one])
     with pytest.raises(SystemExit) as exit_:
         validation.main()
