@@ -153,22 +153,31 @@ def ratios_to_best_fixed(times: dict[str, dict[int, float]]) -> tuple[str | None
 
 
 def oracle_times(
-    step_ms: dict[int, float], *, base: int, noise_start: float, noise_end: float, points: int = 1000
+    step_ms: dict[int, float], *, base: int, noise: list[float], shares: list[float] | None = None
 ) -> tuple[dict[int, float], float]:
     """Time to target at each fixed k, and with the k chosen afresh at every point of the run by
     an oracle that knows the noise scale, relative to the best fixed k (up to S_min).
 
     McCandlish et al.: a step at batch B makes 1 / (1 + B_noise / B) of the progress of a step at
-    an infinite batch, so a stretch dp of the run costs (1 + B_noise / B) t(B) dp in time. The
-    noise scale is taken to grow linearly with progress from `noise_start` to `noise_end` (samples).
-    The oracle's ratio is the most any growth rule could gain with these step times."""
-    grid = [(i + 0.5) / points for i in range(points)]
-    noise = [noise_start + (noise_end - noise_start) * p for p in grid]
-    cost = {k: [(1 + n / (base * k)) * t for n in noise] for k, t in step_ms.items()}
-    fixed = {k: sum(c) / points for k, c in cost.items()}
+    an infinite batch, so a stretch dp of the run costs (1 + B_noise / B) t(B) dp in time.
+    `noise[i]` is the noise scale (samples) over the i-th stretch of the way, `shares[i]` that
+    stretch's length (default: equal stretches). The oracle's ratio is the most any growth rule
+    could gain with these step times."""
+    shares = shares if shares is not None else [1.0] * len(noise)
+    cost = {
+        k: [s * (1 + n / (base * k)) * t for n, s in zip(noise, shares, strict=True)]
+        for k, t in step_ms.items()
+    }
+    fixed = {k: sum(c) for k, c in cost.items()}
     best = min(fixed.values())
-    oracle = sum(min(c[i] for c in cost.values()) for i in range(points)) / points
+    oracle = sum(min(c[i] for c in cost.values()) for i in range(len(noise)))
     return {k: t / best for k, t in fixed.items()}, oracle / best
+
+
+def linear_noise(start: float, end: float, points: int = 1000) -> list[float]:
+    """A noise scale growing linearly with the way made, from `start` to `end`, at `points` equal
+    stretches (for oracle_times)."""
+    return [start + (end - start) * (i + 0.5) / points for i in range(points)]
 
 
 def _noise_range(rows: list[dict], min_updates: int = 8) -> tuple[float, float] | None:
@@ -226,9 +235,8 @@ def main() -> None:
             continue
         start, end = noise
         for scale in (1, 3):  # as measured, and 3x (the validation's fitted B_noise is 1.7-3x it)
-            fixed, oracle = oracle_times(
-                step_ms, base=2 * TASKS[task][0], noise_start=scale * start, noise_end=scale * end
-            )
+            noise = linear_noise(scale * start, scale * end)
+            fixed, oracle = oracle_times(step_ms, base=2 * TASKS[task][0], noise=noise)
             print(
                 f"{task}: noise scale {scale * start:.1f} -> {scale * end:.1f} samples; model times / best "
                 f"fixed: {', '.join(f'k={k} {t:.3f}' for k, t in fixed.items())}; oracle growth {oracle:.3f}"
