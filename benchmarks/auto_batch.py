@@ -49,6 +49,17 @@ FIXED = (1, 2, 4, 8)
 AUTO = {"auto": 2.0, "auto (grow at 1x)": 1.0, "auto (grow at 0.5x)": 0.5}
 
 
+def build_trainer(config: TrainConfig, callbacks: list) -> Trainer:
+    """The task's Trainer; the transformer workload has no eval set, so it gets one here (the same
+    token rule, other starts)."""
+    if config.workload != "transformer":
+        return Trainer(config, callbacks=callbacks)
+    work = WORKLOADS["transformer"]
+    held_out = datasets.synthetic_tokens(64, 64, seed=1)
+    task = Task(models.transformer, work.task(0).train_data, held_out, loss=work.loss)
+    return Trainer(config, task, callbacks=callbacks)
+
+
 def _variant(rank: int, task: str, k: int | str, seed: int) -> dict:
     micro, target, lr, budget = TASKS[task]
     base = 2 * micro
@@ -71,16 +82,7 @@ def _variant(rank: int, task: str, k: int | str, seed: int) -> dict:
             noise_scale_every=1,
             metrics_dir=tmp,
         )
-        if task == "transformer":  # no eval set: give it one (the same token rule, other starts)
-            work = WORKLOADS["transformer"]
-            held_out = datasets.synthetic_tokens(64, 64, seed=1)
-            trainer = Trainer(
-                config,
-                Task(models.transformer, work.task(0).train_data, held_out, loss=work.loss),
-                callbacks=callbacks,
-            )
-        else:
-            trainer = Trainer(config, callbacks=callbacks)
+        trainer = build_trainer(config, callbacks)
         trainer.fit()
         steps = (
             [json.loads(line) for line in Path(tmp, "metrics.jsonl").read_text().splitlines()]

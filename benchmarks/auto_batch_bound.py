@@ -29,15 +29,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from auto_batch import TASKS, oracle_times
+from auto_batch import TASKS, build_trainer, oracle_times
 
-from dpscale import Task
 from dpscale.bench.weak import TargetWatch
 from dpscale.multirank import run_ranks
 from dpscale.train.adascale import AdaScaleGain
 from dpscale.train.config import TrainConfig
-from dpscale.train.trainer import Trainer
-from dpscale.workloads import WORKLOADS, datasets, models
 
 FIXED_COSTS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256)  # c in micro-batch computes
 KS = (1, 2, 4, 8, 16, 32, 64)
@@ -60,14 +57,7 @@ def _long_run(rank: int, world: int, task: str, samples: int, every: int, seed: 
             noise_scale_every=1,
             metrics_dir=tmp,
         )
-        callbacks = [watch, AdaScaleGain(base_batch=base)]
-        if task == "transformer":  # the held-out set auto_batch.py gives it
-            work = WORKLOADS["transformer"]
-            held_out = datasets.synthetic_tokens(64, 64, seed=1)
-            train = Task(models.transformer, work.task(0).train_data, held_out, loss=work.loss)
-            Trainer(config, train, callbacks=callbacks).fit()
-        else:
-            Trainer(config, callbacks=callbacks).fit()
+        build_trainer(config, [watch, AdaScaleGain(base_batch=base)]).fit()
         lines = Path(tmp, "metrics.jsonl").read_text().splitlines() if rank == 0 else []
     steps = [json.loads(line) for line in lines]
     return {
