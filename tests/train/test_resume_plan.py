@@ -118,3 +118,17 @@ def test_after_a_batch_change_the_budget_is_kept_in_samples():
     # back at the configured batch but with a ramp behind it: still counted in samples
     back = state(step=10, samples_seen=640, batch_scale=BatchScale(1.0, 1.5, 10, 20))
     assert plan_total_steps(back, max_steps=30, epochs=1, sampler=position()) == 30
+
+
+def test_a_batch_grown_and_halved_back_keeps_the_budget_in_samples():
+    # --global-batch auto: 6 steps at 16, 4 at 32, back at 16; 60 x 16 samples take 46 more steps
+    back = state(
+        step=10, samples_seen=6 * 16 + 4 * 32, global_batch=16, base_global_batch=16, batch_changed=True
+    )
+    assert plan_total_steps(back, max_steps=60, epochs=1, sampler=position()) == 10 + 46
+    # and the mark survives a checkpoint, and an older checkpoint's moved batch reads as a change
+    assert TrainState.from_state_dict(back.state_dict()).batch_changed
+    older = {k: v for k, v in state(global_batch=96).state_dict().items() if k != "batch_changed"}
+    assert TrainState.from_state_dict(older).batch_changed
+    with pytest.raises(CheckpointError, match="batch_changed is 1, not a bool"):
+        TrainState.from_state_dict({**back.state_dict(), "batch_changed": 1})

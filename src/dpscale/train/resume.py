@@ -94,12 +94,14 @@ def plan_total_steps(
     """The step at which training ends, from the configuration and the current position.
 
     With the configured global batch this is max_steps, or epochs x steps per epoch. After the
-    global batch changed (world_change=scale-lr) the budget is kept in samples: the epochs, or
+    global batch changed (world_change=scale-lr, --global-batch auto), even if it changed back, the
+    budget is kept in samples: the epochs, or
     max_steps x the configured global batch, whatever batch the remaining steps use.
     """
     if max_steps is not None:
         # a run that ever changed its batch (even back to the configured one) counts samples
-        if state.global_batch == state.base_global_batch and state.batch_scale == BatchScale():
+        changed = state.batch_changed or state.global_batch != state.base_global_batch
+        if not changed and state.batch_scale == BatchScale():
             return max_steps
         left = max(0, max_steps * state.base_global_batch - state.samples_seen)
         return state.step + -(-left // state.global_batch)

@@ -34,6 +34,9 @@ class TrainState:
     skipped_steps: int = 0
     last_loss: float | None = None
     batch_scale: BatchScale = field(default_factory=BatchScale)  # the LR multiplier of a world change
+    # the global batch has differed from the configured one at some step (--global-batch auto, a
+    # scale-lr resume): max_steps is then a budget in samples, even once the batch is back
+    batch_changed: bool = False
     # fp16's loss scale and growth count (Precision.state_dict(), the same on every rank): kept in
     # trainer.pt, where checkpoints have held it since fp16 resumes were made exact
     grad_scaler: dict = field(default_factory=dict)
@@ -50,6 +53,7 @@ class TrainState:
             "global_batch": self.global_batch,
             "base_global_batch": self.base_global_batch,
             "batch_scale": self.batch_scale.state_dict(),
+            "batch_changed": self.batch_changed,
             "micro_batch": self.micro_batch,
             "accumulation_steps": self.accumulation_steps,
             "last_loss": self.last_loss,
@@ -77,6 +81,11 @@ class TrainState:
                     f"checkpoint {where}: {key} is {value!r}, not a valid count; "
                     "the file is corrupt or was not written by dpscale"
                 )
+        if type(state.get("batch_changed", False)) is not bool:
+            raise CheckpointError(
+                f"checkpoint {where}: batch_changed is {state['batch_changed']!r}, not a bool; "
+                "the file is corrupt or was not written by dpscale"
+            )
         try:
             scale = BatchScale.from_dict(state.get("batch_scale", BatchScale().to_dict()))
         except (ValueError, TypeError) as e:
@@ -92,6 +101,10 @@ class TrainState:
             skipped_steps=state["skipped_steps"],
             last_loss=state.get("last_loss"),
             batch_scale=scale,
+            # older checkpoints: a batch that differs now, or a ramp behind it, is the change
+            batch_changed=state.get(
+                "batch_changed", state["global_batch"] != state["base_global_batch"] or scale != BatchScale()
+            ),
             grad_scaler=state.get("grad_scaler", {}),
             noise_scale=state.get("noise_scale", {}),
         )

@@ -212,6 +212,7 @@ class Trainer(TrainStep, SaveRestore):
         """
         self.state.micro_batch, self.state.accumulation_steps = micro_batch, accumulation_steps
         self.state.global_batch = micro_batch * accumulation_steps * self.world_size
+        self.state.batch_changed |= self.state.global_batch != self.state.base_global_batch
         state = self.sampler.state_dict()
         self.sampler = self._build_sampler()
         self.sampler.load_state_dict(state, regroup=True)
