@@ -118,3 +118,17 @@ def test_the_table_measures_the_way_to_the_lowest_eval_loss(bound):
     assert rows[3].startswith("| 24 | 768 | 0.5000 | 32 | 0.50 | 1.000 ")
     assert rows[4].startswith("| 40 | 1280 | 0.1000 | 32 | 1.00 |")  # the lowest: the whole way
     assert rows[5].startswith("| 56 | 1792 | 0.2000 | 32 | 1.50 |")
+    # measured step times: the oracle gets the line through them, not their wobbles
+    rows = bound.render(run, window=2, step_ms={1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0})
+    assert "at t(k) = 9.0 + 1.00 k ms" in rows[1]
+    assert rows[4].endswith("| 1.000 (4) |")  # B_noise 32: t (1 + 32 / 32k) is least at k = 4
+
+
+def test_the_step_time_line_ignores_which_k_a_wobble_made_cheap(bound):
+    c, m = bound.fit_line({1: 20.0, 2: 21.0, 4: 23.0, 8: 27.0})
+    assert (c, m) == (pytest.approx(19.0), pytest.approx(1.0))
+    # k = 2 measured 3 ms too slow: the line moves a little, it does not single k = 2 out
+    c2, m2 = bound.fit_line({1: 20.0, 2: 24.0, 4: 23.0, 8: 27.0})
+    assert 19.0 < c2 + m2 * 2 < 24.0
+    with pytest.raises(ValueError, match="--step-ms"):
+        bound.fit_line({1: 20.0})
