@@ -6,6 +6,8 @@ single-process gradient only by the order of floating-point additions; 1e-6 rela
 SGD steps against torch DDP: both average the same fp32 buckets, so they agree to 1e-6.
 """
 
+import contextlib
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -305,4 +307,67 @@ def _grads_after(width: int, steps) -> dict:
 def test_pre_division_of_gradients_of_different_histories_is_torch_ddps(width, steps):
     grads = _grads_after(width, steps)
     ours, theirs = grads[DistributedDataParallel], grads[nn.parallel.DistributedDataParallel]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+class TiedGPT(nn.Module):
+    """nanoGPT's shape at toy size: token and position embeddings, one pre-norm attention + MLP
+    block, the output head tied to the token embedding (one parameter used at both ends)."""
+
+    def __init__(self, vocab: int = 32, width: int = 16, block: int = 8):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(block, width)
+        self.ln_1, self.ln_2, self.ln_f = nn.LayerNorm(width), nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.wte.weight = self.head.weight
+        self.register_buffer("mask", torch.triu(torch.ones(block, block, dtype=torch.bool), 1))
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.size(1)))
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, h, attn_mask=self.mask, need_weights=False)[0]
+        x = x + self.mlp(self.ln_2(x))
+        logits = self.head(self.ln_f(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@pytest.mark.parametrize(("gradient_as_bucket_view", "find_unused"), [(False, False), (True, True)])
+@pytest.mark.parametrize("width", [16, 128])  # one bucket of small tensors, of large ones
+def test_a_nanogpt_style_loop_is_torch_ddps_bit_for_bit(width, gradient_as_bucket_view, find_unused):
+    # The loop people copy: accumulation with no_sync() or require_backward_grad_sync, grad
+    # clipping, AdamW (which turns a last-bit difference in a gradient into a visible one),
+    # zero_grad(set_to_none=True). On an EchoGroup each rank's contribution is compared; the
+    # order of the sum over ranks is the transport's (at W >= 3 it depends on the bucket layout:
+    # torch's own result changes with bucket_cap_mb there, see docs/torch-ddp-tests.md).
+    params = {}
+    for engine in (nn.parallel.DistributedDataParallel, DistributedDataParallel):
+        torch.manual_seed(0)
+        model = TiedGPT(width=width)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        ddp = engine(
+            model,
+            process_group=EchoGroup(world_size=3),
+            init_sync=False,
+            broadcast_buffers=False,  # a broadcast, which this group lacks
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            # torch's bucket rebuild after step 1 is a broadcast too: find_unused never rebuilds
+            find_unused_parameters=find_unused or engine is nn.parallel.DistributedDataParallel,
+        )
+        g = torch.Generator().manual_seed(1)
+        for it in range(3):
+            for micro in range(2):
+                idx, targets = torch.randint(32, (2, 2, 8), generator=g)
+                if it % 2:  # nanoGPT's toggle
+                    ddp.require_backward_grad_sync = micro == 1
+                    (ddp(idx, targets) / 2).backward()
+                else:
+                    with ddp.no_sync() if micro == 0 else contextlib.nullcontext():
+                        (ddp(idx, targets) / 2).backward()
+            nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        params[engine] = [p.detach().clone() for p in model.parameters()]
+    ours, theirs = params[DistributedDataParallel], params[nn.parallel.DistributedDataParallel]
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
