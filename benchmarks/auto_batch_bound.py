@@ -60,8 +60,11 @@ BURST_KB = 8
 ROUNDS = 5  # of the step-time measurement: the k take turns, so the load's drift falls on all alike
 
 
-def _long_run(rank: int, world: int, task: str, samples: int, every: int, seed: int) -> dict:
+def _long_run(
+    rank: int, world: int, task: str, samples: int, every: int, seed: int, lr_factor: float = 1.0
+) -> dict:
     micro, _, lr, _ = TASKS[task]
+    lr *= lr_factor
     base = 2 * micro
     watch = TargetWatch(name="loss", value=-math.inf, every_samples=base * every)  # never met
     with tempfile.TemporaryDirectory() as tmp:
@@ -83,6 +86,7 @@ def _long_run(rank: int, world: int, task: str, samples: int, every: int, seed: 
     return {
         "task": task,
         "seed": seed,
+        "lr": lr,
         "global_batch": base,
         "evals": [{"step": c["step"], "samples": c["samples"], "loss": c["value"]} for c in watch.checks],
         "gns": [s.get("gns") for s in steps],
@@ -214,7 +218,7 @@ def render(run: dict, *, window: int, step_ms: dict[int, float] | None = None) -
     lowest = min(run["evals"], key=lambda e: e["loss"])["step"] if run["evals"] else len(shares)
     total = sum(shares[:lowest]) or 1.0
     lines = [
-        f"{run['task']}, seed {run['seed']}, global batch {base}: median step "
+        f"{run['task']}, seed {run['seed']}, lr {run.get('lr', '?')}, global batch {base}: median step "
         f"{statistics.median(run['step_ms']):.1f} ms",
         "| step | samples | eval loss | noise scale | way made | oracle / best fixed k at the c most "
         "favourable to growth |"
@@ -250,6 +254,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200_000)
     parser.add_argument("--every", type=int, default=100, help="steps between evaluations")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr-factor", type=float, default=1.0, help="times auto_batch.py's learning rate")
     parser.add_argument("--window", type=int, default=25, help="steps either side in the running median")
     parser.add_argument("--json")
     parser.add_argument("--render", help="a --json file to render instead of running")
@@ -287,7 +292,9 @@ def main() -> None:
     if args.render:
         run = json.loads(Path(args.render).read_text())
     else:
-        run = run_ranks(_long_run, 2, args.task, args.samples, args.every, args.seed, timeout_s=3600)[0]
+        run = run_ranks(
+            _long_run, 2, args.task, args.samples, args.every, args.seed, args.lr_factor, timeout_s=3600
+        )[0]
         if args.json:
             Path(args.json).write_text(json.dumps(run))
     print("\n".join(render(run, window=args.window, step_ms=step_ms)))
