@@ -132,3 +132,43 @@ def test_the_step_time_line_ignores_which_k_a_wobble_made_cheap(bound):
     assert 19.0 < c2 + m2 * 2 < 24.0
     with pytest.raises(ValueError, match="--step-ms"):
         bound.fit_line({1: 20.0})
+
+
+def test_measure_over_a_link_goes_to_the_emulated_hosts_and_prints_what_step_ms_takes(
+    bound, monkeypatch, capsys, tmp_path
+):
+    calls = []
+
+    def over_link(task, rate_gbit, ks, steps):
+        calls.append((task, rate_gbit, ks))
+        return {k: 17.0 + k for k in ks}
+
+    monkeypatch.setattr(bound, "_measure_over_link", over_link)
+    monkeypatch.setattr(bound, "run_ranks", lambda *a, **k: pytest.fail("not on this host"))
+    monkeypatch.setattr(sys, "argv", ["x", "--task", "digits", "--measure", "gloo", "--rate-gbit", "0.1"])
+    bound.main()
+    assert calls == [("digits", 0.1, [1, 2, 4, 8, 16])]
+    printed = capsys.readouterr().out.strip()
+    assert printed == "1=18.00,2=19.00,4=21.00,8=25.00,16=33.00"
+    # ... in the form --step-ms reads back
+    run = tmp_path / "run.json"
+    evals = [{"step": 40, "samples": 1280, "loss": 0.1}]
+    run.write_text(
+        json.dumps(
+            {
+                "task": "digits",
+                "seed": 0,
+                "global_batch": 32,
+                "evals": evals,
+                "gns": [32.0] * 40,
+                "step_ms": [5.0] * 40,
+            }
+        )
+    )
+    monkeypatch.setattr(sys, "argv", ["x", "--render", str(run), "--step-ms", printed])
+    bound.main()
+    assert "at t(k) = 17.0 + 1.00 k ms" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["x", "--render", str(run), "--step-ms", "1=x"])
+    with pytest.raises(SystemExit):
+        bound.main()
+    assert "--step-ms: give K=MS" in capsys.readouterr().err
