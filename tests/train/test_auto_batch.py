@@ -180,6 +180,24 @@ def test_global_batch_auto_starts_at_the_default_and_survives_the_trip_to_the_wo
         TrainConfig(workload="digits", global_batch="auto", resume=True, checkpoint_dir="/tmp/x")
 
 
+def test_the_summary_says_how_the_batch_grew_also_after_the_trip_through_json(capsys):
+    from dpscale.train.result import TrainResult, print_summary
+
+    fields = dict(world_size=2, micro_batch=32, accumulation_steps=1, steps=66, samples_seen=4224)
+    fields |= dict(final_loss=0.1, test_accuracy=None, samples_per_s=1.0, param_sha256="0", checkpoint=None)
+    fields |= dict(skipped_steps=0, resumed_from_step=None, engine="dpscale", transport="shm")
+    grew = TrainResult(global_batch=64, **fields, global_batch_schedule=[(0, 64), (20, 128), (28, 64)])
+    print_summary(TrainResult(**json.loads(json.dumps(grew.to_dict()))))  # as launch reads it back
+    assert (
+        "global batch auto                     64, 128 after step 20, 64 after step 28"
+        in capsys.readouterr().err
+    )
+    print_summary(TrainResult(global_batch=64, **fields, global_batch_schedule=[(0, 64)]))
+    assert "64 throughout (the noise scale never made a doubling pay)" in capsys.readouterr().err
+    print_summary(TrainResult(global_batch=64, **fields))  # a fixed batch: no such row
+    assert "global batch auto" not in capsys.readouterr().err
+
+
 def test_the_global_batch_flag_takes_auto_or_a_number():
     parser = argparse.ArgumentParser()
     add_dataclass_arguments(parser, TrainConfig)
@@ -213,6 +231,7 @@ def test_global_batch_auto_grows_to_the_measured_noise_scale():
     (result, changes), _ = run_ranks(_auto_run, 2, cfg, timeout_s=300)
     final = result["global_batch"]
     assert final in (256, 512) and changes[-1][1] == final, changes
+    assert result["global_batch_schedule"] == [(0, 64), *changes]  # what the summary shows
     assert final <= 1.1 * result["gradient_noise_scale"], (changes, result["gradient_noise_scale"])
 
 

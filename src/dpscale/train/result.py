@@ -39,6 +39,9 @@ class TrainResult:
     # the run's simple noise scale B_simple in samples, from all its steps (train/noise_scale.py); None
     # when not measured (one worker without accumulation, torch's engine with W > 1, turned off)
     gradient_noise_scale: float | None = None
+    # with --global-batch auto, the global batch after each change: [(0, start), (steps done, batch),
+    # ...] (one pair: the start batch throughout); None with a fixed global batch
+    global_batch_schedule: list[tuple[int, int]] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,7 +71,16 @@ def print_summary(r: TrainResult) -> None:
             "gradient noise scale",
             "n/a" if r.gradient_noise_scale is None else f"{r.gradient_noise_scale:,.1f} samples (B_simple)",
         ),
+        *([("global batch auto", _schedule(r.global_batch_schedule))] if r.global_batch_schedule else []),
         ("engine / transport", f"{r.engine} / {r.transport}"),
         ("last checkpoint", r.checkpoint or "none"),
     ]
     summary_table(rows)
+
+
+def _schedule(schedule: list[tuple[int, int]]) -> str:
+    """'64 throughout (...)', or '64, 128 after step 20, 64 after step 28'."""
+    (_, start), *changes = schedule
+    if not changes:
+        return f"{start} throughout (the noise scale never made a doubling pay)"
+    return ", ".join([str(start), *(f"{batch} after step {step}" for step, batch in changes)])

@@ -112,14 +112,16 @@ class Trainer(TrainStep, SaveRestore):
             micro_batch=micro_batch,
             accumulation_steps=accumulation_steps,
         )
+        self._growth: GrowBatch | None = None
         if config.auto_batch:  # global_batch auto: the batch grows with the noise scale (auto_batch.py)
             if self.world_size == 1 and accumulation_steps < 2:
                 raise ConfigError(
                     "global_batch auto on one worker needs accumulation_steps >= 2: the noise scale "
                     "that drives it needs two gradients per step"
                 )
-            growth = GrowBatch(max_global_batch=16 * global_batch)
-            self.callbacks += [growth, AdaScaleGain(base_batch=global_batch)]
+            self._growth = GrowBatch(max_global_batch=16 * global_batch)
+            self._growth_start = global_batch
+            self.callbacks += [self._growth, AdaScaleGain(base_batch=global_batch)]
         self.task = task if task is not None else resolve_task(config)
         self.train_data = self.task.train_data
         if len(self.train_data) < global_batch and config.tail == "drop":
@@ -309,6 +311,9 @@ class Trainer(TrainStep, SaveRestore):
             stopped_by=self.stopped_by,
             stop_message=self.stop_message,
             gradient_noise_scale=self.noise_scale.estimator.run_b_simple,
+            global_batch_schedule=(
+                [(0, self._growth_start), *self._growth.changes] if self._growth else None
+            ),
         )
         if lead and cfg.progress != "none":
             print_summary(result)
