@@ -1,6 +1,6 @@
 """benchmarks/noise_scale_validation.py's arithmetic, from the runs to the tables (no process):
 per batch the median steps over the seeds and the pooled noise scales (`aggregate`), the rate
-tuned per batch over the factors tried (`tune`), the steps predicted four ways by
+tuned per batch over the factors tried (`tune`), the steps predicted six ways by
 S(B) = S_min (1 + B_noise / B) and their errors (`predictions`), the least-squares fit of every
 batch (`fitted`), the error's band over bootstrap resamples of the seeds (`error_bands`), and the
 markdown table (`table`). The rules are the validation script's docstring's, fixed before any
@@ -24,7 +24,7 @@ def median_steps(steps: list[int | None]) -> float | None:
 
 
 def _pooled(runs: list[dict], trace: str, grad_sq: str) -> float | None:
-    if any(r[trace] is None for r in runs):
+    if any(r.get(trace) is None for r in runs):  # .get: files from before a measurement existed
         return None
     denominator = sum(r[grad_sq] for r in runs)
     return sum(r[trace] for r in runs) / denominator if denominator > 0 else None
@@ -78,6 +78,10 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "noise_scale": _pooled(same, "trace_sum", "grad_sq_sum"),
                 "late_noise_scale": statistics.fmean(lates) if lates else None,
                 "adam_noise_scale": _pooled(same, "adam_trace_sum", "adam_grad_sq_sum"),
+                "hessian_noise_scale": _pooled(same, "hessian_trace_sum", "hessian_grad_sq_sum"),
+                "hessian_adam_noise_scale": _pooled(
+                    same, "hessian_adam_trace_sum", "hessian_adam_grad_sq_sum"
+                ),
                 "mean_gain": statistics.fmean(r["mean_gain"] for r in same),
                 "lr_factor": statistics.fmean(r.get("lr_factor", 1.0) for r in same),
             }
@@ -110,14 +114,27 @@ PREDICTIONS = {  # suffix of the row's keys -> what the prediction's B_noise is
     "_late": "late noise scale at B",
     "_fit2": "fit to B and 2B",
     "_adam": "Adam-preconditioned noise scale at B",
+    "_hess": "Hessian noise scale at B",
+    "_hess_adam": "Adam-preconditioned Hessian noise scale at B",
 }
+
+
+NOISE_COLUMNS = (
+    "noise_scale",
+    "late_noise_scale",
+    "adam_noise_scale",
+    "hessian_noise_scale",
+    "hessian_adam_noise_scale",
+)
 
 
 def predictions(rows: list[dict]) -> list[dict]:
     """Each row with the steps S(kB) predicted four ways and their relative errors against the
     measured (median) steps: `predicted_steps` from the run at B and its noise scale;
     `predicted_late` with its late noise scale; `predicted_fit2` from the steps at B and 2B (4B and
-    beyond); `predicted_adam` with the noise scale of Adam's preconditioned gradient."""
+    beyond); `predicted_adam` with the noise scale of Adam's preconditioned gradient;
+    `predicted_hess` with tr(H Sigma) / G^T H G and `predicted_hess_adam` with its preconditioned
+    form (benchmarks/noise_scale_hessian.py)."""
     base = next(r for r in rows if r["multiplier"] == 1)
     b, s_b = base["global_batch"], base["steps_to_target"]
 
@@ -129,6 +146,8 @@ def predictions(rows: list[dict]) -> list[dict]:
         "_late": from_noise("late_noise_scale"),
         "_fit2": two_point_law(rows),
         "_adam": from_noise("adam_noise_scale"),
+        "_hess": from_noise("hessian_noise_scale"),
+        "_hess_adam": from_noise("hessian_adam_noise_scale"),
     }
     out = []
     for r in rows:
@@ -190,7 +209,7 @@ def table(rows: list[dict]) -> str:
     heads = " | ".join(f"{what} (error [p10..p90 over the seeds])" for what in PREDICTIONS.values())
     lines = [
         f"| task | B | steps: median (min-max, missed/seeds) | {heads} "
-        "| noise scale: pooled / late / Adam | mean LR gain x factor |",
+        "| noise scale: pooled / late / Adam / Hessian / Adam Hessian | mean LR gain x factor |",
         "|:---|---:|---:|" + "---:|" * len(PREDICTIONS) + "---:|---:|",
     ]
 
@@ -207,10 +226,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         measured = "not reached" if r["steps_to_target"] is None else f"{r['steps_to_target']:g}"
         spread = f"{_num(r['min_steps'])}-{_num(r['max_steps'])}, {r['missed']}/{r['seeds']}"
-        noise = " / ".join(
-            _num(r[k], ".0f" if (r[k] or 0) >= 10 else ".2g")
-            for k in ("noise_scale", "late_noise_scale", "adam_noise_scale")
-        )
+        noise = " / ".join(_num(r[k], ".0f" if (r[k] or 0) >= 10 else ".2g") for k in NOISE_COLUMNS)
         cells = [r["task"], r["global_batch"], f"{measured} ({spread})"]
         cells += [cell(r, suffix) for suffix in PREDICTIONS] + [
             noise,

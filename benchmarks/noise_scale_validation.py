@@ -28,6 +28,13 @@ optimizers, the noise scale of the preconditioned gradient tr(P Sigma) / G^T P G
 P = diag(1 / (sqrt(v_hat) + eps)) from the optimizer's exp_avg_sq (docs/noise-scale.md derives it),
 measured from the same micro-batch and accumulated gradient pair (the micro-batch's gradient is
 recomputed, a forward and backward on B/2 samples per step; benchmarks/noise_scale_adam.py).
+Two more (added 2026-12-01, 20:40, before any of their values was seen; the same pooling and the
+same 25% rule): (5) the law's own B_noise = tr(H Sigma) / G^T H G (McCandlish et al. eq. 2.7; B_simple
+is it with H = I), the same pair measured in the Hessian's norm, H applied by Hessian-vector
+products on an independent batch of B samples each step of the runs at B; (6) for Adam-family
+optimizers its preconditioned form tr(P H P Sigma) / G^T P H P G, the pair measured on P g
+(benchmarks/noise_scale_hessian.py). They measure the runs at B only (`--hessian-at`), which train
+exactly as without them (the extra passes touch no .grad, no optimizer state, no data order).
 
 The learning rate at kB is the rate at B times AdaScale's gain r = (B_noise/B + 1) / (B_noise/(kB) + 1)
 with the (plain) noise scale measured live in that run (train/adascale.py): the paper's optimal rate
@@ -57,6 +64,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from noise_scale_adam import PreconditionedNoise  # benchmarks/, beside this script
+from noise_scale_hessian import HessianNoise
 from noise_scale_report import drop_split, drop_table, report, table
 
 from dpscale import Task
@@ -148,6 +156,11 @@ class BatchRun:
     eval_losses: list[tuple[int, float]]  # (step, eval loss) of every evaluation up to the target
     adam_trace_sum: float | None  # the same sums in Adam's preconditioned norm (None: not Adam)
     adam_grad_sq_sum: float | None
+    # the same sums in the Hessian's norm (--hessian-at batches only), plain and Adam-preconditioned
+    hessian_trace_sum: float | None
+    hessian_grad_sq_sum: float | None
+    hessian_adam_trace_sum: float | None
+    hessian_adam_grad_sq_sum: float | None
     mean_gain: float  # AdaScale's mean learning-rate multiplier over the run
     lr_factor: float  # on top of AdaScale's rate (--lr-factors)
     wall_s: float
@@ -165,8 +178,21 @@ class RateFactor(TrainerCallback):
             group["lr"] *= self.factor
 
 
+def _sums(estimator) -> tuple[float | None, float | None]:
+    if estimator is None or not estimator.updates:
+        return None, None
+    sums = estimator.state_dict()
+    return sums["trace_sum"], sums["grad_sq_sum"]
+
+
 def _train_seed(
-    rank: int, world: int, spec: TaskSpec, multipliers: list[int], seed: int, lr_factor: float = 1.0
+    rank: int,
+    world: int,
+    spec: TaskSpec,
+    multipliers: list[int],
+    seed: int,
+    lr_factor: float = 1.0,
+    hessian_at: tuple[int, ...] = (1,),
 ) -> list[dict]:
     runs = []
     for k in multipliers:
@@ -180,6 +206,9 @@ def _train_seed(
         if spec.optimizer != "sgd" or spec.lr is None:  # AdamW, the trainer's or the task's own
             adam = PreconditionedNoise()
             callbacks.append(adam)
+        hessian = HessianNoise(seed) if k in hessian_at else None
+        if hessian:
+            callbacks.append(hessian)
         with tempfile.TemporaryDirectory() as tmp:
             config = TrainConfig(
                 global_batch=batch,
@@ -198,7 +227,9 @@ def _train_seed(
             trainer.fit()
             wall = time.perf_counter() - t0
         sums = trainer.noise_scale.state_dict()
-        adam_sums = adam.estimator.state_dict() if adam and adam.estimator.updates else None
+        adam_sums = _sums(adam.estimator if adam else None)
+        hess_sums = _sums(hessian.plain if hessian else None)
+        hess_adam_sums = _sums(hessian.preconditioned if hessian else None)
         run = BatchRun(
             task=spec.name,
             seed=seed,
@@ -210,8 +241,12 @@ def _train_seed(
             grad_sq_sum=sums["grad_sq_sum"],
             late_noise_scale=reach.late_noise_scale,
             eval_losses=reach.curve,
-            adam_trace_sum=adam_sums["trace_sum"] if adam_sums else None,
-            adam_grad_sq_sum=adam_sums["grad_sq_sum"] if adam_sums else None,
+            adam_trace_sum=adam_sums[0],
+            adam_grad_sq_sum=adam_sums[1],
+            hessian_trace_sum=hess_sums[0],
+            hessian_grad_sq_sum=hess_sums[1],
+            hessian_adam_trace_sum=hess_adam_sums[0],
+            hessian_adam_grad_sq_sum=hess_adam_sums[1],
             mean_gain=statistics.fmean(gain.gains) if gain.gains else 1.0,
             lr_factor=lr_factor,
             wall_s=wall,
@@ -246,6 +281,11 @@ def main() -> None:
     parser.add_argument(
         "--every-step", action="store_true", help="evaluate after every step on every task (exact counts)"
     )
+    parser.add_argument(
+        "--hessian-at",
+        default="1",
+        help="multipliers whose runs also measure the Hessian noise scale (5-6 use 1's); '' for none",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="(task, seed) processes at once")
     parser.add_argument("--json", help="write every run and the rows here")
     parser.add_argument("--render", nargs="+", help="print the tables of --json files instead of training")
@@ -266,12 +306,13 @@ def main() -> None:
             if name not in SPECS:
                 parser.error(f"--tasks: unknown {name!r}; choose from {', '.join(SPECS)}")
         factors = [float(f) for f in args.lr_factors.split(",")]
+        hessian_at = tuple(int(m) for m in args.hessian_at.split(",") if m)
         units = [(name, f, seed) for name in names for f in factors for seed in parse_seeds(args.seeds)]
 
         def one(unit):
             name, factor, seed = unit
             spec = replace(SPECS[name], coarse_every=1) if args.every_step else SPECS[name]
-            runs = run_ranks(_train_seed, 1, spec, multipliers, seed, factor, timeout_s=3600)[0]
+            runs = run_ranks(_train_seed, 1, spec, multipliers, seed, factor, hessian_at, timeout_s=3600)[0]
             print(
                 f"{name} lr x{factor:g} seed {seed}: steps {[r['steps_to_target'] for r in runs]}", flush=True
             )

@@ -83,7 +83,8 @@ def test_render_joins_files_of_other_rate_factors_and_refuses_a_run_given_twice(
 def test_every_step_evaluates_the_transformer_after_every_step_too(validation, monkeypatch):
     specs = []
 
-    def fake_run_ranks(fn, world, spec, multipliers, seed, factor, timeout_s):
+    def fake_run_ranks(fn, world, spec, multipliers, seed, factor, hessian_at, timeout_s):
+        assert hessian_at == (1,)  # the Hessian noise scale at B only, by default
         specs.append(spec)
         return [[r | {"task": spec.name, "lr_factor": factor} for r in seed_runs(seed, [60, 35, 25, 20, 18])]]
 
