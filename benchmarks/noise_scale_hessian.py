@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 from noise_scale_adam import adam_preconditioner  # benchmarks/, beside this script
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dpscale.engine.noise_scale import NoiseScaleEstimator
 from dpscale.train.callbacks import TrainerCallback
@@ -63,7 +64,9 @@ class HessianNoise(TrainerCallback):
             return
         if self.until_step is not None and trainer.step >= self.until_step:
             return
-        with torch.random.fork_rng(devices=[]):  # a model that draws random numbers trains as without this
+        # fork_rng: a model that draws random numbers trains as without this; the math kernel of
+        # scaled_dot_product_attention, since the CPU's flash kernel has no double backward
+        with torch.random.fork_rng(devices=[]), sdpa_kernel(SDPBackend.MATH):
             self._measure(trainer, global_batch)
 
     def _measure(self, trainer, global_batch: int) -> None:
