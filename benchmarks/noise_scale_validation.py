@@ -28,7 +28,7 @@ optimizers, the noise scale of the preconditioned gradient tr(P Sigma) / G^T P G
 P = diag(1 / (sqrt(v_hat) + eps)) from the optimizer's exp_avg_sq (docs/noise-scale.md derives it),
 measured from the same micro-batch and accumulated gradient pair (the micro-batch's gradient is
 recomputed, a forward and backward on B/2 samples per step; benchmarks/noise_scale_adam.py).
-Two more (added 2026-12-01, 20:40, before any of their values was seen; the same pooling and the
+Two more (added 2026-12-01, 20:19, before any of their values was seen; the same pooling and the
 same 25% rule): (5) the law's own B_noise = tr(H Sigma) / G^T H G (McCandlish et al. eq. 2.7; B_simple
 is it with H = I), the same pair measured in the Hessian's norm, H applied by Hessian-vector
 products on an independent batch of B samples each step of the runs at B; (6) for Adam-family
