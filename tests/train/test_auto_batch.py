@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import shutil
 import types
 
 import pytest
@@ -176,8 +177,26 @@ def test_global_batch_auto_starts_at_the_default_and_survives_the_trip_to_the_wo
     assert TrainConfig.from_dict(config.to_dict()).auto_batch is True
     with pytest.raises(ValueError, match="^global_batch auto: engine torch does not measure"):
         TrainConfig(workload="digits", global_batch="auto", engine="torch")
-    with pytest.raises(ValueError, match="^global_batch auto: .*cannot be resumed"):
-        TrainConfig(workload="digits", global_batch="auto", resume=True, checkpoint_dir="/tmp/x")
+    TrainConfig(workload="digits", global_batch="auto", resume=True, checkpoint_dir="/tmp/x")  # resumes
+    with pytest.raises(ValueError, match="^global_batch auto keeps the batch it grew to"):
+        TrainConfig(workload="digits", global_batch="auto", world_change="scale-lr")
+    with pytest.raises(ValueError, match="^global_batch auto: a growing batch needs the noise scale"):
+        TrainConfig(workload="digits", global_batch="auto", no_noise_scale=True)
+
+
+def test_the_growth_state_round_trips_and_a_bad_one_is_refused():
+    grow = GrowBatch(max_global_batch=256)
+    grow.changes, grow.agreed_s = [(8, 128), (16, 64)], {1: 0.01, 2: 0.015}
+    saved = grow.state_dict()
+    again = GrowBatch(max_global_batch=256)
+    again.load_state_dict(saved, same_world=True)
+    assert again.changes == [(8, 128), (16, 64)] and again.step_s == {1: [0.01], 2: [0.015]}
+    other = GrowBatch(max_global_batch=256)
+    other.load_state_dict(saved, same_world=False)  # a step's time depends on the world size
+    assert other.changes == [(8, 128), (16, 64)] and other.step_s == {} and other.agreed_s == {}
+    for bad in ({"changes": [[8]], "fastest_s": {}}, {"changes": [], "fastest_s": {1: -1.0}}, [1]):
+        with pytest.raises(ValueError, match="batch growth"):
+            GrowBatch(max_global_batch=256).load_state_dict(bad, same_world=True)
 
 
 def test_the_summary_says_how_the_batch_grew_also_after_the_trip_through_json(capsys):
@@ -235,18 +254,64 @@ def test_global_batch_auto_grows_to_the_measured_noise_scale():
     assert final <= 1.1 * result["gradient_noise_scale"], (changes, result["gradient_noise_scale"])
 
 
-def test_a_growing_batch_that_would_restart_from_its_checkpoints_is_refused(tmp_path, monkeypatch):
-    # a restarted attempt resumes from --checkpoint-dir, which --global-batch auto cannot do yet:
-    # refused before anything starts (launch), and by a worker torchrun restarted (run_worker)
-    from dpscale.errors import ConfigError
-    from dpscale.train.launch import launch
-    from dpscale.train.worker import run_worker
+def _auto_resume_run(rank, world, cfg, dear_from=None):
+    # given step times: 10 ms at every accumulation below `dear_from`, 100 ms from it on. What the
+    # decisions see depends on which accumulations were timed, the state a resume must carry, and
+    # not on this host's speed (this rank process is the only one patched)
+    def agreed(self, trainer):
+        return {k: 0.1 if dear_from and k >= dear_from else 0.01 for k in sorted(self.step_s)}
 
-    cfg = TrainConfig(workload="digits", global_batch="auto", checkpoint_dir=str(tmp_path), max_steps=2)
-    with pytest.raises(ConfigError, match="global-batch auto cannot be resumed yet"):
-        launch(cfg, 2, max_restarts=1)
-    with pytest.raises(ConfigError, match="global-batch auto cannot be resumed yet"):
-        launch(cfg, 2, min_nproc=1)
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    with pytest.raises(ConfigError, match="global_batch auto: .* cannot be resumed yet"):
-        run_worker(cfg.to_dict(), threads=1)
+    GrowBatch.agreed_step_s = agreed
+    trainer = Trainer(TrainConfig(**cfg), regression_task())
+    result = trainer.fit()
+    return result.to_dict(), trainer._growth.step_s
+
+
+AUTO = dict(global_batch="auto", micro_batch=32, lr=1e-3, optimizer="sgd", momentum=0.0, max_steps=120)
+AUTO |= dict(progress="none", drift_check_every=0, noise_scale_every=1, seed=1, checkpoint_every=4)
+
+
+def _from_step_16(full_dir, to):
+    """A checkpoint directory holding only the full run's step 16, as a restarted attempt finds it."""
+    shutil.copytree(full_dir / "step-00000016", to / "step-00000016")
+    return str(to)
+
+
+@pytest.mark.slow
+def test_a_growing_batch_resumes_at_the_batch_it_grew_to_bit_exactly(tmp_path):
+    # the regression's noise scale (~500 samples) grows the batch from 64 within the first 16 steps
+    full_dir = tmp_path / "full"
+    (full, _), _ = run_ranks(
+        _auto_resume_run, 2, AUTO | dict(checkpoint_dir=str(full_dir), keep_checkpoints=9)
+    )
+    schedule = full["global_batch_schedule"]
+    assert schedule[0] == (0, 64) and len(schedule) > 2 and schedule[2][0] <= 16, schedule
+    ckpt = _from_step_16(full_dir, tmp_path / "resumed")
+    (resumed, _), _ = run_ranks(_auto_resume_run, 2, AUTO | dict(checkpoint_dir=ckpt, resume=True))
+    assert resumed["resumed_from_step"] == 16
+    assert resumed["global_batch_schedule"] == schedule  # the changes before 16 came with the checkpoint
+    assert (resumed["samples_seen"], resumed["steps"]) == (full["samples_seen"], full["steps"])
+    assert resumed["param_sha256"] == full["param_sha256"]
+    # at another world size the grown batch is kept (more accumulation), the step times are not
+    ckpt = _from_step_16(full_dir, tmp_path / "one")
+    ((alone, times),) = run_ranks(_auto_resume_run, 1, AUTO | dict(checkpoint_dir=ckpt, resume=True))
+    before = [c for c in schedule if c[0] <= 16]
+    assert alone["global_batch_schedule"][: len(before)] == before, alone["global_batch_schedule"]
+    assert all(step > 16 for step, _ in alone["global_batch_schedule"][len(before) :])
+    assert alone["samples_seen"] >= 120 * 64  # the same budget in samples
+    # only the accumulations one worker ran were timed (at W=2 the batch of 16 steps had k <= 8)
+    assert min(times) >= before[-1][1] // 32, times
+
+
+@pytest.mark.slow
+def test_a_resumed_run_remembers_the_probe_that_did_not_pay(tmp_path):
+    # a step of 128 costs 10x one of 64: the probe at step 8 is halved back at 12 and, knowing both
+    # times, the run stays at 64. A resume that forgot the times would probe 128 again at step 20.
+    full_dir = tmp_path / "full"
+    cfg = AUTO | dict(checkpoint_dir=str(full_dir), keep_checkpoints=9, max_steps=40)
+    (full, _), _ = run_ranks(_auto_resume_run, 2, cfg, 2)
+    assert full["global_batch_schedule"] == [(0, 64), (8, 128), (12, 64)]
+    ckpt = _from_step_16(full_dir, tmp_path / "resumed")
+    (resumed, _), _ = run_ranks(_auto_resume_run, 2, cfg | dict(checkpoint_dir=ckpt, resume=True), 2)
+    assert resumed["global_batch_schedule"] == full["global_batch_schedule"]
+    assert resumed["param_sha256"] == full["param_sha256"]

@@ -55,7 +55,20 @@ def test_another_global_batch_cannot_resume():
     check_resumable(moved, global_batch=64, world_change="scale-lr", where="c")
 
 
-def split(saved, world_size, current, world_change="keep-global-batch", global_batch=64):
+def test_a_grown_batch_resumes_only_under_global_batch_auto():
+    grown = state(
+        global_batch=256, micro_batch=16, accumulation_steps=8, batch_growth={"changes": [[8, 128]]}
+    )
+    check_resumable(grown, global_batch=64, world_change="keep-global-batch", where="c", auto_batch=True)
+    with pytest.raises(
+        ValueError, match="had grown to global batch 256 under global_batch auto; resume with"
+    ):
+        check_resumable(grown, global_batch=64, world_change="keep-global-batch", where="c")
+    with pytest.raises(CheckpointError, match="96 is not the start batch 64 times a power of two"):
+        check_resumable(state(global_batch=96), global_batch=64, world_change="x", where="c", auto_batch=True)
+
+
+def split(saved, world_size, current, world_change="keep-global-batch", global_batch=64, auto_batch=False):
     return plan_split(
         saved,
         world_size=world_size,
@@ -64,7 +77,17 @@ def split(saved, world_size, current, world_change="keep-global-batch", global_b
         configured_global_batch=64,
         world_change=world_change,
         where="c",
+        auto_batch=auto_batch,
     )
+
+
+def test_global_batch_auto_goes_on_at_the_grown_batch_wherever_it_splits():
+    grown = state(global_batch=256, micro_batch=16, accumulation_steps=8)
+    assert split(grown, 2, BatchSplit(16, 2), auto_batch=True) == BatchSplit(16, 8)  # as saved
+    assert split(grown, 4, BatchSplit(16, 1), auto_batch=True) == BatchSplit(16, 4)  # 256 kept
+    assert split(grown, 1, BatchSplit(16, 4), auto_batch=True) == BatchSplit(16, 16)
+    assert split(grown, 3, BatchSplit(7, 3), auto_batch=True, global_batch=63) == BatchSplit(7, 3)  # start
+    assert split(state(), 2, BatchSplit(32, 1), auto_batch=True) == BatchSplit(32, 1)  # never grew
 
 
 def test_same_world_keeps_the_configured_split():

@@ -23,10 +23,16 @@ rate follows the batch. Decisions use the noise scale every rank holds alike, th
 step times averaged over ranks (one small all-reduce per decision), so every rank changes the batch
 at the same step. The estimate needs two gradients per step: several workers, or one worker with
 at least two micro-batches.
+
+A checkpoint keeps the changes so far and the step times agreed at the last decision
+(`state_dict`); a resume continues at the grown batch with those times (the times measured after
+that decision and before the checkpoint are measured again), or with no times when the world size
+changed, since a step's time depends on it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -64,8 +70,32 @@ class GrowBatch(TrainerCallback):
         self.grow_at = grow_at
         self.changes: list[tuple[int, int]] = []
         self.step_s: dict[int, list[float]] = {}  # accumulation steps -> this rank's step times
+        self.agreed_s: dict[int, float] = {}  # what agreed_step_s gave at the last decision
         self._t0 = 0.0
         self._last_k = 0
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps (the same on every rank): the changes and the agreed step times."""
+        return {"changes": [list(c) for c in self.changes], "fastest_s": dict(self.agreed_s)}
+
+    def load_state_dict(self, state: object, *, same_world: bool) -> None:
+        """Continue from `state_dict()`'s output (a checkpoint's, so checked: ValueError naming what
+        is wrong); the step times only if the world size is the one that measured them."""
+        changes = state.get("changes") if isinstance(state, dict) else None
+        fastest = state.get("fastest_s") if isinstance(state, dict) else None
+        if not isinstance(changes, list) or not all(
+            isinstance(c, list | tuple) and len(c) == 2 and all(type(v) is int and v >= 0 for v in c)
+            for c in changes
+        ):
+            raise ValueError(f"batch growth changes {changes!r} are not (step, global batch) pairs")
+        if not isinstance(fastest, dict) or not all(
+            type(k) is int and k >= 1 and type(t) is float and math.isfinite(t) and t > 0
+            for k, t in fastest.items()
+        ):
+            raise ValueError(f"batch growth step times {fastest!r} are not accumulation -> seconds")
+        self.changes = [(step, batch) for step, batch in changes]
+        self.agreed_s = dict(fastest) if same_world else {}
+        self.step_s = {k: [t] for k, t in self.agreed_s.items()}
 
     def wanted_accumulation(
         self,
@@ -133,11 +163,12 @@ class GrowBatch(TrainerCallback):
         if trainer.step % self.check_every or trainer.noise_scale.estimator.updates < self.min_updates:
             return
         state = trainer.state
+        self.agreed_s = self.agreed_step_s(trainer)
         accumulation = self.wanted_accumulation(
             b_simple=trainer.noise_scale.b_simple,
             global_batch=state.global_batch,
             accumulation=state.accumulation_steps,
-            step_s=self.agreed_step_s(trainer),
+            step_s=self.agreed_s,
         )
         if accumulation != state.accumulation_steps:
             trainer.set_batch_split(state.micro_batch, accumulation)

@@ -209,10 +209,15 @@ class TrainConfig:
                 f"global_batch auto: engine {self.engine} does not measure the noise scale that drives "
                 "it; use engine dpscale or give a number"
             )
-        if self.auto_batch and (self.resume or self.no_noise_scale):
+        if self.auto_batch and self.no_noise_scale:
             raise ConfigError(
-                "global_batch auto: a growing batch needs the noise scale and cannot be resumed yet; "
-                "drop no_noise_scale / resume, or give a number"
+                "global_batch auto: a growing batch needs the noise scale; drop no_noise_scale or give "
+                "a number"
+            )
+        if self.auto_batch and self.world_change == "scale-lr":
+            raise ConfigError(
+                "global_batch auto keeps the batch it grew to across a world-size change (its rate "
+                "follows AdaScale's gain): drop world_change scale-lr or give a number"
             )
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")

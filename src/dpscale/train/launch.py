@@ -145,13 +145,6 @@ def launch(
             "--node-rank (static rendezvous) cannot restart across hosts: drop --node-rank (the "
             "dpscale-c10d rendezvous numbers the hosts and restarts them) or give --max-restarts 0"
         )
-    if cfg.auto_batch and cfg.checkpoint_dir and (max_restarts or min_nproc != nproc):
-        # a restarted attempt resumes from the checkpoint (worker.run_worker), which a growing
-        # batch cannot do yet (config.py refuses auto with resume)
-        raise ConfigError(
-            "--global-batch auto cannot be resumed yet, so it cannot restart from --checkpoint-dir: "
-            "give --max-restarts 0 (and --nproc N, not MIN:MAX), drop --checkpoint-dir, or give a number"
-        )
     # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
     # so a second job is refused there and the other hosts of one job do not refuse each other
     lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())

@@ -8,7 +8,8 @@ default (world_change=keep-global-batch) the global batch is kept (the optimizat
 and so is the saved micro-batch (what fits a worker's memory); the accumulation steps change. With
 world_change=scale-lr each worker's batch is kept instead: the global batch follows the world size,
 the sampler goes on from the next unused sample, the LR moves by the linear rule over a ramp, and
-the sample budget (epochs, or max_steps x the configured batch) is kept.
+the sample budget (epochs, or max_steps x the configured batch) is kept. A run whose batch grew
+(--global-batch auto) goes on at the grown batch, also at another world size where it splits.
 """
 
 from __future__ import annotations
@@ -39,14 +40,31 @@ class SamplerPosition(Protocol):
     steps_per_epoch: int
 
 
-def check_resumable(saved: TrainState, *, global_batch: int, world_change: str, where: Path | str) -> None:
+def check_resumable(
+    saved: TrainState, *, global_batch: int, world_change: str, where: Path | str, auto_batch: bool = False
+) -> None:
     """ValueError naming the setting to change when this run cannot continue `saved`."""
     if saved.base_global_batch != global_batch:
         raise ConfigError(
             f"checkpoint {where} was trained with global_batch {saved.base_global_batch}, this run "
             f"asks for {global_batch}; use the same global batch to resume"
         )
-    if saved.global_batch != global_batch and world_change != "scale-lr":
+    if saved.global_batch == global_batch:
+        return
+    if auto_batch:
+        grown = saved.global_batch // global_batch
+        if saved.global_batch % global_batch or grown & (grown - 1):
+            raise CheckpointError(
+                f"checkpoint {where}: global batch {saved.global_batch} is not the start batch "
+                f"{global_batch} times a power of two, as --global-batch auto grows it; the file is corrupt"
+            )
+        return
+    if saved.batch_growth:
+        raise ConfigError(
+            f"checkpoint {where} had grown to global batch {saved.global_batch} under global_batch "
+            "auto; resume with --global-batch auto"
+        )
+    if world_change != "scale-lr":
         raise ConfigError(
             f"checkpoint {where} had moved to global batch {saved.global_batch} under "
             f"world_change=scale-lr; resume with world_change=scale-lr (--world-change scale-lr)"
@@ -62,13 +80,18 @@ def plan_split(
     configured_global_batch: int,
     world_change: str,
     where: Path | str,
+    auto_batch: bool = False,
 ) -> BatchSplit:
     """The batch split for `world_size` when resuming `saved`; `current` is the one made from the
-    configuration (over `global_batch` samples) for this world size."""
+    configuration (over `global_batch` samples) for this world size. With `auto_batch` the run goes
+    on at the batch it had grown to, split as keep-global-batch splits it; where that batch does
+    not split over this world size, at `current` (the start batch)."""
     if saved.world_size == world_size and saved.global_batch == global_batch:
         return current
     old_micro, old_k = saved.micro_batch, saved.accumulation_steps
     saved_split = all(isinstance(v, int) and v > 0 for v in (old_micro, old_k))
+    if auto_batch:
+        global_batch = saved.global_batch
     if world_change == "scale-lr":
         # a worker's batch is the configured global batch over the first world size, never more
         per_worker = old_micro * old_k if saved_split else 0

@@ -63,6 +63,7 @@ class SaveRestore:
         """Collective: rank 0 writes this step's checkpoint; all learn the path."""
         self.state.grad_scaler = self.precision.state_dict()
         self.state.noise_scale = self.noise_scale.state_dict()
+        self.state.batch_growth = self._growth.state_dict() if self._growth else {}
         extra = {"comm_hook": {"compression": self.cfg.compression}}
         self.last_checkpoint = self._checkpointer().save(
             self.step, self.stateful(), self._rank_stateful(), extra
@@ -90,7 +91,10 @@ class SaveRestore:
         another world size (resume.py's plan); returns the saved TrainState."""
         cfg, where = self.cfg, Path(where)
         saved = TrainState.from_state_dict(payload["trainer"], where / "trainer.pt")
-        check_resumable(saved, global_batch=cfg.global_batch, world_change=cfg.world_change, where=where)
+        auto = self._growth is not None
+        check_resumable(
+            saved, global_batch=cfg.global_batch, world_change=cfg.world_change, where=where, auto_batch=auto
+        )
         for name in ("model", "optimizer", "scheduler"):
             load_into(self.stateful()[name].load_state_dict, payload[name], where / f"{name}.pt")
             if name == "optimizer":  # the loss scale with the optimizer state it scaled
@@ -98,6 +102,7 @@ class SaveRestore:
         state = self.state
         state.step, state.samples_seen = saved.step, saved.samples_seen
         state.skipped_steps, state.last_loss = saved.skipped_steps, saved.last_loss
+        state.batch_changed = saved.batch_changed  # max_steps stays a budget in samples once it moved
         state.batch_scale.load_state_dict(saved.batch_scale.state_dict())  # in place: the scheduler holds it
         load_into(self.noise_scale.load_state_dict, saved.noise_scale, where / "trainer.pt")
         if isinstance(self.model, DistributedDataParallel):  # one synced backward per step
@@ -111,16 +116,25 @@ class SaveRestore:
             configured_global_batch=cfg.global_batch,
             world_change=cfg.world_change,
             where=where / "trainer.pt",
+            auto_batch=auto,
         )
         if split != current:
             self.set_batch_split(split.micro_batch, split.accumulation_steps)
         regroup = state.global_batch != saved.global_batch
+        if auto:
+            load_into(
+                lambda s: self._growth.load_state_dict(s, same_world=saved.world_size == self.world_size),
+                saved.batch_growth or {"changes": [], "fastest_s": {}},  # a fixed-batch run's: starts growing
+                where / "trainer.pt",
+            )
+            if regroup:  # the grown batch does not split over this world size: back to the start
+                self._growth.changes.append((saved.step, state.global_batch))
         load_into(
             lambda s: self.sampler.load_state_dict(s, regroup=regroup),
             payload["sampler"],
             where / "sampler.pt",
         )
-        if regroup:
+        if regroup and not auto:  # scale-lr's linear rule; a growing batch's rate is AdaScale's
             state.batch_scale.retarget(
                 state.global_batch / cfg.global_batch, self.scheduler.last_epoch, cfg.rescale_warmup_steps
             )

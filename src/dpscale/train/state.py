@@ -3,7 +3,8 @@
 Everything a resume needs besides the model, optimizer, scheduler, sampler, hook and RNG states
 (each of which has its own `state_dict()`): steps taken, samples seen, skipped steps, the last
 loss, the noise-scale estimate's sums, how the global batch is split over workers and
-micro-batches, and the LR multiplier of a world-size change (`BatchScale`). The checkpoint
+micro-batches, the LR multiplier of a world-size change (`BatchScale`) and how a growing batch
+(--global-batch auto) has moved. The checkpoint
 manager saves it as one named state among the others; `from_state_dict` checks what the loop
 relies on, since a manifest's checksum proves only that a file is what the writer listed, not that
 the writer was dpscale.
@@ -43,6 +44,9 @@ class TrainState:
     # the gradient noise scale's smoothed sums (NoiseScaleMeter.state_dict(), the same on every
     # rank), so a resumed run continues the estimate exactly; empty in older checkpoints
     noise_scale: dict = field(default_factory=dict)
+    # --global-batch auto's changes and step times (GrowBatch.state_dict(), the same on every rank);
+    # empty for a fixed batch and in older checkpoints
+    batch_growth: dict = field(default_factory=dict)
 
     def state_dict(self) -> dict:
         return {
@@ -59,6 +63,7 @@ class TrainState:
             "last_loss": self.last_loss,
             "grad_scaler": self.grad_scaler,
             "noise_scale": self.noise_scale,
+            "batch_growth": self.batch_growth,
         }
 
     def load_state_dict(self, state: object) -> None:
@@ -107,4 +112,5 @@ class TrainState:
             ),
             grad_scaler=state.get("grad_scaler", {}),
             noise_scale=state.get("noise_scale", {}),
+            batch_growth=state.get("batch_growth", {}),
         )

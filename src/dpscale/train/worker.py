@@ -50,8 +50,8 @@ def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(config)
     if is_restart() and cfg.checkpoint_dir:
-        # a restarted attempt continues from the last good checkpoint; replace() checks the config
-        # again (a growing batch, --global-batch auto, cannot resume yet and says so)
+        # a restarted attempt continues from the last good checkpoint (replace() checks the config
+        # again), a growing batch (--global-batch auto) at the batch it had grown to
         cfg = dataclasses.replace(cfg, resume=True)
     device = resolve_device(cfg.device)
     if device.type == "cuda":
