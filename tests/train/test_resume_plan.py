@@ -64,8 +64,13 @@ def test_a_grown_batch_resumes_only_under_global_batch_auto():
         ValueError, match="had grown to global batch 256 under global_batch auto; resume with"
     ):
         check_resumable(grown, global_batch=64, world_change="keep-global-batch", where="c")
-    with pytest.raises(CheckpointError, match="96 is not the start batch 64 times a power of two"):
-        check_resumable(state(global_batch=96), global_batch=64, world_change="x", where="c", auto_batch=True)
+    for corrupt in (96, 32, 64 * 32):  # not 64 x 2^j, below the start, past the 16x cap
+        with pytest.raises(
+            CheckpointError, match=f"{corrupt} is not the start batch 64 times a power of two"
+        ):
+            check_resumable(
+                state(global_batch=corrupt), global_batch=64, world_change="x", where="c", auto_batch=True
+            )
 
 
 def split(saved, world_size, current, world_change="keep-global-batch", global_batch=64, auto_batch=False):

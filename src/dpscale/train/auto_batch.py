@@ -42,6 +42,8 @@ from .callbacks import TrainerCallback
 
 # halve back only when the smaller batch is predicted at least 10% sooner to the target
 SHRINK_MARGIN = 0.9
+# --global-batch auto grows to at most this many times the start batch
+MAX_GROWTH = 16
 
 
 def time_to_target(b_simple: float, global_batch: int, step_s: float) -> float:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import ConfigError
+from .auto_batch import MAX_GROWTH
 from .checkpoint import CheckpointError
 from .config import TrainConfig
 from .optim import BatchScale, lr_factor
@@ -53,10 +54,11 @@ def check_resumable(
         return
     if auto_batch:
         grown = saved.global_batch // global_batch
-        if saved.global_batch % global_batch or grown & (grown - 1):
+        if saved.global_batch % global_batch or grown & (grown - 1) or grown > MAX_GROWTH:
             raise CheckpointError(
                 f"checkpoint {where}: global batch {saved.global_batch} is not the start batch "
-                f"{global_batch} times a power of two, as --global-batch auto grows it; the file is corrupt"
+                f"{global_batch} times a power of two up to {MAX_GROWTH}, as --global-batch auto grows "
+                "it; the file is corrupt"
             )
         return
     if saved.batch_growth:

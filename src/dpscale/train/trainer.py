@@ -33,7 +33,7 @@ from ..workloads import WORKLOADS
 from ..workloads.load import load_task
 from ..workloads.task import Task
 from .adascale import AdaScaleGain
-from .auto_batch import GrowBatch
+from .auto_batch import MAX_GROWTH, GrowBatch
 from .batches import MicroBatches
 from .callbacks import TrainerCallback, checked
 from .config import TrainConfig
@@ -119,7 +119,7 @@ class Trainer(TrainStep, SaveRestore):
                     "global_batch auto on one worker needs accumulation_steps >= 2: the noise scale "
                     "that drives it needs two gradients per step"
                 )
-            self._growth = GrowBatch(max_global_batch=16 * global_batch)
+            self._growth = GrowBatch(max_global_batch=MAX_GROWTH * global_batch)
             self._growth_start = global_batch
             self.callbacks += [self._growth, AdaScaleGain(base_batch=global_batch)]
         self.task = task if task is not None else resolve_task(config)
