@@ -138,3 +138,36 @@ def test_every_float_flag_of_every_command_refuses_non_finite_numbers(capsys, ar
         main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "is not a finite number" in err[0], err
+
+
+def _train_in_process(ckpt, *extra):
+    args = ["train", "--workload", "synthetic", "--max-steps", "2", "--progress", "none"]
+    assert main([*args, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", *extra]) == 0
+
+
+def test_resume_with_another_global_batch_is_refused_before_any_worker_starts(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    _train_in_process(ckpt, "--global-batch", "64")
+    before = sorted(p.name for p in ckpt.iterdir())
+    capsys.readouterr()
+    args = ["train", "--workload", "synthetic", "--nproc", "2", "--global-batch", "32", "--resume"]
+    code = main([*args, "--checkpoint-dir", str(ckpt), "--progress", "none"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"checkpoint {ckpt}/step-00000002 was trained with global_batch 64, this run asks for 32" in err[0]
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
+def test_resume_when_every_checkpoint_is_damaged_is_one_line_naming_them(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    _train_in_process(ckpt)
+    for step in ckpt.glob("step-*"):
+        (step / "model.pt").write_bytes(b"damaged")
+    capsys.readouterr()
+    args = ["train", "--workload", "synthetic", "--nproc", "2", "--resume", "--progress", "none"]
+    code = main([*args, "--checkpoint-dir", str(ckpt)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"no valid checkpoint under {ckpt}" in err[0]
+    assert f"{ckpt}/step-00000002/model.pt: size 7 bytes" in err[0]
+    assert f"{ckpt}/step-00000001/model.pt" in err[0]

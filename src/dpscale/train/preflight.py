@@ -4,21 +4,26 @@ and exit code 2 instead of a traceback from every worker, or a failure after tra
 `preflight` (the CLI's): the task is loaded and probed (its model built, a couple of items of each
 dataset run through the model, loss and metrics), its training set compared with the global batch,
 and the device checked for the largest world size the run may use. `check_before_start` (the
-launcher's, for API callers too): the file system and the transport. Both look, never create: a
-run refused here has written nothing.
+launcher's, for API callers too): the file system and the transport; `check_resume_point` (the
+launcher's, under the directory's lock): the checkpoint a `--resume` would continue. They look,
+never create: a run refused here has written nothing.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
 from ..workloads.task import probe
+from .checkpoint import CheckpointWarning, load_latest
 from .config import TrainConfig
 from .device import resolve_device
+from .resume import check_resumable
+from .state import TrainState
 from .trainer import resolve_task
 
 
@@ -69,6 +74,21 @@ def check_writable_dir(flag: str, path: str) -> None:
         raise ConfigError(
             f"{flag} {path} {what} not writable (read-only mount or permissions); name a writable directory"
         )
+
+
+def check_resume_point(cfg: TrainConfig) -> None:
+    """With --resume: the newest checkpoint that verifies can continue this run (same global batch),
+    or there is none yet. Otherwise every worker would fail on it with a traceback (and be
+    restarted to fail again). Every file is verified; only the trainer's state is loaded."""
+    if not cfg.resume or not cfg.checkpoint_dir:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)  # rank 0 names each rejected one again
+        loaded = load_latest(cfg.checkpoint_dir, expected_stems=("trainer",), only=("trainer",))
+    if loaded is None:
+        return
+    saved = TrainState.from_state_dict(loaded.payload["trainer"], loaded.path / "trainer.pt")
+    check_resumable(saved, global_batch=cfg.global_batch, world_change=cfg.world_change, where=loaded.path)
 
 
 def resume_note(cfg: TrainConfig) -> str | None:
