@@ -171,3 +171,39 @@ def test_resume_when_every_checkpoint_is_damaged_is_one_line_naming_them(tmp_pat
     assert f"no valid checkpoint under {ckpt}" in err[0]
     assert f"{ckpt}/step-00000002/model.pt: size 7 bytes" in err[0]
     assert f"{ckpt}/step-00000001/model.pt" in err[0]
+
+
+@pytest.mark.parametrize(
+    "args, measure",
+    [
+        (["bench", "allreduce", "--sizes", "4", "--report-dir", "FILE"], "bench.allreduce.run"),
+        (["bench", "scaling", "--world-sizes", "1", "--report-dir", "FILE/sub"], "bench.scaling.run"),
+        (["bench", "convergence", "--report-dir", "FILE"], "bench.convergence.run"),
+        (["bench", "engine", "--models", "digits", "--report-dir", "FILE"], "bench.engine.run"),
+        (["study", "--quick", "--report-dir", "FILE"], "bench.study.run"),
+        (["scale", "--nproc", "1", "--report-dir", "FILE", "--", "SCRIPT"], "bench.script_scaling.measure"),
+        (["predict", "--model", "digits", "--report-dir", "FILE"], "predict.profiling.measure"),
+        (["profile", "--model", "digits", "--out", "FILE/p.json"], "predict.profiling.measure"),
+        (["profile", "--model", "digits", "--out", "DIR"], "predict.profiling.measure"),
+    ],
+)
+def test_an_output_location_that_cannot_be_written_is_refused_before_measuring(
+    tmp_path, capsys, monkeypatch, args, measure
+):
+    import importlib
+
+    def measured(*a, **k):
+        raise AssertionError("measured before checking where the results go")
+
+    module, _, name = f"dpscale.{measure}".rpartition(".")
+    monkeypatch.setattr(importlib.import_module(module), name, measured)
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "script.py").write_text("print('hi')\n")
+    subs = {"FILE": str(tmp_path / "file"), "DIR": str(tmp_path), "SCRIPT": str(tmp_path / "script.py")}
+    argv = [a.replace("FILE", subs["FILE"]) if a.startswith("FILE") else subs.get(a, a) for a in args]
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    flag = "--out" if "--out" in args else "--report-dir"
+    assert f"error: {flag} " in err[0] and str(tmp_path) in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "script.py"]

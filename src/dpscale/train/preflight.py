@@ -11,13 +11,13 @@ never create: a run refused here has written nothing.
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
+from ..paths import check_writable_dir
 from ..workloads.task import probe
 from .checkpoint import CheckpointWarning, load_latest
 from .config import TrainConfig
@@ -56,24 +56,6 @@ def check_before_start(cfg: TrainConfig) -> None:
         check_writable_dir("--metrics-dir", cfg.metrics_dir)
     if cfg.transport == "nccl" and not torch.cuda.is_available():
         raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
-
-
-def check_writable_dir(flag: str, path: str) -> None:
-    """`path` is a directory this user can write, or can be created as one (nothing is created)."""
-    p = Path(path).absolute()
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"{flag} {path} is a file, not a directory; name a directory")
-    existing = p
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{flag} {path} cannot be created: {existing} is a file; name another directory")
-    # access() also says no for a read-only mount (EROFS), which a permission check alone would not
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "is" if existing == p else f"would be created in {existing}, which is"
-        raise ConfigError(
-            f"{flag} {path} {what} not writable (read-only mount or permissions); name a writable directory"
-        )
 
 
 def check_resume_point(cfg: TrainConfig) -> None:
