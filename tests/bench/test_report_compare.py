@@ -213,6 +213,16 @@ def test_a_report_json_without_its_system_is_named(tmp_path):
         _run([str(tmp_path / "r")])
 
 
+@pytest.mark.parametrize("out", ["file", "file/sub"])
+def test_a_comparison_out_that_cannot_be_a_directory_is_refused_before_comparing(tmp_path, capsys, out):
+    a = _write_report_json(tmp_path / "a", "allreduce", {"points": []})
+    b = _write_report_json(tmp_path / "b", "allreduce", {"points": []})
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ValueError, match=rf"^--out {tmp_path / out} "):
+        _run([a, b, "--out", str(tmp_path / out)])
+    assert capsys.readouterr().out == ""  # no table first, then the refusal
+
+
 def test_every_renderer_entry_reads_results_and_writes_a_report():
     assert set(rerender.RENDERERS) == set(comparable.FIGURES)  # every comparable command re-renders too
     for command, (from_dict, write_report) in rerender.RENDERERS.items():

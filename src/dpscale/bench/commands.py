@@ -260,6 +260,8 @@ def run_report(args: argparse.Namespace) -> int:
         require_plots("report")  # a comparison draws nothing
         print(f"re-rendered {rerender.rerender(config.dirs[0])}")
         return 0
+    if config.out is not None:
+        check_writable_dir("--out", config.out)  # before the table is printed, not after
     comparison = compare.compare(config.dirs)
     print(compare.format_comparison(comparison))
     path = compare.write_comparison(comparison, compare.output_dir(config.dirs[0], config.out))

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..paths import check_writable_dir
 from .comparable import FIGURES, Figures, check_setups
 from .report import markdown_table, text_table
 from .sysinfo import describe_system
@@ -226,9 +227,8 @@ class ReportConfig:
 
 def output_dir(first: str | Path, out: str | Path | None) -> Path:
     if out is not None:
+        check_writable_dir("--out", out)
         path = Path(out)
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"--out: {path} is a file; give a directory")
         path.mkdir(parents=True, exist_ok=True)
         return path
     base = Path(first).resolve().parent
