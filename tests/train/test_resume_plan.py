@@ -55,7 +55,7 @@ def test_another_global_batch_cannot_resume():
     check_resumable(moved, global_batch=64, world_change="scale-lr", where="c")
 
 
-def split(saved, world_size, current, world_change="keep-global-batch", global_batch=64):
+def split(saved, world_size, current, world_change="keep-global-batch", global_batch=64, split_given=True):
     return plan_split(
         saved,
         world_size=world_size,
@@ -63,12 +63,21 @@ def split(saved, world_size, current, world_change="keep-global-batch", global_b
         global_batch=global_batch,
         configured_global_batch=64,
         world_change=world_change,
+        split_given=split_given,
         where="c",
     )
 
 
 def test_same_world_keeps_the_configured_split():
     assert split(state(), 2, BatchSplit(32, 1)) == BatchSplit(32, 1)
+
+
+def test_same_world_without_a_configured_split_keeps_the_checkpoints():
+    # trained 16 x 2 (--micro-batch 16); a plain --resume must not move to the default 32 x 1:
+    # twice the memory per forward, and another order of summation than the run it continues
+    assert split(state(), 2, BatchSplit(32, 1), split_given=False) == BatchSplit(16, 2)
+    # an older checkpoint without a split: the configuration's
+    assert split(state(micro_batch=None), 2, BatchSplit(32, 1), split_given=False) == BatchSplit(32, 1)
 
 
 def test_keep_global_batch_keeps_the_micro_batch_and_changes_accumulation():
