@@ -223,6 +223,15 @@ def test_a_comparison_out_that_cannot_be_a_directory_is_refused_before_comparing
     assert capsys.readouterr().out == ""  # no table first, then the refusal
 
 
+def test_compared_values_read_as_plain_numbers_at_any_size():
+    # 1.121e+04 us in a column of 236.5 and 774.7 read as a typo; ratios stay fixed to 3 places
+    assert compare._cell("time_us A", 11210.4) == "11,210"
+    assert compare._cell("samples_per_s B", 1228.3) == "1,228"
+    assert compare._cell("time_us A", 236.54) == "236.5"
+    assert compare._cell("efficiency A", 0.45994) == "0.4599"
+    assert compare._cell("time_us B/A", 1.5361) == "1.536"
+
+
 def test_every_renderer_entry_reads_results_and_writes_a_report():
     assert set(rerender.RENDERERS) == set(comparable.FIGURES)  # every comparable command re-renders too
     for command, (from_dict, write_report) in rerender.RENDERERS.items():

@@ -184,7 +184,10 @@ def _cell(column: str, value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.3f}" if "/" in column else f"{value:.4g}"  # ratios: fixed, to line up
+        if "/" in column:
+            return f"{value:.3f}"  # ratios: fixed, to line up
+        # 4 significant digits, but never 1.121e+04 beside 774.7: large values as whole numbers
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 
