@@ -5,6 +5,7 @@ code and the single line are what a shell sees.
 """
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -207,3 +208,16 @@ def test_an_output_location_that_cannot_be_written_is_refused_before_measuring(
     flag = "--out" if "--out" in args else "--report-dir"
     assert f"error: {flag} " in err[0] and str(tmp_path) in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "script.py"]
+
+
+@pytest.mark.parametrize(
+    "flags", [["--lr", "0"], ["--optimizer", "adamw"], ["--momentum", "0", "--weight-decay", "0.1"]]
+)
+def test_optimizer_flags_with_a_task_that_builds_its_optimizer_are_refused(capsys, monkeypatch, flags):
+    # they used to be ignored in silence: `--lr 0` (a measurement run) trained at the task's rate
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "train"))  # user_tasks.py
+    code = main(["train", "--task", "user_tasks:tensor_task", "--max-steps", "1", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    named = [f for f in flags if f.startswith("--")]
+    assert f"{', '.join(named)}: the task builds its own optimizer (Task.optimizer)" in err[0], err

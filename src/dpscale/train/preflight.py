@@ -12,6 +12,7 @@ never create: a run refused here has written nothing.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -26,9 +27,13 @@ from .resume import check_resumable
 from .state import TrainState
 from .trainer import resolve_task
 
+# the config's optimizer, which a task's own (Task.optimizer) replaces
+OPTIMIZER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 
-def preflight(cfg: TrainConfig, world_sizes: list[int]) -> None:
-    """ValueError (one line, naming what to change) for anything that would fail in the workers."""
+
+def preflight(cfg: TrainConfig, world_sizes: list[int], given: Collection[str] = ()) -> None:
+    """ValueError (one line, naming what to change) for anything that would fail in the workers,
+    or be ignored: `given` names the fields the user set (flags, --config), not the defaults."""
     for n in sorted(set(world_sizes), reverse=True):
         cfg.resolve_batch(n)
         if cfg.device != "cpu":
@@ -36,6 +41,14 @@ def preflight(cfg: TrainConfig, world_sizes: list[int]) -> None:
     check_before_start(cfg)
     task = resolve_task(cfg)
     probe(task)
+    ignored = [f"--{name.replace('_', '-')}" for name in OPTIMIZER_FIELDS if name in given]
+    if task.optimizer is not None and ignored:
+        raise ConfigError(
+            f"{', '.join(ignored)}: the task builds its own optimizer (Task.optimizer), which "
+            f"{'this flag does' if len(ignored) == 1 else 'these flags do'} not change; drop "
+            f"{'it' if len(ignored) == 1 else 'them'}, or drop Task.optimizer so that the flags "
+            "choose the optimizer"
+        )
     # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
     if cfg.tail in ("drop", "pad") and len(task.train_data) < cfg.global_batch:
         raise ConfigError(
