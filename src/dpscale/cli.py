@@ -55,7 +55,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields)
     min_nproc, nproc = launch_opts.nproc_range
     nodes = launch_opts.nodes()
-    preflight(cfg, [nproc, min_nproc])
+    preflight(cfg, [nproc, min_nproc], given=set(fields))
     try:
         result = launch(
             cfg,

@@ -184,6 +184,54 @@ def test_a_report_of_an_unknown_command_is_refused_with_the_known_ones(tmp_path,
         _run([str(d), "--out", str(tmp_path / "x")])
 
 
+@pytest.mark.parametrize(
+    "command, results, why",
+    [
+        ("scale", {"config": {"script": "t.py"}, "points": [{"world_size": 1}]}, "TypeError"),
+        ("scale", {"points": []}, "KeyError: 'config'"),
+        ("scale", [], "TypeError"),
+        ("allreduce", {"points": [{"engine": "dpscale"}]}, ""),
+        ("predict", {"profile": None}, ""),
+    ],
+)
+def test_a_report_json_with_incomplete_results_is_one_line_naming_it(tmp_path, command, results, why):
+    # an edited report.json, or one an older or newer dpscale wrote: not a traceback
+    d = _write_report_json(tmp_path / "r", command, results)
+    with pytest.raises(ValueError, match=rf"^{d}: its report.json results are not a {command} result"):
+        _run([d])
+    with pytest.raises(ValueError) as e:
+        _run([d])
+    assert why in str(e.value) and "\n" not in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["report.json"]
+
+
+def test_a_report_json_without_its_system_is_named(tmp_path):
+    doc = {"command": "scale", "results": {"config": {"script": "t.py"}, "points": []}}
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "report.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"/r: its report.json lacks the system it was measured on"):
+        _run([str(tmp_path / "r")])
+
+
+@pytest.mark.parametrize("out", ["file", "file/sub"])
+def test_a_comparison_out_that_cannot_be_a_directory_is_refused_before_comparing(tmp_path, capsys, out):
+    a = _write_report_json(tmp_path / "a", "allreduce", {"points": []})
+    b = _write_report_json(tmp_path / "b", "allreduce", {"points": []})
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(ValueError, match=rf"^--out {tmp_path / out} "):
+        _run([a, b, "--out", str(tmp_path / out)])
+    assert capsys.readouterr().out == ""  # no table first, then the refusal
+
+
+def test_compared_values_read_as_plain_numbers_at_any_size():
+    # 1.121e+04 us in a column of 236.5 and 774.7 read as a typo; ratios stay fixed to 3 places
+    assert compare._cell("time_us A", 11210.4) == "11,210"
+    assert compare._cell("samples_per_s B", 1228.3) == "1,228"
+    assert compare._cell("time_us A", 236.54) == "236.5"
+    assert compare._cell("efficiency A", 0.45994) == "0.4599"
+    assert compare._cell("time_us B/A", 1.5361) == "1.536"
+
+
 def test_every_renderer_entry_reads_results_and_writes_a_report():
     assert set(rerender.RENDERERS) == set(comparable.FIGURES)  # every comparable command re-renders too
     for command, (from_dict, write_report) in rerender.RENDERERS.items():

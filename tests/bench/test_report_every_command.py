@@ -374,6 +374,14 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_key(tmp_path):
         )
 
 
+def test_a_table_without_rows_is_its_header():
+    # two reports that share no row compare to an empty table; it must print, not raise
+    from dpscale.bench.report import markdown_table, text_table
+
+    assert text_table([], ["engine", "step_ms"], styled=False) == "engine  step_ms"
+    assert markdown_table([], ["engine", "step_ms"]).splitlines()[0] == "| engine | step_ms |"
+
+
 def test_the_terminal_and_the_report_show_the_same_cells():
     from dpscale.bench import study_summary
     from dpscale.bench.report import markdown_table, text_table

@@ -27,6 +27,14 @@ def test_a_summed_scalar_loss_is_refused_before_anything_runs():
 
 
 @pytest.mark.slow
+def test_data_a_task_module_draws_at_import_is_the_same_on_every_rank():
+    # each spawned rank imports the module afresh; unseeded, each drew its own data and the check
+    # said "NOT equivalent" for a plain per-sample loss
+    r = equivalence.run("module_data_task:make", world_size=2, accumulation_steps=2, global_batch=8, steps=2)
+    assert r.ok and all(c.rel_diff < 1e-5 for c in r.comparisons)
+
+
+@pytest.mark.slow
 def test_batch_norm_is_caught():
     r = equivalence.run(
         "check_models:batch_norm", world_size=2, accumulation_steps=2, global_batch=8, steps=2

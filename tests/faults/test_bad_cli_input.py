@@ -5,6 +5,7 @@ code and the single line are what a shell sees.
 """
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +139,108 @@ def test_every_float_flag_of_every_command_refuses_non_finite_numbers(capsys, ar
         main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "is not a finite number" in err[0], err
+
+
+def _train_in_process(ckpt, *extra):
+    args = ["train", "--workload", "synthetic", "--max-steps", "2", "--progress", "none"]
+    assert main([*args, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", *extra]) == 0
+
+
+def test_resume_with_another_global_batch_is_refused_before_any_worker_starts(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    _train_in_process(ckpt, "--global-batch", "64")
+    before = sorted(p.name for p in ckpt.iterdir())
+    capsys.readouterr()
+    args = ["train", "--workload", "synthetic", "--nproc", "2", "--global-batch", "32", "--resume"]
+    code = main([*args, "--checkpoint-dir", str(ckpt), "--progress", "none"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"checkpoint {ckpt}/step-00000002 was trained with global_batch 64, this run asks for 32" in err[0]
+    assert sorted(p.name for p in ckpt.iterdir()) == before
+
+
+def test_resume_when_every_checkpoint_is_damaged_is_one_line_naming_them(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    _train_in_process(ckpt)
+    for step in ckpt.glob("step-*"):
+        (step / "model.pt").write_bytes(b"damaged")
+    capsys.readouterr()
+    args = ["train", "--workload", "synthetic", "--nproc", "2", "--resume", "--progress", "none"]
+    code = main([*args, "--checkpoint-dir", str(ckpt)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"no valid checkpoint under {ckpt}" in err[0]
+    assert f"{ckpt}/step-00000002/model.pt: size 7 bytes" in err[0]
+    assert f"{ckpt}/step-00000001/model.pt" in err[0]
+
+
+@pytest.mark.parametrize(
+    "args, measure",
+    [
+        (["bench", "allreduce", "--sizes", "4", "--report-dir", "FILE"], "bench.allreduce.run"),
+        (["bench", "scaling", "--world-sizes", "1", "--report-dir", "FILE/sub"], "bench.scaling.run"),
+        (["bench", "convergence", "--report-dir", "FILE"], "bench.convergence.run"),
+        (["bench", "engine", "--models", "digits", "--report-dir", "FILE"], "bench.engine.run"),
+        (["study", "--quick", "--report-dir", "FILE"], "bench.study.run"),
+        (["scale", "--nproc", "1", "--report-dir", "FILE", "--", "SCRIPT"], "bench.script_scaling.measure"),
+        (["predict", "--model", "digits", "--report-dir", "FILE"], "predict.profiling.measure"),
+        (["profile", "--model", "digits", "--out", "FILE/p.json"], "predict.profiling.measure"),
+        (["profile", "--model", "digits", "--out", "DIR"], "predict.profiling.measure"),
+    ],
+)
+def test_an_output_location_that_cannot_be_written_is_refused_before_measuring(
+    tmp_path, capsys, monkeypatch, args, measure
+):
+    import importlib
+
+    def measured(*a, **k):
+        raise AssertionError("measured before checking where the results go")
+
+    module, _, name = f"dpscale.{measure}".rpartition(".")
+    monkeypatch.setattr(importlib.import_module(module), name, measured)
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "script.py").write_text("print('hi')\n")
+    subs = {"FILE": str(tmp_path / "file"), "DIR": str(tmp_path), "SCRIPT": str(tmp_path / "script.py")}
+    argv = [a.replace("FILE", subs["FILE"]) if a.startswith("FILE") else subs.get(a, a) for a in args]
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    flag = "--out" if "--out" in args else "--report-dir"
+    assert f"error: {flag} " in err[0] and str(tmp_path) in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "script.py"]
+
+
+@pytest.mark.parametrize(
+    "flags", [["--lr", "0"], ["--optimizer", "adamw"], ["--momentum", "0", "--weight-decay", "0.1"]]
+)
+def test_optimizer_flags_with_a_task_that_builds_its_optimizer_are_refused(capsys, monkeypatch, flags):
+    # they used to be ignored in silence: `--lr 0` (a measurement run) trained at the task's rate
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "train"))  # user_tasks.py
+    code = main(["train", "--task", "user_tasks:tensor_task", "--max-steps", "1", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    named = [f for f in flags if f.startswith("--")]
+    assert f"{', '.join(named)}: the task builds its own optimizer (Task.optimizer)" in err[0], err
+
+
+def test_a_grown_auto_batch_checkpoint_passes_the_launchers_resume_check(tmp_path, monkeypatch):
+    # the launcher checks the checkpoint a --resume would take before any worker starts; a run
+    # whose batch grew under --global-batch auto must pass there with auto, and only with auto
+    import types
+
+    from dpscale.train import preflight
+    from dpscale.train.config import TrainConfig
+    from dpscale.train.state import TrainState
+
+    grown = TrainState(
+        world_size=2, global_batch=256, base_global_batch=64, micro_batch=32, accumulation_steps=4
+    )
+    grown.batch_growth = {"changes": [[8, 128], [12, 256]], "fastest_s": {1: 0.01}}
+    found = types.SimpleNamespace(payload={"trainer": grown.state_dict()}, path=tmp_path / "step-00000016")
+    monkeypatch.setattr(preflight, "load_latest", lambda *a, **k: found)
+    common = dict(workload="digits", checkpoint_dir=str(tmp_path), resume=True)
+    preflight.check_resume_point(TrainConfig(global_batch="auto", **common))
+    with pytest.raises(
+        ValueError, match="had grown to global batch 256 under global_batch auto; resume with"
+    ):
+        preflight.check_resume_point(TrainConfig(global_batch=64, **common))

@@ -93,6 +93,20 @@ def test_the_profiles_measured_contention_is_the_default():
     assert forced.compute_ms == pytest.approx(110.0)
 
 
+def test_a_cpu_profiles_contention_stays_off_gpu_clusters():
+    # CPU workers sharing a host's cores slow each other; GPUs of a node each compute on their own.
+    # Applied to a DGX, a `profile --co-located 2` measured on 2 cores made N=2 predict 50%
+    # efficiency and N=8 (not measured: 1) 96%.
+    prof = replace(profile(), contention={2: 1.8}, device="cpu")
+    _, gpus = predict(prof, replace(cluster(intra_GBps=1e6), gpu=True), PredictConfig(world_sizes=[1, 2]))
+    assert gpus.compute_ms == pytest.approx(100.0)
+    _, cpus = predict(prof, cluster(intra_GBps=1e6), PredictConfig(world_sizes=[1, 2]))
+    assert cpus.compute_ms == pytest.approx(180.0)
+    cfg = PredictConfig(world_sizes=[1, 2], contention=1.1)  # given: applies anywhere
+    _, forced = predict(prof, replace(cluster(intra_GBps=1e6), gpu=True), cfg)
+    assert forced.compute_ms == pytest.approx(110.0)
+
+
 def test_engine_overhead_is_added_to_backward():
     prof = replace(profile(), engine_overhead_ms={"dpscale": 10.0, "torch": 0.0})
     (p,) = predict(prof, cluster(), PredictConfig(world_sizes=[1]))

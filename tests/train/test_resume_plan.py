@@ -73,7 +73,15 @@ def test_a_grown_batch_resumes_only_under_global_batch_auto():
             )
 
 
-def split(saved, world_size, current, world_change="keep-global-batch", global_batch=64, auto_batch=False):
+def split(
+    saved,
+    world_size,
+    current,
+    world_change="keep-global-batch",
+    global_batch=64,
+    split_given=True,
+    auto_batch=False,
+):
     return plan_split(
         saved,
         world_size=world_size,
@@ -81,6 +89,7 @@ def split(saved, world_size, current, world_change="keep-global-batch", global_b
         global_batch=global_batch,
         configured_global_batch=64,
         world_change=world_change,
+        split_given=split_given,
         where="c",
         auto_batch=auto_batch,
     )
@@ -97,6 +106,14 @@ def test_global_batch_auto_goes_on_at_the_grown_batch_wherever_it_splits():
 
 def test_same_world_keeps_the_configured_split():
     assert split(state(), 2, BatchSplit(32, 1)) == BatchSplit(32, 1)
+
+
+def test_same_world_without_a_configured_split_keeps_the_checkpoints():
+    # trained 16 x 2 (--micro-batch 16); a plain --resume must not move to the default 32 x 1:
+    # twice the memory per forward, and another order of summation than the run it continues
+    assert split(state(), 2, BatchSplit(32, 1), split_given=False) == BatchSplit(16, 2)
+    # an older checkpoint without a split: the configuration's
+    assert split(state(micro_batch=None), 2, BatchSplit(32, 1), split_given=False) == BatchSplit(32, 1)
 
 
 def test_keep_global_batch_keeps_the_micro_batch_and_changes_accumulation():

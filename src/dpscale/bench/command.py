@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..flags import config_file_kwargs, dataclass_kwargs
+from ..paths import check_writable_dir
 from .report import ReportDir, require_plots
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class Bench:
 
     def __call__(self, args: argparse.Namespace) -> int:
         require_plots(self.name)
+        check_writable_dir("--report-dir", args.report_dir)  # before measuring, not after
         result = self.measure(self.config(args))
         print("\n".join(self.text(result)))
         warn(self.warnings(result))

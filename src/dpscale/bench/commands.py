@@ -20,6 +20,7 @@ from pathlib import Path
 from ..cores import usable_cores
 from ..errors import ConfigError
 from ..flags import add_dataclass_arguments, dataclass_kwargs, flag_name, flag_spec
+from ..paths import check_writable_dir
 from ..run.launch import check_script
 from . import (
     allreduce,
@@ -196,6 +197,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_engine(args: argparse.Namespace) -> int:
     require_plots("bench engine")
+    check_writable_dir("--report-dir", args.report_dir)
     config = engine.EngineBenchConfig(**config_kwargs(args, engine.EngineBenchConfig))
     results = []
     for m in config.models:
@@ -230,6 +232,7 @@ def study_config(args: argparse.Namespace) -> study.StudyConfig:
 def run_study(args: argparse.Namespace) -> int:
     require_plots("study")
     config = study_config(args)
+    check_writable_dir("--report-dir", config.report_dir)
     result = study.run(config)
     report = ReportDir.create(config.report_dir, "study")
     study.write_report(result, report)
@@ -257,6 +260,8 @@ def run_report(args: argparse.Namespace) -> int:
         require_plots("report")  # a comparison draws nothing
         print(f"re-rendered {rerender.rerender(config.dirs[0])}")
         return 0
+    if config.out is not None:
+        check_writable_dir("--out", config.out)  # before the table is printed, not after
     comparison = compare.compare(config.dirs)
     print(compare.format_comparison(comparison))
     path = compare.write_comparison(comparison, compare.output_dir(config.dirs[0], config.out))
@@ -292,6 +297,7 @@ def scale_config(args: argparse.Namespace) -> script_scaling.ScaleConfig:
 def run_scale(args: argparse.Namespace) -> int:
     require_plots("scale")
     config = scale_config(args)
+    check_writable_dir("--report-dir", args.report_dir)
     with tempfile.TemporaryDirectory(prefix="dpscale-scale-logs-") as logs:
         try:
             result = script_scaling.measure(config, Path(logs))

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..paths import check_writable_dir
 from .comparable import FIGURES, Figures, check_setups
 from .report import markdown_table, text_table
 from .sysinfo import describe_system
@@ -183,7 +184,10 @@ def _cell(column: str, value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.3f}" if "/" in column else f"{value:.4g}"  # ratios: fixed, to line up
+        if "/" in column:
+            return f"{value:.3f}"  # ratios: fixed, to line up
+        # 4 significant digits, but never 1.121e+04 beside 774.7: large values as whole numbers
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     return str(value)
 
 
@@ -226,9 +230,8 @@ class ReportConfig:
 
 def output_dir(first: str | Path, out: str | Path | None) -> Path:
     if out is not None:
+        check_writable_dir("--out", out)
         path = Path(out)
-        if path.exists() and not path.is_dir():
-            raise ConfigError(f"--out: {path} is a file; give a directory")
         path.mkdir(parents=True, exist_ok=True)
         return path
     base = Path(first).resolve().parent

@@ -142,7 +142,7 @@ def text_table(
         styled = sys.stdout.isatty() and importlib.util.find_spec("rich") is not None
     if styled:
         return _rich_table(head, body, numeric)
-    widths = [max(len(h), *(len(row[i]) for row in body)) for i, h in enumerate(head)]
+    widths = [max([len(h), *(len(row[i]) for row in body)]) for i, h in enumerate(head)]
 
     def line(texts: list[str]) -> str:
         cells = (t.rjust(w) if n else t.ljust(w) for t, w, n in zip(texts, widths, numeric, strict=True))

@@ -44,7 +44,17 @@ def rerender(directory: str | Path) -> Path:
             f"known: {', '.join(RENDERERS)}"
         )
     from_dict, write_report = RENDERERS[command]
-    result = from_dict(doc["results"])
+    try:
+        result = from_dict(doc["results"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        # a report.json edited by hand, or written by another version of dpscale
+        reason = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ConfigError(
+            f"{directory}: its report.json results are not a {command} result ({reason}); was it "
+            "edited, or written by another version of dpscale?"
+        ) from None
+    if not isinstance(doc.get("system"), dict):
+        raise ConfigError(f"{directory}: its report.json lacks the system it was measured on")
     # The original command line and system, not this process's: the report describes that run.
     argv = list(doc.get("argv") or [])
     if _OLD_PART_ARGUMENT in argv:

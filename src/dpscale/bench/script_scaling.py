@@ -104,7 +104,7 @@ class ScalePoint:
     step_ms: float  # median over the timed steps of the slowest rank's step
     step_ms_p90: float
     samples_per_step: float  # over all ranks
-    samples_per_s: float
+    samples_per_s: float  # median over the timed steps of the step's samples / its time
     efficiency: float | None  # samples/s at N over N x samples/s at 1 (same engine)
     exposed_comm_ms: float | None  # median over steps, rank 0
     step_ms_p10: float | None = None  # with a default: older reports' points lack it
@@ -190,7 +190,9 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         step_ms=statistics.median(step_ms),
         step_ms_p90=statistics.quantiles(step_ms, n=10)[-1] if len(step_ms) > 1 else step_ms[0],
         samples_per_step=statistics.mean(samples),
-        samples_per_s=sum(samples) / (sum(step_ms) / 1e3),
+        # the median step's rate, as the step time shown beside it (and bench scaling's): a mean
+        # lets one step held up by the host move the baseline, and with it every efficiency
+        samples_per_s=statistics.median(s / (t / 1e3) for s, t in zip(samples, step_ms, strict=True)),
         efficiency=None,
         exposed_comm_ms=statistics.median(exposed) if exposed else None,
         step_ms_p10=statistics.quantiles(step_ms, n=10)[0] if len(step_ms) > 1 else step_ms[0],

@@ -71,8 +71,10 @@ class Finalize:
         used = self._globally_used(unused) if allow_unused else {}
         self._used_since_sync = [False] * len(self.params)
         self._wait_all()
-        for i, fut in zip(self.sparse_indices, sparse_futures, strict=True):
-            result = fut.wait()
+        results = [fut.wait() for fut in sparse_futures]
+        # every reduction is over: what follows (gradients into .grad, norms) is not communication
+        t_done = time.perf_counter()
+        for i, result in zip(self.sparse_indices, results, strict=True):
             result = result[0] if isinstance(result, list) else result
             if self._ready[i] or had_grad[i] or used[i]:
                 self.params[i].grad = result
@@ -90,7 +92,7 @@ class Finalize:
         if not self.gradient_as_bucket_view:
             self._copy_out()
         grad_sq = self._grad_sq_norms()
-        self._record_stats(t_backward_end, grad_sq)
+        self._record_stats(t_backward_end, t_done, grad_sq)
 
     def _copy_out(self) -> None:
         """gradient_as_bucket_view=False: the reduced values into each .grad, a tensor apart
@@ -208,8 +210,9 @@ class Finalize:
             if fut is not None:
                 fut.wait()
 
-    def _record_stats(self, t_backward_end: float, grad_sq: tuple[float, float] | None = None) -> None:
-        t_done = time.perf_counter()
+    def _record_stats(
+        self, t_backward_end: float, t_done: float, grad_sq: tuple[float, float] | None = None
+    ) -> None:
         for t in self._timings:  # on CUDA the host sees completion only when waiting
             t.end_s = t.end_s or t_done
         self._step += 1

@@ -20,6 +20,7 @@ from ..bench.args import parse_int_list
 from ..bench.report import ReportDir, require_plots
 from ..errors import ConfigError
 from ..flags import add_dataclass_arguments, dataclass_kwargs
+from ..paths import check_writable_dir, check_writable_file
 from . import goodput, profiling, render
 from . import profile as profiles
 from .cluster import (
@@ -46,6 +47,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_profile_from_args(args: argparse.Namespace) -> int:
     config = profiles.ProfileConfig(**dataclass_kwargs(args, profiles.ProfileConfig))
+    # where the profile goes, before measuring it (the default file is in the current directory)
+    check_writable_file("--out", config.out) if config.out else check_writable_dir("--out", ".")
     prof = profiling.measure(
         config.model,
         config.per_worker_batch,
@@ -304,6 +307,7 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
     )
     for n in config.world_sizes:
         cluster.layout(n)  # bad world sizes fail before a profile is measured
+    check_writable_dir("--report-dir", args.report_dir)  # and where the report goes
     prof = _profile(opts)
     if warning := cpu_profile_on_gpus(prof, cluster):
         print(warning, file=sys.stderr)

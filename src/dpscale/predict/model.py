@@ -14,8 +14,9 @@ For N workers, from a one-worker profile and a cluster:
 
 `contention` is how much slower one worker computes when others share its node (memory bandwidth,
 cores, caches): --contention, else the profile's measurement for that many workers on a node
-(`dpscale profile --co-located K`), else 1. The engine overhead is the profile's measured
-cost of the engine at one worker (copying gradients into buckets), spent during backward.
+(`dpscale profile --co-located K`; not a CPU profile's on a GPU cluster), else 1. The engine
+overhead is the profile's measured cost of the engine at one worker (copying gradients into
+buckets), spent during backward.
 
 With a sync calibration (sync.py, `dpscale profile --co-located N`) for `sync_transport` at N, what
 a synchronized step costs beyond free-running compute and the tight loop (waiting for the slowest
@@ -235,6 +236,9 @@ def predict(
         interference = 0.0
     per_doubling = terms.congestion_per_doubling
     per_doubling = cluster.congestion_per_doubling if per_doubling is None else per_doubling
+    # CPU workers on one host share its cores and memory; a node's GPUs each compute on their own,
+    # so a CPU profile's contention says nothing about them (--contention still applies)
+    measured_contention = {} if prof.device == "cpu" and cluster.gpu else prof.contention
     for n in config.world_sizes:
         lay = cluster.layout(n)
         at_n = replace(
@@ -244,7 +248,7 @@ def predict(
         )
         factor = 1.0
         if lay.per_node > 1:
-            factor = config.contention or prof.contention.get(lay.per_node, 1.0)
+            factor = config.contention or measured_contention.get(lay.per_node, 1.0)
         if contention_by_world_size and n in contention_by_world_size:
             factor = contention_by_world_size[n]
         engine_ms, call_s, level = overhead_ms, 0.0, 1.0

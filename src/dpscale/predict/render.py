@@ -24,6 +24,13 @@ from .timeline import BucketSpan
 if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
     from matplotlib.figure import Figure
 
+
+def _rate(samples_per_s: object) -> str:
+    """Samples/s as a plain number: 2,421,000 beside 2,560 (".4g" wrote 2.421e+06 there)."""
+    v = float(samples_per_s)
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
 _COLUMNS = {  # key: (header, format)
     "world_size": ("N", "d"),
     "nodes": ("nodes", "d"),
@@ -31,7 +38,7 @@ _COLUMNS = {  # key: (header, format)
     "compute_ms": ("compute ms", ".2f"),
     "comm_ms": ("comm ms", ".2f"),
     "exposed_comm_ms": ("exposed ms", ".2f"),
-    "samples_per_s": ("samples/s", ".4g"),
+    "samples_per_s": ("samples/s", _rate),
     "efficiency": ("efficiency", ".1%"),
     "algorithms": ("algorithm", ""),
     "bottleneck": ("bottleneck", ""),

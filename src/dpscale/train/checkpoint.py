@@ -157,13 +157,18 @@ def _write(
 
 
 def load_latest(
-    root: str | os.PathLike[str], *, expected_stems: Collection[str] = ()
+    root: str | os.PathLike[str],
+    *,
+    expected_stems: Collection[str] = (),
+    only: Collection[str] | None = None,
 ) -> LoadedCheckpoint | None:
     """Load the newest checkpoint under `root` that verifies; None if there is none at all.
 
     Each rejected newer checkpoint is warned about (CheckpointWarning) and listed in `skipped`.
     Raises CheckpointError if checkpoints exist but none verifies. A checkpoint lacking any of
-    `expected_stems` (e.g. {"model", "optimizer"}) is rejected like a corrupt one.
+    `expected_stems` (e.g. {"model", "optimizer"}) is rejected like a corrupt one. With `only`,
+    every file is verified but only those stems are loaded (a look at the trainer's state
+    without reading the model into memory).
     """
     root = Path(root)
     if not root.is_dir():
@@ -176,7 +181,7 @@ def load_latest(
             manifest_step, stems = _verify(path, expected_stems)
             if manifest_step != step:
                 raise _Rejected(path / MANIFEST_NAME, f"manifest says step {manifest_step}, not {step}")
-            payload = _load(path, stems)
+            payload = _load(path, [s for s in stems if only is None or s in only])
         except _Rejected as e:
             skipped.append(str(e))
             warnings.warn(f"{e}; trying an older checkpoint", CheckpointWarning, stacklevel=2)
@@ -184,7 +189,8 @@ def load_latest(
         _remove_tmp_dirs_before(root, step)
         return LoadedCheckpoint(path=path, step=step, payload=payload, skipped=skipped)
     if skipped:
-        raise CheckpointError(f"no valid checkpoint under {root}:\n" + "\n".join(skipped))
+        # one line (the CLI shows a ConfigError's first line only), newest first
+        raise CheckpointError(f"no valid checkpoint under {root}: " + "; ".join(skipped))
     return None
 
 

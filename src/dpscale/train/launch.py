@@ -41,7 +41,7 @@ from . import dir_lock, rendezvous
 from .config import TrainConfig
 from .device import backend_for, resolve_device
 from .nodes import Nodes, parse_min_max
-from .preflight import check_before_start, resume_note
+from .preflight import check_before_start, check_resume_point, resume_note
 from .process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
 from .result import TrainResult
 from .trainer import Trainer
@@ -151,6 +151,7 @@ def launch(
     with dir_lock.hold(cfg.checkpoint_dir) if lock else contextlib.nullcontext():
         if note := resume_note(cfg):
             logger.info("%s", note)
+        check_resume_point(cfg)
         if nodes is not None:
             return _launch_nodes(cfg, nproc, max_restarts, threads or default_threads(nproc), nodes)
         return _launch_sizes(cfg, nproc, min_nproc, max_restarts, threads)

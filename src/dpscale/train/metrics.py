@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,18 +33,25 @@ class StepMetrics:
 class MetricsWriter:
     """`metrics.jsonl` in `directory` (line-buffered, so a killed run keeps what it logged)."""
 
-    def __init__(self, directory: str | None, resume: bool = False):
+    def __init__(self, directory: str | None, resumed_from: int | None = None):
+        """`resumed_from`: the step a resumed run continues from; the file keeps the lines up to it
+        and goes on after them (a fresh run, None, starts the file over)."""
         self._file: TextIO | None = None
         self._tb = None
         if directory is None:
             return
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self._file = open(path / "metrics.jsonl", "a" if resume else "w", buffering=1)  # noqa: SIM115
+        file = path / "metrics.jsonl"
+        if resumed_from is not None:
+            _keep_steps_up_to(file, resumed_from)
+        self._file = open(file, "a" if resumed_from is not None else "w", buffering=1)  # noqa: SIM115
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(path / "tensorboard"))
+            # the same for its events: those of the steps that run again are purged
+            purge = None if resumed_from is None else resumed_from + 1
+            self._tb = SummaryWriter(str(path / "tensorboard"), purge_step=purge)
         except ImportError:  # tensorboard is optional
             self._tb = None
 
@@ -71,6 +79,24 @@ class MetricsWriter:
             self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _keep_steps_up_to(path: Path, step: int) -> None:
+    """Drop the lines of steps after `step`: a run that resumes from an earlier checkpoint (after
+    a kill, a restart, a damaged newest checkpoint) logs those steps again, and one line per step
+    is what a plot of the file needs. A line a kill cut short goes too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
 
 
 class Progress:

@@ -4,26 +4,36 @@ and exit code 2 instead of a traceback from every worker, or a failure after tra
 `preflight` (the CLI's): the task is loaded and probed (its model built, a couple of items of each
 dataset run through the model, loss and metrics), its training set compared with the global batch,
 and the device checked for the largest world size the run may use. `check_before_start` (the
-launcher's, for API callers too): the file system and the transport. Both look, never create: a
-run refused here has written nothing.
+launcher's, for API callers too): the file system and the transport; `check_resume_point` (the
+launcher's, under the directory's lock): the checkpoint a `--resume` would continue. They look,
+never create: a run refused here has written nothing.
 """
 
 from __future__ import annotations
 
-import os
+import warnings
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
+from ..paths import check_writable_dir
 from ..workloads.task import probe
+from .checkpoint import CheckpointWarning, load_latest
 from .config import TrainConfig
 from .device import resolve_device
+from .resume import check_resumable
+from .state import TrainState
 from .trainer import resolve_task
 
+# the config's optimizer, which a task's own (Task.optimizer) replaces
+OPTIMIZER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 
-def preflight(cfg: TrainConfig, world_sizes: list[int]) -> None:
-    """ValueError (one line, naming what to change) for anything that would fail in the workers."""
+
+def preflight(cfg: TrainConfig, world_sizes: list[int], given: Collection[str] = ()) -> None:
+    """ValueError (one line, naming what to change) for anything that would fail in the workers,
+    or be ignored: `given` names the fields the user set (flags, --config), not the defaults."""
     for n in sorted(set(world_sizes), reverse=True):
         cfg.resolve_batch(n)
         if cfg.device != "cpu":
@@ -31,6 +41,14 @@ def preflight(cfg: TrainConfig, world_sizes: list[int]) -> None:
     check_before_start(cfg)
     task = resolve_task(cfg)
     probe(task)
+    ignored = [f"--{name.replace('_', '-')}" for name in OPTIMIZER_FIELDS if name in given]
+    if task.optimizer is not None and ignored:
+        raise ConfigError(
+            f"{', '.join(ignored)}: the task builds its own optimizer (Task.optimizer), which "
+            f"{'this flag does' if len(ignored) == 1 else 'these flags do'} not change; drop "
+            f"{'it' if len(ignored) == 1 else 'them'}, or drop Task.optimizer so that the flags "
+            "choose the optimizer"
+        )
     # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
     if cfg.tail in ("drop", "pad") and len(task.train_data) < cfg.global_batch:
         raise ConfigError(
@@ -53,22 +71,25 @@ def check_before_start(cfg: TrainConfig) -> None:
         raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
 
 
-def check_writable_dir(flag: str, path: str) -> None:
-    """`path` is a directory this user can write, or can be created as one (nothing is created)."""
-    p = Path(path).absolute()
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"{flag} {path} is a file, not a directory; name a directory")
-    existing = p
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{flag} {path} cannot be created: {existing} is a file; name another directory")
-    # access() also says no for a read-only mount (EROFS), which a permission check alone would not
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "is" if existing == p else f"would be created in {existing}, which is"
-        raise ConfigError(
-            f"{flag} {path} {what} not writable (read-only mount or permissions); name a writable directory"
-        )
+def check_resume_point(cfg: TrainConfig) -> None:
+    """With --resume: the newest checkpoint that verifies can continue this run (same global batch),
+    or there is none yet. Otherwise every worker would fail on it with a traceback (and be
+    restarted to fail again). Every file is verified; only the trainer's state is loaded."""
+    if not cfg.resume or not cfg.checkpoint_dir:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)  # rank 0 names each rejected one again
+        loaded = load_latest(cfg.checkpoint_dir, expected_stems=("trainer",), only=("trainer",))
+    if loaded is None:
+        return
+    saved = TrainState.from_state_dict(loaded.payload["trainer"], loaded.path / "trainer.pt")
+    check_resumable(
+        saved,
+        global_batch=cfg.global_batch,
+        world_change=cfg.world_change,
+        where=loaded.path,
+        auto_batch=cfg.auto_batch,
+    )
 
 
 def resume_note(cfg: TrainConfig) -> str | None:

@@ -5,7 +5,8 @@ the bytes (checkpointer.py), and these rules are tested on their own (tests/trai
 
 The sampler position is counted in global batches, so a checkpoint resumes at any world size. By
 default (world_change=keep-global-batch) the global batch is kept (the optimization is the same)
-and so is the saved micro-batch (what fits a worker's memory); the accumulation steps change. With
+and so is the saved micro-batch (what fits a worker's memory); the accumulation steps change. At
+the same world size the saved split is kept too, unless the configuration names one. With
 world_change=scale-lr each worker's batch is kept instead: the global batch follows the world size,
 the sampler goes on from the next unused sample, the LR moves by the linear rule over a ramp, and
 the sample budget (epochs, or max_steps x the configured batch) is kept. A run whose batch grew
@@ -81,17 +82,23 @@ def plan_split(
     global_batch: int,
     configured_global_batch: int,
     world_change: str,
+    split_given: bool,
     where: Path | str,
     auto_batch: bool = False,
 ) -> BatchSplit:
     """The batch split for `world_size` when resuming `saved`; `current` is the one made from the
-    configuration (over `global_batch` samples) for this world size. With `auto_batch` the run goes
-    on at the batch it had grown to, split as keep-global-batch splits it; where that batch does
-    not split over this world size, at `current` (the start batch)."""
-    if saved.world_size == world_size and saved.global_batch == global_batch:
-        return current
+    configuration (over `global_batch` samples) for this world size, `split_given` whether the
+    configuration named it (micro_batch or accumulation_steps) rather than took the default. With
+    `auto_batch` the run goes on at the batch it had grown to, split as keep-global-batch splits it;
+    where that batch does not split over this world size, at `current` (the start batch)."""
     old_micro, old_k = saved.micro_batch, saved.accumulation_steps
     saved_split = all(isinstance(v, int) and v > 0 for v in (old_micro, old_k))
+    if saved.world_size == world_size and saved.global_batch == global_batch:
+        # the run goes on as it was unless told otherwise: the default split (one micro-batch of
+        # G/W) would change the memory a worker needs and the order the gradients are summed in
+        if split_given or not saved_split or old_micro * old_k * world_size != global_batch:
+            return current
+        return BatchSplit(old_micro, old_k)
     if auto_batch:
         global_batch = saved.global_batch
     if world_change == "scale-lr":

@@ -115,6 +115,7 @@ class SaveRestore:
             global_batch=state.global_batch,
             configured_global_batch=cfg.global_batch,
             world_change=cfg.world_change,
+            split_given=cfg.micro_batch is not None or cfg.accumulation_steps is not None,
             where=where / "trainer.pt",
             auto_batch=auto,
         )

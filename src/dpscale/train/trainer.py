@@ -242,7 +242,7 @@ class Trainer(TrainStep, SaveRestore):
         if self._split_error is not None and self.resumed_from is None:
             raise self._split_error  # nothing to resume from: the configured batch must split
         lead = self.rank == 0
-        metrics = MetricsWriter(cfg.metrics_dir if lead else None, resume=self.resumed_from is not None)
+        metrics = MetricsWriter(cfg.metrics_dir if lead else None, resumed_from=self.resumed_from)
         progress = Progress(self.total_steps, cfg.progress if lead else "none", cfg.log_every)
         if lead and self.resumed_from is not None:
             progress.note(f"resumed from {self.last_checkpoint} at step {self.step}")

@@ -2,8 +2,9 @@
 
 Specs are strings so they travel to spawned workers, where each resolves its own copy. The
 current directory goes on `sys.path` first, as for `python -m`, so `mytask:make` finds the
-user's mytask.py. Torch's RNG is seeded before the user's callable runs, so data it generates
-with torch's random functions is the same on every rank.
+user's mytask.py. Torch's RNG is seeded before the user's module is imported and again before
+its callable runs, so data either generates with torch's random functions is the same on every
+rank (the caller's RNG state is left as it was).
 """
 
 from __future__ import annotations
@@ -40,15 +41,19 @@ def load_task(spec: str, *, seed: int = 0, flag: str = "--task") -> Task:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(
-            f"{flag}: cannot load {spec!r} ({_first_line(e)}); expected {TASK_CONVENTION}"
-        ) from None
-    if not callable(factory):
-        raise ConfigError(f"{flag}: {spec} is not callable; expected {TASK_CONVENTION}")
+    # seeded for the import too: a module that draws its data at import (as scripts do) runs
+    # afresh in every process (each rank, the parent of `check equivalence`), and what ran there
+    # before may have drawn from torch's RNG
     with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            factory = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(
+                f"{flag}: cannot load {spec!r} ({_first_line(e)}); expected {TASK_CONVENTION}"
+            ) from None
+        if not callable(factory):
+            raise ConfigError(f"{flag}: {spec} is not callable; expected {TASK_CONVENTION}")
         torch.manual_seed(seed)
         try:
             task = factory()

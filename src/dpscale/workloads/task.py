@@ -33,7 +33,8 @@ class Task:
     - `loss(output, target)`: per-sample losses, shape [batch].
     - `metrics`: name -> `fn(output, target)` giving per-sample values; evaluation reports their
       mean over `eval_data` (with the loss's, as "loss").
-    - `optimizer`: optional `params -> torch.optim.Optimizer`; otherwise the config's optimizer.
+    - `optimizer`: optional `params -> torch.optim.Optimizer`; otherwise the config's optimizer
+      (`dpscale train` refuses the config's optimizer flags beside it: they would not apply).
     """
 
     model: Callable[[], nn.Module]
