@@ -100,6 +100,14 @@ def test_cpu_module_with_device_ids_is_refused_like_torch():
         ddp(output_device=0)
 
 
+def test_sync_batch_norm_on_a_cpu_module_is_refused_at_construction_like_torch():
+    # torch refuses it in its constructor; dpscale failed only at the first forward, inside torch's
+    # SyncBatchNorm ("expected input tensor to be on GPU or XPU or privateuseone")
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+    with pytest.raises(ValueError, match="^SyncBatchNorm layers only work with GPU modules$"):
+        ddp(model)
+
+
 def test_torch_arguments_are_honoured():
     model = ddp(bucket_cap_mb=None, check_reduction=False, dim=0, broadcast_buffers=False)
     assert model.bucket_bytes_cap == 25 * 1024 * 1024

@@ -162,3 +162,15 @@ def test_scale_refuses_more_steps_than_the_script_runs(tmp_path):
     (line,) = p.stderr.strip().splitlines()[-1:]
     assert "ran 5 synchronized steps with 1 workers, fewer than --warmup 3 + --steps 50" in line
     assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.slow
+def test_the_scripts_arguments_reach_it_even_where_torchrun_would_take_them_for_its_own(tmp_path):
+    # torchrun's parser read `--nproc` and `--log` after the script as abbreviations of its own
+    # --nproc-per-node and --log-dir ("ambiguous option"); the script never started
+    script = tmp_path / "echo_args.py"
+    script.write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    args = ["--nproc", "5", "--log", "x", "--", "y"]
+    p = run(["run", "--nproc", "1", str(script), *args], cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == args

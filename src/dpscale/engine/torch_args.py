@@ -129,6 +129,8 @@ def check_torch_args(
             f"{device_ids}, output_device {output_device}, and module parameters "
             f"{ {p.device for p in params} }."
         )
+    if next(iter(device_types)) == "cpu" and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules()):
+        raise ValueError("SyncBatchNorm layers only work with GPU modules")  # torch's check and words
     if device_ids and output_device is not None and _index(output_device) != _index(device_ids[0]):
         _refuse("output_device", "outputs stay on the module's device; pass output_device=device_ids[0]")
     if bucket_cap_mb is None:

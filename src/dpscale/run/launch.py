@@ -83,6 +83,9 @@ def run_script(
         *(["--standalone"] if nodes is None else torchrun_node_args(nodes)),
         f"--nproc-per-node={nproc}",
         "-m",
+        # torchrun's own flags end here: without "--" its parser takes the script's `--nproc` or
+        # `--log` for abbreviations of --nproc-per-node or --log-dir, and refuses them as ambiguous
+        "--",
         "dpscale.run.child",
         script,
         *args,
