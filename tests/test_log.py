@@ -80,3 +80,9 @@ def test_an_application_can_take_the_messages_into_its_own_logging(dpscale_logge
     finally:
         logger.handlers[:] = handlers
         logger.propagate = False
+
+
+def test_a_count_of_workers_reads_as_english():
+    from dpscale.log import workers
+
+    assert (workers(1), workers(2), workers(0)) == ("1 worker", "2 workers", "0 workers")

@@ -23,6 +23,11 @@ import sys
 NAME = "dpscale"
 
 
+def workers(n: int) -> str:
+    """ "1 worker", "2 workers": the count in a message."""
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
 def _rank() -> int:
     try:
         return int(os.environ.get("RANK", "0"))

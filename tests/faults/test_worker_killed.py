@@ -56,7 +56,7 @@ def test_world_size_range_goes_on_with_fewer_workers(tmp_path, reference):
     p = run_cli(args, faults="kill@step=15,rank=1,world=2")
     assert p.returncode == 0, p.stderr
     out = last_json(p.stdout)
-    assert "launching again with 1 workers" in p.stderr
+    assert "launching again with 1 worker" in p.stderr
     assert "checkpoint written by 2 workers, resuming with 1" in p.stderr
     assert (out["world_size"], out["micro_batch"], out["accumulation_steps"]) == (1, 64, 2)
     assert out["resumed_from_step"] == 10 and out["steps"] == 30

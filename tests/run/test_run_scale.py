@@ -160,7 +160,7 @@ def test_scale_refuses_more_steps_than_the_script_runs(tmp_path):
     p = run(["scale", "--nproc", "1", "--steps", "50", "--", NANOGPT, "--max_iters=5"], cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     (line,) = p.stderr.strip().splitlines()[-1:]
-    assert "ran 5 synchronized steps with 1 workers, fewer than --warmup 3 + --steps 50" in line
+    assert "ran 5 synchronized steps with 1 worker, fewer than --warmup 3 + --steps 50" in line
     assert not (tmp_path / "reports").exists()
 
 

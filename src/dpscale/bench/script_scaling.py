@@ -38,6 +38,7 @@ from pathlib import Path
 from ..engine.registry import RUN_ENGINES
 from ..errors import ConfigError
 from ..flags import flag_spec
+from ..log import workers
 from ..run.launch import run_script
 from ..train.nodes import Nodes
 from .args import parse_int_list, parse_name_list
@@ -170,7 +171,7 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
     done = min(len(r["records"]) for r in ranks)
     if done < limit:
         raise ConfigError(
-            f"{config.script} ran {done} synchronized steps with {n} workers, fewer than --warmup "
+            f"{config.script} ran {done} synchronized steps with {workers(n)}, fewer than --warmup "
             f"{config.warmup} + --steps {config.steps}; lower them or let the script run longer"
         )
     return ranks

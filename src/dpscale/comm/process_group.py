@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..log import workers
 from .base import chunk_bounds, global_rank, group_rank, group_size, is_registered, wait_work
 
 
@@ -58,7 +59,7 @@ class ProcessGroupTransport:
         pass
 
     def describe(self) -> str:
-        return f"{self.name} ({self.world_size} workers, torch.distributed)"
+        return f"{self.name} ({workers(self.world_size)}, torch.distributed)"
 
     def _global(self, rank: int) -> int:
         return global_rank(self.group, rank)

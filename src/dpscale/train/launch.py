@@ -36,7 +36,7 @@ import torch.distributed as dist
 from ..cores import usable_cores
 from ..engine.collective_log import silent_ranks
 from ..errors import ConfigError
-from ..log import get_logger
+from ..log import get_logger, workers
 from . import dir_lock, rendezvous
 from .config import TrainConfig
 from .device import backend_for, resolve_device
@@ -195,7 +195,7 @@ def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: in
             n = next(smaller, None)
             if n is None:
                 raise LaunchError(failure) from None
-            logger.warning("%s; launching again with %d workers", failure.splitlines()[0], n)
+            logger.warning("%s; launching again with %s", failure.splitlines()[0], workers(n))
 
 
 def _splits(cfg: TrainConfig, n: int) -> bool:
