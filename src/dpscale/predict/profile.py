@@ -232,9 +232,10 @@ def explicit(
     step_compute_ms: float,
     backward_fraction: float,
     per_worker_batch: int,
-    model: str = "explicit",
+    model: str | None = None,
 ) -> ModelProfile:
-    """A profile from numbers: `step_compute_ms` split into backward (`backward_fraction`) and forward."""
+    """A profile from numbers: `step_compute_ms` split into backward (`backward_fraction`) and forward;
+    named by its size unless `model` is given (reports' titles and headers show the name)."""
     if params < 1:
         raise ConfigError(f"--params: must be >= 1, got {params}")
     if not bytes_per_param > 0:
@@ -244,7 +245,7 @@ def explicit(
     if not 0 < backward_fraction <= 1:
         raise ConfigError(f"--backward-fraction: must be in (0, 1], got {backward_fraction}")
     return ModelProfile(
-        model=model,
+        model=model or f"{params / 1e6:.4g} M parameters",
         source="explicit",
         per_worker_batch=per_worker_batch,
         forward_ms=step_compute_ms * (1 - backward_fraction),

@@ -9,6 +9,7 @@ reports/<UTC>-predict/
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -100,13 +101,16 @@ def plot(predictions: Sequence[Prediction], title: str) -> Figure:
     for ax, where in ((eff_ax, "lower left"), (thr_ax, "upper left")):
         _workers_axis(ax, ns)
         ax.legend(loc=where, fontsize="small")
-    # where the bottleneck changes, say so on the efficiency curve
+    # where the bottleneck changes, say so below the efficiency curve (above it lie the 100% line
+    # and the title), wrapped, and leaning away from the nearer edge of the plot
     last = None
-    for p in predictions:
+    for i, p in enumerate(predictions):
         if p.bottleneck != last:
             eff_ax.annotate(
-                p.bottleneck, (p.world_size, 100 * p.efficiency), textcoords="offset points",
-                xytext=(4, 8), fontsize="x-small", rotation=20,
+                textwrap.fill(p.bottleneck, 24), (p.world_size, 100 * p.efficiency),
+                textcoords="offset points", xytext=(6, -26), va="top", fontsize="x-small",
+                ha="left" if i < len(predictions) / 2 else "right",
+                arrowprops=dict(arrowstyle="-", color="gray", lw=0.5),
             )  # fmt: skip
             last = p.bottleneck
     fig.suptitle(title)
