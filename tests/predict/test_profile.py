@@ -95,8 +95,6 @@ def test_measure_a_small_workload(monkeypatch):
 
 
 def test_a_profile_from_numbers_is_named_by_its_size():
-    from dpscale.predict.profile import explicit
-
     numbers = dict(params=138_400_000, bytes_per_param=4, step_compute_ms=416, backward_fraction=0.67)
     assert explicit(**numbers, per_worker_batch=64).model == "138.4 M parameters"  # titles, headers
     assert explicit(**numbers, per_worker_batch=64, model="VGG-16").model == "VGG-16"
