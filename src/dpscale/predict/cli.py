@@ -48,7 +48,10 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
 def run_profile_from_args(args: argparse.Namespace) -> int:
     config = profiles.ProfileConfig(**dataclass_kwargs(args, profiles.ProfileConfig))
     # where the profile goes, before measuring it (the default file is in the current directory)
-    check_writable_file("--out", config.out) if config.out else check_writable_dir("--out", ".")
+    if config.out:
+        check_writable_file("--out", config.out)
+    else:
+        check_writable_dir("--out", ".")
     prof = profiling.measure(
         config.model,
         config.per_worker_batch,
