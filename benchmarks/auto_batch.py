@@ -29,12 +29,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from dpscale.lab.bench.rounds import quantile
+from dpscale.lab.bench.weak import TargetWatch
+
 from dpscale import Task
-from dpscale.bench.rounds import quantile
-from dpscale.bench.weak import TargetWatch
-from dpscale.multirank import run_ranks
-from dpscale.train.adascale import AdaScaleGain
-from dpscale.train.auto_batch import GrowBatch
+from dpscale.lab.multirank import run_ranks
+from dpscale.train.adaptive.adascale import AdaScaleGain
+from dpscale.train.adaptive.auto_batch import GrowBatch
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 from dpscale.workloads import WORKLOADS, datasets, models

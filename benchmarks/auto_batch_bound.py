@@ -42,11 +42,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from auto_batch import TASKS, build_trainer, oracle_times
+from dpscale.lab.bench.weak import TargetWatch
 from predict_lab.netns import EmulatedHosts, remove_stale, unavailable
 
-from dpscale.bench.weak import TargetWatch
-from dpscale.multirank import run_ranks
-from dpscale.train.adascale import AdaScaleGain
+from dpscale.lab.multirank import run_ranks
+from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.config import TrainConfig
 
 FIXED_COSTS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256)  # c in micro-batch computes

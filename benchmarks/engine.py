@@ -3,7 +3,7 @@
 See dpscale/bench/engine.py for the protocol; figures are recorded in BENCHMARKS.md.
 """
 
-from dpscale.bench.commands import main
+from dpscale.lab.bench.commands import main
 
 if __name__ == "__main__":
     raise SystemExit(main(name="engine"))

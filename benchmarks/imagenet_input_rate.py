@@ -42,8 +42,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-
-from dpscale.bench.rounds import quantile
+from dpscale.lab.bench.rounds import quantile
 
 CROP = 224
 MEAN = (0.485, 0.456, 0.406)  # torchvision's ImageNet normalisation

@@ -34,7 +34,7 @@ import torch
 
 from dpscale import DistributedDataParallel
 from dpscale.engine import finalize, readiness
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
 # name: (measure, every, engine takes the reduced norm too)

@@ -12,7 +12,7 @@ import math
 import random
 import statistics
 
-from dpscale.predict import goodput
+from dpscale.lab.predict import goodput
 
 TOLERANCE = 0.25  # |predicted / measured - 1| within this: the model holds at that batch
 

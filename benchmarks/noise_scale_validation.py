@@ -68,8 +68,8 @@ from noise_scale_hessian import HessianNoise
 from noise_scale_report import drop_split, drop_table, report, table
 
 from dpscale import Task
-from dpscale.multirank import run_ranks
-from dpscale.train.adascale import AdaScaleGain
+from dpscale.lab.multirank import run_ranks
+from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.callbacks import TrainerCallback
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer

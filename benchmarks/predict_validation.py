@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_lab, beside this script
 
+from dpscale.lab.bench.report import ReportDir, Section, Table  # noqa: E402
 from predict_lab import (  # noqa: E402
     emulate,
     emulate_validate,
@@ -36,10 +37,9 @@ from predict_lab import (  # noqa: E402
     validate,
 )
 
-from dpscale.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
-from dpscale.bench.report import ReportDir, Section, Table  # noqa: E402
-from dpscale.predict import profile, profiling, render  # noqa: E402
-from dpscale.predict.cluster import load_allreduce_report  # noqa: E402
+from dpscale.lab.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
+from dpscale.lab.predict import profile, profiling, render  # noqa: E402
+from dpscale.lab.predict.cluster import load_allreduce_report  # noqa: E402
 
 MIN_BENCH_S = 2.0
 

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 
-from dpscale.bench.rounds import quantile
+from dpscale.lab.bench.rounds import quantile
 
 VARIANTS = {
     "before": ("torch", "torch.distributed", "dpscale"),
@@ -52,7 +52,7 @@ def step(rank: int, world: int) -> float:
 
 def one_round(variant: str, calls: int) -> dict:
     """In a fresh process: `calls` run_ranks calls under the variant's preload list."""
-    from dpscale import multirank
+    from dpscale.lab import multirank
 
     multirank.PRELOAD = VARIANTS[variant]
     walls, cpus = [], []

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.optim import ShardedOptimizer, state_bytes
 from dpscale.workloads import get_workload
 from dpscale.workloads.models import TinyDecoder

@@ -18,7 +18,7 @@ import argparse
 import os
 import statistics
 
-from dpscale.bench import rounds, scaling
+from dpscale.lab.bench import rounds, scaling
 
 VARIANTS = {
     "alone": ["dpscale"],

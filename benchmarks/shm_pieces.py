@@ -23,7 +23,7 @@ import torch
 
 from dpscale.comm import SharedMemoryTransport
 from dpscale.comm.base import completed
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 CALLS = 2000
 

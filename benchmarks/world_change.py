@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 

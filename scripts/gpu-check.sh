@@ -20,7 +20,7 @@ timeout 180 python3 -m pytest -q -p no:cacheprovider -m cuda tests 2>&1 | tee "$
 timeout 120 python3 scripts/gpu_engine_bench.py --out "$out" 2>&1 | tee "$out/engine-bench.txt" || status=1
 # a user task (examples/own_task.py) trained on the GPU(s): NCCL, bf16 autocast, the JSON summary
 ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
-(cd examples && timeout 120 python3 -m dpscale.cli train --task own_task:make --device cuda --precision bf16 \
+(cd examples && timeout 120 python3 -m dpscale.cli.main train --task own_task:make --device cuda --precision bf16 \
     --nproc "$(( ngpu > 1 ? 2 : 1 ))" --epochs 2 --progress none --json) 2>&1 | tee "$out/train-task.txt" || status=1
 echo "gpu-check: $([ $status = 0 ] && echo ok || echo FAILED); outputs in $out"
 exit $status

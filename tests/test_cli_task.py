@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 TASKS = Path(__file__).resolve().parent / "train"  # user_tasks.py lives there
-DPSCALE = [sys.executable, "-m", "dpscale.cli"]
+DPSCALE = [sys.executable, "-m", "dpscale.cli.main"]
 
 
 def run(args, cwd=TASKS, timeout=300):
@@ -114,7 +114,7 @@ def test_the_worker_takes_a_task_under_plain_torchrun():
         torchrun
         + [
             "-m",
-            "dpscale.train.worker",
+            "dpscale.launch.worker",
             "--task",
             "user_tasks:tensor_task",
             "--global-batch",

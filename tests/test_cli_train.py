@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 ROOT = Path(__file__).resolve().parents[1]
-DPSCALE = [sys.executable, "-m", "dpscale.cli"]
+DPSCALE = [sys.executable, "-m", "dpscale.cli.main"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
 
@@ -88,7 +88,7 @@ def test_worker_module_runs_under_plain_torchrun():
             "--nproc-per-node",
             "2",
             "-m",
-            "dpscale.train.worker",
+            "dpscale.launch.worker",
             "--workload",
             "digits",
             "--max-steps",

@@ -7,12 +7,12 @@ import dataclasses
 
 import pytest
 
-from dpscale.cli import build_parser, main
+from dpscale.cli.main import build_parser, main
 from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
-from dpscale.predict.profile import ProfileConfig
-from dpscale.predict.profiling import measure
-from dpscale.run.launch import RunConfig, run_script
+from dpscale.lab.predict.profile import ProfileConfig
+from dpscale.lab.predict.profiling import measure
+from dpscale.launch.run import RunConfig, run_script
 
 # Flags that say how to show a result, not what to run: no config field behind them; and
 # --config FILE.toml, which sets the config's own fields from a file (flags.config_file_kwargs).
@@ -30,7 +30,7 @@ def _hand_written(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def test_every_flag_is_generated_from_a_config_field():
-    from dpscale.train import worker
+    from dpscale.launch import worker
 
     found: dict[str, set[str]] = {}
     walks = [_hand_written(build_parser()), _hand_written(worker.build_parser(), ("train.worker",))]
@@ -51,7 +51,7 @@ def test_a_hand_written_flag_is_found():
 
 
 def test_a_choice_field_is_checked_by_argparse_and_by_its_config(capsys):
-    from dpscale.bench.commands import ConvergenceMode
+    from dpscale.lab.bench.commands import ConvergenceMode
 
     with pytest.raises(SystemExit) as e:
         main(["bench", "convergence", "--mode", "strong"])
@@ -115,7 +115,7 @@ def test_profile_needs_a_model(capsys):
 
 
 def test_train_launcher_flags_build_launch_options():
-    from dpscale.train.launch_options import LaunchOptions
+    from dpscale.launch.options import LaunchOptions
 
     args = build_parser().parse_args(
         ["train", "--nproc", "1:2", "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--rdzv-id", "j"]
@@ -155,7 +155,7 @@ def test_a_field_with_a_group_is_listed_under_it():
 
 
 def test_predict_keeps_its_flags_and_defaults():
-    from dpscale.predict.options import PredictOptions
+    from dpscale.lab.predict.options import PredictOptions
 
     parser = build_parser()
     args = parser.parse_args(["predict", "--params", "1e6", "--step-compute-ms", "5", "--no-congestion"])
@@ -188,12 +188,14 @@ def test_train_config_file_reads_through_the_one_toml_reader(tmp_path, capsys):
 
 
 def test_the_torchrun_worker_refuses_bad_threads_in_one_line(capsys):
-    from dpscale.train import worker
+    from dpscale.launch import worker
 
     with pytest.raises(SystemExit) as e:
         worker.main(["--threads", "0"])  # refused before the process group or any worker starts
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err == "python -m dpscale.train.worker: error: --threads must be >= 1, got 0"
+    assert (
+        e.value.code == 2 and err == "python -m dpscale.launch.worker: error: --threads must be >= 1, got 0"
+    )
     assert worker.WorkerOptions().threads == 1
 
 

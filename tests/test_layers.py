@@ -17,14 +17,14 @@ PACKAGE = SRC / "dpscale"
 # bottom up; a module may import its own layer and those below. The key is the first name under
 # dpscale/ (a sub-package or a top-level module); "dpscale" is the package's own __init__.
 LAYERS: list[set[str]] = [
-    {"version", "cores", "errors", "flags", "multirank", "log", "paths"},  # base: no dpscale imports at all
+    {"version", "cores", "errors", "flags", "log", "paths"},  # base: no dpscale imports at all
     {"comm"},
     {"engine"},
     {"optim", "data", "workloads"},
-    # run: a user's torchrun script with dpscale's engine standing in; integrations: the engine
-    # under Lightning and Accelerate (nothing of dpscale imports either)
-    {"train", "run", "integrations"},
-    {"bench", "predict", "check", "testing"},  # the lab; testing: fault injection through callbacks
+    # integrations: the engine under Lightning and Accelerate (nothing of dpscale imports it)
+    {"train", "integrations"},
+    {"launch"},  # everything that starts processes: train's workers, a user's torchrun script, hosts
+    {"lab", "testing"},  # bench, predict, check; testing: fault injection through callbacks
     {"cli", "dpscale"},
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -152,23 +152,44 @@ def test_the_cycle_finder_finds_cycles(graph, expected):
 
 def test_the_import_reader_sees_imports_inside_functions(tmp_path):
     modules = _modules()
-    path = PACKAGE / "train" / "worker.py"
-    assert "dpscale.train.launch" in _imports("dpscale.train.worker", path, modules)
+    path = PACKAGE / "launch" / "worker.py"
+    assert "dpscale.launch.launcher" in _imports("dpscale.launch.worker", path, modules)
     lazy = tmp_path / "lazy.py"
     lazy.write_text("def f():\n    from ..cli import main\n")
-    assert _imports("dpscale.train.lazy", lazy, modules) == {"dpscale.cli"}
+    assert _imports("dpscale.train.lazy", lazy, modules) == {"dpscale.cli.main"}
 
 
-# STYLE.md: one concept per file, 150-400 lines. Over the limit, split by concept (docs/architecture.md
-# says where things go), not by line count.
-MAX_LINES = 400
-
-
-def test_no_module_is_over_the_line_limit():
-    long = {
-        name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+def _importers_of(layer: str) -> dict[str, set[str]]:
+    return {
+        name: {d for d in deps if _layer_key(d) == layer}
+        for name, deps in _graph().items()
+        if _layer_key(name) != layer and any(_layer_key(d) == layer for d in deps)
     }
-    assert not long, f"over {MAX_LINES} lines, split by concept (STYLE.md): {long}"
+
+
+def test_only_the_cli_imports_the_lab():
+    # the engine and the Trainer install and run without the lab's packages (matplotlib, sklearn, rich)
+    outside = {n: d for n, d in _importers_of("lab").items() if _layer_key(n) != "cli"}
+    assert not outside, f"only cli/ may import the lab: {outside}"
+
+
+def test_train_never_imports_launch():
+    # the launcher starts workers that run the Trainer; the Trainer knows nothing of how it was started
+    upward = {n: d for n, d in _importers_of("launch").items() if _layer_key(n) == "train"}
+    assert not upward, f"train/ imports launch/: {upward}"
+
+
+def _package_graph() -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        packages.setdefault(_layer_key(name), set()).update(_layer_key(d) for d in deps)
+    return {k: v - {k} for k, v in packages.items()}
+
+
+def test_no_cycles_between_packages():
+    # "dpscale" (the package's own __init__) re-exports the public API and is imported by nothing
+    graph = {k: v - {"dpscale"} for k, v in _package_graph().items()}
+    assert not _cycles(graph), f"package-level import cycles: {_cycles(graph)}"
 
 
 def test_the_architecture_page_names_every_engine_and_comm_module():

@@ -12,14 +12,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dpscale"
 # What a command shows as its result (tables, JSON lines, the report's path) is printed by the CLI
 # layer; the training progress and the worker's result line are output the user asked for.
 PRINTS_ALLOWED = {
-    "cli.py",
-    "bench/command.py",
-    "bench/commands.py",
-    "predict/cli.py",
-    "check/equivalence.py",
-    "check/unused.py",
+    "cli/main.py",
+    "cli/predict.py",
+    "lab/bench/command.py",
+    "lab/bench/commands.py",
+    "lab/check/equivalence.py",
+    "lab/check/unused.py",
     "train/metrics.py",
-    "train/worker.py",
+    "launch/worker.py",
 }
 
 
@@ -41,7 +41,7 @@ def dpscale_logger(monkeypatch):
     level, disabled = logger.level, logger.disabled
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("DPSCALE_LOG_ALL_RANKS", raising=False)
-    yield log.get_logger("dpscale.bench.example")
+    yield log.get_logger("dpscale.lab.bench.example")
     logger.setLevel(level)
     logger.disabled = disabled
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from dpscale.bench import report, sysinfo
 from dpscale.errors import import_extra
+from dpscale.lab.bench import report, sysinfo
 from dpscale.workloads import datasets
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def test_without_the_lab_extra_the_cli_starts_and_lab_commands_refuse_before_mea
     script = (
         "import sys\n"
         "sys.modules.update(matplotlib=None, sklearn=None, rich=None)\n"  # as if not installed
-        "from dpscale.cli import main\n"
+        "from dpscale.cli.main import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
     for argv in (

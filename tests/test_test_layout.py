@@ -1,4 +1,4 @@
-"""Any combination of test directories collects: `pytest tests/faults tests/predict` as well as `pytest`.
+"""Any combination of test directories collects: `pytest tests/faults tests/lab/predict` as well as `pytest`.
 
 The test directories are not packages, so pytest imports each test module and conftest under its
 bare file name. Two traps follow, and a full run does not show either one, because it loads each

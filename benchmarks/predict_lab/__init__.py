@@ -1,4 +1,4 @@
-"""Checks of `dpscale predict` against measurement (benchmarks/predict_validation.py, tests/predict).
+"""Checks of `dpscale predict` against measurement (benchmarks/predict_validation.py, tests/lab/predict).
 
 Not part of the installed package (nothing at run time needs it):
 
@@ -9,5 +9,5 @@ Not part of the installed package (nothing at run time needs it):
   error reported on the held-out half); `published_posthoc`: cases collected after those results
   were known, predicted with the same fit and reported apart.
 
-Tests import it with benchmarks/ on sys.path (tests/predict/conftest.py).
+Tests import it with benchmarks/ on sys.path (tests/lab/predict/conftest.py).
 """

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from dpscale.predict.cluster import INTER, Cluster, Link, preset_cluster
-from dpscale.predict.costs import all_reduce_cost
-from dpscale.predict.degrade import ScaleTerms
-from dpscale.predict.model import PredictConfig, predict
-from dpscale.predict.profile import ModelProfile
+from dpscale.lab.predict.cluster import INTER, Cluster, Link, preset_cluster
+from dpscale.lab.predict.costs import all_reduce_cost
+from dpscale.lab.predict.degrade import ScaleTerms
+from dpscale.lab.predict.model import PredictConfig, predict
+from dpscale.lab.predict.profile import ModelProfile
 from predict_lab.emulate import EmulationResult
 
 EMULATION_TARGET = 0.20

@@ -113,6 +113,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # leave without interpreter teardown, like dpscale's own worker: a gloo thread kept alive past
     # destroy_process_group can abort the exit ("terminate called without an active exception")
-    from dpscale.train.process_life import exit_now
+    from dpscale.launch.process_life import exit_now
 
     exit_now(main())

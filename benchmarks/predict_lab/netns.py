@@ -8,7 +8,7 @@ exist only inside these namespaces (each set has its own bridge, so sets never s
 and no traffic leaves them.
 
 One helper for both users: the prediction's emulated cluster (emulate.py) and the multi-host
-tests (tests/multihost/conftest.py, which put benchmarks/ on sys.path as tests/predict does).
+tests (tests/multihost/conftest.py, which put benchmarks/ on sys.path as tests/lab/predict does).
 Each names its namespaces with its own prefix.
 
 Everything created here is deleted on exit, failure included: processes first (each started in

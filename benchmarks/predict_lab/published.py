@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from dpscale.predict.degrade import ScaleTerms
+from dpscale.lab.predict.degrade import ScaleTerms
 from predict_lab.published_case import (
     TARGET_POINTS,
     FitParams,
@@ -25,7 +25,7 @@ from predict_lab.published_case import (
 )
 from predict_lab.published_cases import cases, held_out_cases, training_cases
 
-# What `fit(training_cases())` returns (tests/predict/test_published.py re-fits and compares; the presets'
+# What `fit(training_cases())` returns (tests/lab/predict/test_published.py re-fits and compares; the presets'
 # ETH_EFFICIENCY, GPU_COMPUTE_CV and GPU_NODE_CV in dpscale/predict/cluster.py carry the same values)
 FITTED = FitParams(
     eth_efficiency=0.95, compute_cv=0.02, node_cv=0.005, interference=0.0, congestion_per_doubling=0.0

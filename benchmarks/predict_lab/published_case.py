@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from dpscale.predict.cluster import Cluster, preset_cluster
-from dpscale.predict.degrade import ScaleTerms
-from dpscale.predict.model import PredictConfig, predict
-from dpscale.predict.profile import ModelProfile, ParamTiming, explicit
+from dpscale.lab.predict.cluster import Cluster, preset_cluster
+from dpscale.lab.predict.degrade import ScaleTerms
+from dpscale.lab.predict.model import PredictConfig, predict
+from dpscale.lab.predict.profile import ModelProfile, ParamTiming, explicit
 
 TARGET_POINTS = 3.0  # the target: within 3 points of every published efficiency
 WORST_POINTS = 5.0  # and never more than 5

@@ -36,13 +36,13 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, read_report
+from dpscale.lab.bench.scaling_rank import split_rounds
 from matplotlib.figure import Figure
 
-from dpscale.bench.report import Image, ReportDir, Section, Table, new_figure, read_report
-from dpscale.bench.scaling_rank import split_rounds
-from dpscale.predict.cluster import Cluster, calibrated, preset_cluster
-from dpscale.predict.model import PredictConfig, predict
-from dpscale.predict.profile import ModelProfile
+from dpscale.lab.predict.cluster import Cluster, calibrated, preset_cluster
+from dpscale.lab.predict.model import PredictConfig, predict
+from dpscale.lab.predict.profile import ModelProfile
 
 TARGET = 0.15  # the target for world sizes 1 and 2
 TARGET_WORLD_SIZES = (1, 2)

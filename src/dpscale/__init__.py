@@ -1,12 +1,12 @@
 """dpscale: data-parallel training on PyTorch that tells you how it scales."""
 
-from .data import GlobalBatchSampler
-from .engine import DistributedDataParallel
-from .train.config import TrainConfig
-from .train.result import TrainResult
-from .train.trainer import Trainer
-from .version import __version__
-from .workloads.task import Task
+from dpscale.data import GlobalBatchSampler
+from dpscale.engine import DistributedDataParallel
+from dpscale.train.config import TrainConfig
+from dpscale.train.result import TrainResult
+from dpscale.train.trainer import Trainer
+from dpscale.version import __version__
+from dpscale.workloads.task import Task
 
 __all__ = [
     "DistributedDataParallel",

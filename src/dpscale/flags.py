@@ -202,7 +202,7 @@ def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
     """
     import tomllib
 
-    from .errors import ConfigError
+    from dpscale.errors import ConfigError
 
     try:
         with open(path, "rb") as f:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import ConfigError
+from dpscale.errors import ConfigError
 
 
 def check_writable_dir(flag: str, path: str | os.PathLike[str]) -> None:

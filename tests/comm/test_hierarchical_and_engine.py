@@ -9,7 +9,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.comm import HierarchicalTransport, make_transport
-from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.lab.multirank import MultiRankError, run_ranks
 
 
 def hierarchical_sum(rank, world, numels):

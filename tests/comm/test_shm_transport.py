@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from dpscale.comm import PeerTimeoutError, SharedMemoryTransport, chunk_bounds
 from dpscale.comm.shm import WAIT_POLICIES
-from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.lab.multirank import MultiRankError, run_ranks
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

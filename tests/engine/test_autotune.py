@@ -6,7 +6,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 SCHEDULE = len(CANDIDATES_MB) * (WARMUP_STEPS + MEASURED_STEPS)
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from support.echo_group import EchoGroup
 
 RTOL, ATOL = 1e-6, 1e-7

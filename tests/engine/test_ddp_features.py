@@ -9,7 +9,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine import bf16_compress_hook, fp16_compress_hook
-from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.lab.multirank import MultiRankError, run_ranks
 
 
 class Branchy(nn.Module):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 
 def _dpscale_memfds() -> int:

@@ -12,7 +12,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine.reducer import SMALL_TENSOR_NUMEL
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from support.echo_group import EchoGroup
 
 

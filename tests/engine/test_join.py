@@ -12,7 +12,7 @@ from torch.distributed.algorithms.join import Join
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.optim.sharded import ShardedOptimizer, local_gradients_hook
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)

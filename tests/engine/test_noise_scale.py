@@ -8,7 +8,7 @@ from torch import nn
 
 from dpscale import DistributedDataParallel
 from dpscale.engine.noise_scale import NoiseScaleEstimator
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from support.echo_group import EchoGroup
 
 # A linear regression whose per-sample gradients are cheap to compute one by one: at fixed

@@ -14,7 +14,7 @@ from torch import nn
 from dpscale import DistributedDataParallel
 from dpscale.engine.hooks import COMPRESSIONS, GradBucket, compression_hook
 from dpscale.engine.powersgd import PowerSGDState, powersgd_hook
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 REL = 1e-5
 # a matrix, a vector, a 3-D tensor (viewed as 6 x 12) and a matrix too small to gain from rank 2
@@ -260,7 +260,8 @@ def test_train_config_compression_registers_the_hook():
 
 
 def test_compression_is_validated_where_it_is_configured():
-    from dpscale.bench.convergence import ConvergenceConfig
+    from dpscale.lab.bench.convergence import ConvergenceConfig
+
     from dpscale.train.config import TrainConfig
 
     with pytest.raises(ValueError, match="^compression: unknown 'zip'"):

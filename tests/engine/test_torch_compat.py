@@ -15,7 +15,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.checkpoint import checkpoint
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

@@ -241,7 +241,7 @@ def test_wrapping_a_wrapped_model_is_refused_in_one_line():
 
 
 def test_inputs_go_to_the_modules_device_through_nested_containers():
-    from dpscale.engine.torch_args import input_device, move_to
+    from dpscale.engine.compat.torch_args import input_device, move_to
 
     assert input_device(nn.Linear(2, 2), None, set()) is None  # a CPU module: inputs stay put
     on_meta = nn.Linear(2, 2, device="meta")

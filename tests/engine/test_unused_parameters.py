@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

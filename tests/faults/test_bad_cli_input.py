@@ -1,6 +1,6 @@
 """Scenario 12: bad command-line input is one line on stderr, exit code 2, and nothing written.
 
-Checked in-process through `dpscale.cli.main` (fast), and once as a real subprocess so the exit
+Checked in-process through `dpscale.cli.main.main` (fast), and once as a real subprocess so the exit
 code and the single line are what a shell sees.
 """
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dpscale.cli import main
+from dpscale.cli.main import main
 from support.cli_runs import run_cli
 
 
@@ -177,15 +177,15 @@ def test_resume_when_every_checkpoint_is_damaged_is_one_line_naming_them(tmp_pat
 @pytest.mark.parametrize(
     "args, measure",
     [
-        (["bench", "allreduce", "--sizes", "4", "--report-dir", "FILE"], "bench.allreduce.run"),
-        (["bench", "scaling", "--world-sizes", "1", "--report-dir", "FILE/sub"], "bench.scaling.run"),
-        (["bench", "convergence", "--report-dir", "FILE"], "bench.convergence.run"),
-        (["bench", "engine", "--models", "digits", "--report-dir", "FILE"], "bench.engine.run"),
-        (["study", "--quick", "--report-dir", "FILE"], "bench.study.run"),
-        (["scale", "--nproc", "1", "--report-dir", "FILE", "--", "SCRIPT"], "bench.script_scaling.measure"),
-        (["predict", "--model", "digits", "--report-dir", "FILE"], "predict.profiling.measure"),
-        (["profile", "--model", "digits", "--out", "FILE/p.json"], "predict.profiling.measure"),
-        (["profile", "--model", "digits", "--out", "DIR"], "predict.profiling.measure"),
+        (["bench", "allreduce", "--sizes", "4", "--report-dir", "FILE"], "lab.bench.allreduce.run"),
+        (["bench", "scaling", "--world-sizes", "1", "--report-dir", "FILE/sub"], "lab.bench.scaling.run"),
+        (["bench", "convergence", "--report-dir", "FILE"], "lab.bench.convergence.run"),
+        (["bench", "engine", "--models", "digits", "--report-dir", "FILE"], "lab.bench.engines.run"),
+        (["study", "--quick", "--report-dir", "FILE"], "lab.bench.study.run"),
+        (["scale", "--nproc", "1", "--report-dir", "FILE", "--", "SCRIPT"], "lab.bench.script_scaling.measure"),
+        (["predict", "--model", "digits", "--report-dir", "FILE"], "lab.predict.profiling.measure"),
+        (["profile", "--model", "digits", "--out", "FILE/p.json"], "lab.predict.profiling.measure"),
+        (["profile", "--model", "digits", "--out", "DIR"], "lab.predict.profiling.measure"),
     ],
 )
 def test_an_output_location_that_cannot_be_written_is_refused_before_measuring(
@@ -228,7 +228,7 @@ def test_a_grown_auto_batch_checkpoint_passes_the_launchers_resume_check(tmp_pat
     # whose batch grew under --global-batch auto must pass there with auto, and only with auto
     import types
 
-    from dpscale.train import preflight
+    from dpscale.launch import preflight
     from dpscale.train.config import TrainConfig
     from dpscale.train.state import TrainState
 

@@ -2,7 +2,7 @@
 `destroy_process_group` once ended with SIGABRT (about 1 in 30 runs). The cause was torch's
 (a gloo thread kept alive by `torch._dynamo` needs the GIL during interpreter shutdown); dpscale's
 part is to leave nothing running behind the process group: no thread of its own survives it.
-The worker and the CLI also leave through `exit_now` (tests/train/test_process_life.py).
+The worker and the CLI also leave through `exit_now` (tests/launch/test_process_life.py).
 """
 
 import threading
@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks)
 

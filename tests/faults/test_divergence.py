@@ -7,7 +7,7 @@ and one line that names the step and the cause.
 
 import pytest
 
-from dpscale.cli import main
+from dpscale.cli.main import main
 from support.cli_runs import TRAIN, last_json, run_cli
 
 DIVERGE = ["--workload", "synthetic", "--max-steps", "30", "--lr", "1e6", "--progress", "none"]

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.lab.multirank import MultiRankError, run_ranks
 from dpscale.testing.faults import FaultInjector
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer

@@ -11,7 +11,7 @@ from torch import nn
 
 from dpscale.engine import DistributedDataParallel, fp16_compress_hook
 from dpscale.engine.collective_log import CollectiveLog
-from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.lab.multirank import MultiRankError, run_ranks
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 

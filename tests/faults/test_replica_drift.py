@@ -6,7 +6,7 @@ rank, naming the parameter and the rank that differs.
 
 import pytest
 
-from dpscale.multirank import MultiRankError, run_ranks
+from dpscale.lab.multirank import MultiRankError, run_ranks
 from dpscale.testing.faults import FaultInjector
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer

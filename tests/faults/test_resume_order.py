@@ -9,7 +9,7 @@ order must equal the uninterrupted run's, so no sample is repeated or skipped ac
 import pytest
 import torch
 
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 from support.recording import record_batches

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from dpscale.cli import main
-from dpscale.train import dir_lock
+from dpscale.cli.main import main
+from dpscale.launch import dir_lock
 from support.cli_runs import TRAIN, StderrWatch, kill_tagged, run_cli, start_cli, tagged
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from dpscale.engine import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.train.drift import fingerprint
 from dpscale.train.uneven import LockstepStats, iterate_in_lockstep
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 
 pytest.importorskip("lightning")
 

@@ -23,7 +23,18 @@ def _listening(ns: str) -> list[str]:
 
 def test_each_host_listens_on_its_named_address_only(hosts):
     endpoint = f"{hosts.addrs[0]}:29400"
-    train = [sys.executable, "-m", "dpscale.cli", "train", "--nproc", "1", "--threads", "1", "--nnodes", "2"]
+    train = [
+        sys.executable,
+        "-m",
+        "dpscale.cli.main",
+        "train",
+        "--nproc",
+        "1",
+        "--threads",
+        "1",
+        "--nnodes",
+        "2",
+    ]
     train += ["--rdzv-endpoint", endpoint, "--rdzv-id", f"test-{uuid.uuid4().hex[:8]}"]
     train += ["--workload", "digits", "--max-steps", "100000", "--progress", "none"]
     procs = [hosts.start(i, [*train, "--local-addr", hosts.addrs[i]]) for i in range(2)]

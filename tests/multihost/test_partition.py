@@ -30,7 +30,7 @@ class _Run:
 
     def __init__(self, hosts, flags: list[str]):
         n = len(hosts.addrs)
-        train = [sys.executable, "-m", "dpscale.cli", "train", "--nproc", "1", "--threads", "1"]
+        train = [sys.executable, "-m", "dpscale.cli.main", "train", "--nproc", "1", "--threads", "1"]
         train += ["--nnodes", str(n), "--rdzv-endpoint", f"{hosts.addrs[0]}:29400"]
         train += ["--rdzv-id", f"test-{uuid.uuid4().hex[:8]}"]
         self.procs = [hosts.start(i, [*train, *flags, "--local-addr", hosts.addrs[i]]) for i in range(n)]
@@ -110,7 +110,7 @@ def test_a_short_outage_costs_a_slow_step_and_nothing_else(hosts, tmp_path):
     flags += ["--progress", "plain", "--json", "--collective-timeout-s", "60"]
     reference = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + ["-m", "dpscale.train.worker", *flags],
+        + ["-m", "dpscale.launch.worker", *flags],
         capture_output=True,
         text=True,
         timeout=600,

@@ -32,7 +32,18 @@ def _all_rows(procs, timeout_s: float) -> list[list[dict]]:
 
 @pytest.mark.parametrize("rendezvous", ["dynamic", "static"])
 def test_scale_measures_a_world_size_that_spans_two_hosts(hosts, tmp_path, rendezvous):
-    scale = [sys.executable, "-m", "dpscale.cli", "scale", "--nproc", "1,2", "--steps", "4", "--warmup", "1"]
+    scale = [
+        sys.executable,
+        "-m",
+        "dpscale.cli.main",
+        "scale",
+        "--nproc",
+        "1,2",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+    ]
     scale += ["--threads-per-worker", "1", "--nnodes", "2", "--rdzv-endpoint", f"{hosts.addrs[0]}:29400"]
     scale += ["--rdzv-id", f"test-{uuid.uuid4().hex[:8]}", "--json"]
     procs = []
@@ -53,7 +64,17 @@ def test_scale_measures_a_world_size_that_spans_two_hosts(hosts, tmp_path, rende
 
 
 def test_bench_scaling_measures_a_world_size_that_spans_two_hosts(hosts, tmp_path):
-    bench = [sys.executable, "-m", "dpscale.cli", "bench", "scaling", "--world-sizes", "1,2", "--steps", "5"]
+    bench = [
+        sys.executable,
+        "-m",
+        "dpscale.cli.main",
+        "bench",
+        "scaling",
+        "--world-sizes",
+        "1,2",
+        "--steps",
+        "5",
+    ]
     bench += ["--warmup", "1", "--engines", "dpscale,torch", "--nnodes", "2", "--json"]
     bench += ["--rdzv-endpoint", f"{hosts.addrs[0]}:29400", "--rdzv-id", f"test-{uuid.uuid4().hex[:8]}"]
     procs = []

@@ -1,4 +1,4 @@
-"""`dpscale.train.worker` on two emulated hosts (torchrun on each) equals the one-host run.
+"""`dpscale.launch.worker` on two emulated hosts (torchrun on each) equals the one-host run.
 
 `dpscale train --nnodes 2` (no --rdzv-conf: the host whose interface carries the endpoint's
 address serves the store) equal to the one-host run is checked by
@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-WORKER = ["-m", "dpscale.train.worker", "--workload", "digits", "--global-batch", "32", "--max-steps", "4"]
+WORKER = ["-m", "dpscale.launch.worker", "--workload", "digits", "--global-batch", "32", "--max-steps", "4"]
 WORKER += ["--progress", "none", "--json"]
 
 
@@ -109,7 +109,18 @@ def test_a_killed_worker_on_one_host_recovers_bit_exactly(hosts, tmp_path):
 def test_static_rendezvous_with_node_rank_trains_as_one_host_does(hosts):
     # torchrun's --node-rank: each host is told its rank; host 0 serves the store at the endpoint
     reference = _one_host([])
-    train = [sys.executable, "-m", "dpscale.cli", "train", "--nproc", "1", "--threads", "1", "--nnodes", "2"]
+    train = [
+        sys.executable,
+        "-m",
+        "dpscale.cli.main",
+        "train",
+        "--nproc",
+        "1",
+        "--threads",
+        "1",
+        "--nnodes",
+        "2",
+    ]
     train += ["--rdzv-endpoint", f"{hosts.addrs[0]}:29400", "--rdzv-id", f"test-{uuid.uuid4().hex[:8]}"]
     train += WORKER[2:]
     argv = [[*train, "--node-rank", str(i), "--local-addr", addr] for i, addr in enumerate(hosts.addrs)]

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.optim import ShardedOptimizer, local_gradients_hook, state_bytes
-from dpscale.train.checkpoint import load_checkpoint, save_checkpoint, step_dir_name
+from dpscale.train.checkpoint.files import load_checkpoint, save_checkpoint, step_dir_name
 
 ATOL = 1e-6
 GLOBAL_BATCH = 12  # splits evenly at world sizes 1, 2 and 3

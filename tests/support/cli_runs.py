@@ -71,7 +71,7 @@ def kill_tagged(tag: str) -> None:
 
 
 def start_cli(args: list[str], *, faults: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
-    """Start `python -m dpscale.cli ARGS` (DPSCALE_FAULTS=`faults`); returns it and its process tag."""
+    """Start `python -m dpscale.cli.main ARGS` (DPSCALE_FAULTS=`faults`); returns it and its process tag."""
     tag = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in ("DPSCALE_FAULTS", "DPSCALE_CALLBACKS")}
     env[TAG] = tag
@@ -79,7 +79,7 @@ def start_cli(args: list[str], *, faults: str | None = None, **popen) -> tuple[s
         env["DPSCALE_FAULTS"] = faults
         env["DPSCALE_CALLBACKS"] = "dpscale.testing.faults:FaultInjector"
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
-    proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli", *args], cwd=ROOT, env=env, **popen)
+    proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli.main", *args], cwd=ROOT, env=env, **popen)
     return proc, tag
 
 
@@ -94,7 +94,7 @@ def wait_until_gone(tag: str, within_s: float) -> list[int]:
 def run_cli(
     args: list[str], *, faults: str | None = None, timeout_s: float = 150
 ) -> subprocess.CompletedProcess:
-    """`python -m dpscale.cli ARGS` with DPSCALE_FAULTS=`faults`; fails if it leaves a process behind."""
+    """`python -m dpscale.cli.main ARGS` with DPSCALE_FAULTS=`faults`; fails if it leaves a process behind."""
     proc, tag = start_cli(args, faults=faults)
     try:
         out, err = proc.communicate(timeout=timeout_s)

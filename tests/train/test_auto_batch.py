@@ -10,9 +10,9 @@ import torch
 from test_noise_scale_train import _task as regression_task  # tests/train is on sys.path
 
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
-from dpscale.multirank import run_ranks
-from dpscale.train.adascale import AdaScaleGain
-from dpscale.train.auto_batch import GrowBatch
+from dpscale.lab.multirank import run_ranks
+from dpscale.train.adaptive.adascale import AdaScaleGain
+from dpscale.train.adaptive.auto_batch import GrowBatch
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 

@@ -13,14 +13,14 @@ import pytest
 import torch
 from torch import nn
 
-from dpscale.train.checkpoint import (
+from dpscale.train.checkpoint.files import (
     CheckpointError,
     CheckpointWarning,
     load_checkpoint,
     load_latest,
     save_checkpoint,
 )
-from dpscale.train.rank_state import capture_rng_state, restore_rng_state
+from dpscale.train.checkpoint.rank_state import capture_rng_state, restore_rng_state
 
 
 def _assert_same(a, b, where="payload"):

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def train(*extra):
-    args = [sys.executable, "-m", "dpscale.cli", "train", "--nproc", "2", "--workload", "digits"]
+    args = [sys.executable, "-m", "dpscale.cli.main", "train", "--nproc", "2", "--workload", "digits"]
     args += ["--global-batch", "128", "--lr", "0", "--progress", "none", "--json", *extra]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr

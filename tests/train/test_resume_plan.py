@@ -4,9 +4,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dpscale.train.checkpoint import CheckpointError
+from dpscale.train.checkpoint.files import CheckpointError
+from dpscale.train.checkpoint.resume import BatchSplit, check_resumable, plan_split, plan_total_steps
 from dpscale.train.optim import BatchScale
-from dpscale.train.resume import BatchSplit, check_resumable, plan_split, plan_total_steps
 from dpscale.train.state import TrainState
 
 

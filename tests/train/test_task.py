@@ -8,7 +8,7 @@ import user_tasks
 
 from dpscale import Task, TrainConfig, Trainer
 from dpscale.data import GlobalBatchSampler
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.testing.faults import FaultInjector
 from dpscale.workloads.task import probe
 

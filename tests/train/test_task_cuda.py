@@ -21,7 +21,7 @@ def _train(*flags, nproc=1):
         [
             sys.executable,
             "-m",
-            "dpscale.cli",
+            "dpscale.cli.main",
             "train",
             "--task",
             "user_tasks:tensor_task",

@@ -7,13 +7,13 @@ import torch
 from torch import nn
 
 from dpscale.data import GlobalBatchSampler
-from dpscale.multirank import run_ranks
+from dpscale.lab.multirank import run_ranks
 from dpscale.testing.faults import FaultInjector
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer, param_sha256
 from dpscale.workloads import WORKLOADS, Workload
+from dpscale.workloads.builtin import _ce
 from dpscale.workloads.datasets import TensorData
-from dpscale.workloads.registry import _ce
 
 
 def _tiny_data(seed):

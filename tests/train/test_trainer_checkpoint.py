@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpscale.multirank import MultiRankError, run_ranks
-from dpscale.train.checkpoint import CheckpointError
+from dpscale.lab.multirank import MultiRankError, run_ranks
+from dpscale.train.checkpoint.files import CheckpointError
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 from support.forge import replace_checkpoint_file

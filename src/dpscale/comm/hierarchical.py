@@ -15,9 +15,9 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from .base import global_rank
-from .process_group import ProcessGroupTransport
-from .shm import SharedMemoryTransport
+from dpscale.comm.base import global_rank
+from dpscale.comm.process_group import ProcessGroupTransport
+from dpscale.comm.shm import SharedMemoryTransport
 
 
 class HierarchicalTransport:

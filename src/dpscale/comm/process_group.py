@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..log import workers
-from .base import chunk_bounds, global_rank, group_rank, group_size, is_registered, wait_work
+from dpscale.comm.base import chunk_bounds, global_rank, group_rank, group_size, is_registered, wait_work
+from dpscale.log import workers
 
 
 class ProcessGroupTransport:

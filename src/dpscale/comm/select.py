@@ -20,11 +20,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
-from .base import is_registered
-from .hierarchical import HierarchicalTransport
-from .process_group import ProcessGroupTransport
-from .shm import SharedMemoryTransport
+from dpscale.comm.base import is_registered
+from dpscale.comm.hierarchical import HierarchicalTransport
+from dpscale.comm.process_group import ProcessGroupTransport
+from dpscale.comm.shm import SharedMemoryTransport
+from dpscale.errors import ConfigError
 
 TRANSPORT_NAMES = ("auto", "gloo", "nccl", "shm", "hierarchical")
 

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .base import chunk_bounds, completed
-from .shm_wait import WAIT_POLICIES, Counters, PeerTimeoutError
+from dpscale.comm.base import chunk_bounds, completed
+from dpscale.comm.shm_wait import WAIT_POLICIES, Counters, PeerTimeoutError
 
 __all__ = ["WAIT_POLICIES", "PeerTimeoutError", "SharedMemoryTransport"]
 

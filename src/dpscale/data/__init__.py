@@ -1,5 +1,5 @@
 """Data for data parallelism: which samples each rank sees at each step."""
 
-from .sampler import TAIL_POLICIES, GlobalBatchSampler, StepBatch
+from dpscale.data.sampler import TAIL_POLICIES, GlobalBatchSampler, StepBatch
 
 __all__ = ["TAIL_POLICIES", "GlobalBatchSampler", "StepBatch"]

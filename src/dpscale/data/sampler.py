@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from dpscale.errors import ConfigError
 
 TAIL_POLICIES = ("drop", "pad", "keep")
 

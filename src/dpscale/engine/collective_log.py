@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..comm.attempt import attempt_id, describe_rank, host_key, within
+from dpscale.comm.attempt import attempt_id, describe_rank, host_key, within
 
 OPS = (
     "all_reduce",

@@ -23,18 +23,24 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.join import Joinable
 
-from ..comm import Transport, make_transport
-from ..comm.base import group_rank
-from ..log import get_logger
-from . import ddp_logging, join
-from .autotune import BucketAutotuner
-from .buckets import MB, assign_buckets_of, build_buckets
-from .collective_log import CollectiveLog
-from .hooks import CommHook, allreduce_hook, fp16_compress_hook
-from .model_check import broadcast_coalesced, check_same_model, sparse_gradient_params
-from .reducer import Reducer
-from .stats import StepStats
-from .torch_args import DEFAULT_FIRST_BUCKET_CAP_MB, check_comm_hook, check_torch_args, input_device, move_to
+from dpscale.comm import Transport, make_transport
+from dpscale.comm.base import group_rank
+from dpscale.engine.autotune import BucketAutotuner
+from dpscale.engine.buckets import MB, assign_buckets_of, build_buckets
+from dpscale.engine.collective_log import CollectiveLog
+from dpscale.engine.compat import ddp_logging, join
+from dpscale.engine.compat.model_check import broadcast_coalesced, check_same_model, sparse_gradient_params
+from dpscale.engine.compat.torch_args import (
+    DEFAULT_FIRST_BUCKET_CAP_MB,
+    check_comm_hook,
+    check_torch_args,
+    input_device,
+    move_to,
+)
+from dpscale.engine.hooks import CommHook, allreduce_hook, fp16_compress_hook
+from dpscale.engine.reducer import Reducer
+from dpscale.engine.stats import StepStats
+from dpscale.log import get_logger
 
 logger = get_logger(__name__)
 

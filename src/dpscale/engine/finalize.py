@@ -15,9 +15,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .hooks import GradBucket, checked_future
-from .noise_scale import bucket_sq_norm
-from .stats import StepStats
+from dpscale.engine.hooks import GradBucket, checked_future
+from dpscale.engine.noise_scale import bucket_sq_norm
+from dpscale.engine.stats import StepStats
 
 
 class Finalize:

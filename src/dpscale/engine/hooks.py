@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
-from .powersgd import PowerSGDState, powersgd_hook
+from dpscale.engine.powersgd import PowerSGDState, powersgd_hook
+from dpscale.errors import ConfigError
 
 
 class GradBucket:

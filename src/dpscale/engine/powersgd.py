@@ -28,7 +28,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from ..comm.base import completed
+from dpscale.comm.base import completed
 
 
 class PowerSGDState:

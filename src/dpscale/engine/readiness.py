@@ -18,9 +18,9 @@ import weakref
 
 import torch
 
-from .buckets import Bucket
-from .hooks import GradBucket, checked_future
-from .noise_scale import bucket_sq_norm
+from dpscale.engine.buckets import Bucket
+from dpscale.engine.hooks import GradBucket, checked_future
+from dpscale.engine.noise_scale import bucket_sq_norm
 
 
 class Readiness:

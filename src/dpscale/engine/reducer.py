@@ -22,13 +22,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from .buckets import Bucket
-from .collective_log import CollectiveLog
-from .finalize import Finalize
-from .hooks import CommHook
-from .noise_scale import NoiseScaleEstimator
-from .readiness import Readiness
-from .stats import BucketTiming, StepStats
+from dpscale.engine.buckets import Bucket
+from dpscale.engine.collective_log import CollectiveLog
+from dpscale.engine.finalize import Finalize
+from dpscale.engine.hooks import CommHook
+from dpscale.engine.noise_scale import NoiseScaleEstimator
+from dpscale.engine.readiness import Readiness
+from dpscale.engine.stats import BucketTiming, StepStats
 
 # A bucket whose tensors average at most this many elements gets gradients accumulated in place
 # (see Reducer._preset_grads): around here per-tensor Python work costs about what copying the

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from .ddp import DistributedDataParallel
+from dpscale.engine.ddp import DistributedDataParallel
 
 
 @dataclass

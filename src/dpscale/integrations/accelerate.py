@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import accelerate
 import torch
 
-from ..engine import DistributedDataParallel
+from dpscale.engine import DistributedDataParallel
 
 
 class Accelerator(accelerate.Accelerator):

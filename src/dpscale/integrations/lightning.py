@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
-from ..engine import DistributedDataParallel
+from dpscale.engine import DistributedDataParallel
 
 _ENGINE_OPTIONS = ("transport", "first_bucket_cap_mb", "collective_timeout_s")
 

@@ -1,5 +1,5 @@
 """Optimizers for data parallelism: optimizer state sharded across workers (ZeRO stage 1)."""
 
-from .sharded import ShardedOptimizer, local_gradients_hook, state_bytes
+from dpscale.optim.sharded import ShardedOptimizer, local_gradients_hook, state_bytes
 
 __all__ = ["ShardedOptimizer", "local_gradients_hook", "state_bytes"]

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..comm.base import chunk_bounds
+from dpscale.comm.base import chunk_bounds
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
-from ..comm import Transport, make_transport
-from ..comm.base import completed, global_rank
-from .layout import FlatLayout, element_keys, is_element_state, piece_state
+from dpscale.comm import Transport, make_transport
+from dpscale.comm.base import completed, global_rank
+from dpscale.optim.layout import FlatLayout, element_keys, is_element_state, piece_state
 
 # Partition: the flat parameter vector is cut into W equal contiguous ranges (`FlatLayout`), not
 # whole parameters dealt out by size. A flat cut gives every worker exactly 1/W of the state and of

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from ..train.callbacks import TrainerCallback
+from dpscale.train.callbacks import TrainerCallback
 
 ENV = "DPSCALE_FAULTS"
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..data.sampler import GlobalBatchSampler
+from dpscale.data.sampler import GlobalBatchSampler
 
 _FORK = "fork" if "fork" in mp.get_all_start_methods() else None
 

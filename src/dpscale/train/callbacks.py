@@ -5,7 +5,7 @@ nothing by default. The trainer calls them on every rank, in the order the callb
 This is how fault injection (`dpscale.testing.faults`) reaches the loop without the loop importing
 test code; instrumentation of your own plugs in the same way.
 
-A run started by the CLI (`dpscale train`) or torchrun (`-m dpscale.train.worker`) builds its
+A run started by the CLI (`dpscale train`) or torchrun (`-m dpscale.launch.worker`) builds its
 Trainer inside the workers, where no object of yours can be handed over; there the environment
 variable DPSCALE_CALLBACKS names them: `module:factory[;module:factory]`, each factory called with
 no arguments returning one callback.
@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ConfigError
+from dpscale.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only; at run time this module knows no trainer
-    from ..data.sampler import StepBatch
+    from dpscale.data.sampler import StepBatch
 
 ENV = "DPSCALE_CALLBACKS"
 

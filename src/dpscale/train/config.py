@@ -11,14 +11,14 @@ import math
 import typing
 from dataclasses import asdict, dataclass, field, fields
 
-from ..comm.select import TRANSPORT_NAMES
-from ..data.sampler import TAIL_POLICIES
-from ..engine.hooks import COMPRESSIONS
-from ..engine.registry import TRAIN_ENGINES
-from ..errors import ConfigError
-from ..flags import flag_spec
-from ..workloads import WORKLOADS
-from .device import DEVICES, PRECISIONS
+from dpscale.comm.select import TRANSPORT_NAMES
+from dpscale.data.sampler import TAIL_POLICIES
+from dpscale.engine.factory import TRAIN_ENGINES
+from dpscale.engine.hooks import COMPRESSIONS
+from dpscale.errors import ConfigError
+from dpscale.flags import flag_spec
+from dpscale.train.device import DEVICES, PRECISIONS
+from dpscale.workloads import WORKLOADS
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 # numpy's legacy seeding and torch's generators take 32 and 64 bits; each rank seeds with

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from ..errors import ConfigError
+from dpscale.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")

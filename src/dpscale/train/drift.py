@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..engine.collective_log import CollectiveLog
+from dpscale.engine.collective_log import CollectiveLog
 
 
 class ReplicaDriftError(RuntimeError):

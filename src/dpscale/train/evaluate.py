@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..engine.collective_log import CollectiveLog
-from ..workloads.task import Task, call_model, per_sample, to_device
+from dpscale.engine.collective_log import CollectiveLog
+from dpscale.workloads.task import Task, call_model, per_sample, to_device
 
 
 def shard(n: int, world_size: int, rank: int) -> range:

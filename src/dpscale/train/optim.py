@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..errors import ConfigError
-from .config import TrainConfig
+from dpscale.errors import ConfigError
+from dpscale.train.config import TrainConfig
 
 
 def build_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:

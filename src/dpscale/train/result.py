@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .metrics import summary_table
+from dpscale.train.metrics import summary_table
 
 
 @dataclass

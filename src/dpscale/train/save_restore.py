@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine import DistributedDataParallel
-from ..log import get_logger
-from .checkpoint import CheckpointError
-from .checkpointer import Checkpointer, Stateful, load_into
-from .optim import sync_lr
-from .rank_state import HookState, RngState
-from .resume import BatchSplit, check_resumable, describe_resplit, plan_split
-from .state import TrainState
+from dpscale.engine import DistributedDataParallel
+from dpscale.log import get_logger
+from dpscale.train.checkpoint.checkpointer import Checkpointer, Stateful, load_into
+from dpscale.train.checkpoint.files import CheckpointError
+from dpscale.train.checkpoint.rank_state import HookState, RngState
+from dpscale.train.checkpoint.resume import BatchSplit, check_resumable, describe_resplit, plan_split
+from dpscale.train.optim import sync_lr
+from dpscale.train.state import TrainState
 
 logger = get_logger(__name__)
 

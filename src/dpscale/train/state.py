@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checkpoint import CheckpointError
-from .optim import BatchScale
+from dpscale.train.checkpoint.files import CheckpointError
+from dpscale.train.optim import BatchScale
 
 # trainer.pt entries that must be non-negative ints; anything else means a corrupt or foreign file
 _COUNTS = ("step", "samples_seen", "skipped_steps", "world_size", "global_batch", "base_global_batch")

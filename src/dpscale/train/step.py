@@ -15,10 +15,10 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from ..data.sampler import StepBatch
-from ..workloads.task import call_model, per_sample, to_device
-from .metrics import StepMetrics
-from .noise_scale import grad_sq_norm
+from dpscale.data.sampler import StepBatch
+from dpscale.train.adaptive.noise_scale import grad_sq_norm
+from dpscale.train.metrics import StepMetrics
+from dpscale.workloads.task import call_model, per_sample, to_device
 
 
 class TrainStep:

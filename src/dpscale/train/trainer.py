@@ -23,31 +23,31 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..data.sampler import GlobalBatchSampler, StepBatch
-from ..engine import DistributedDataParallel
-from ..engine.collective_log import CollectiveLog, explain_failures
-from ..engine.hooks import compression_hook
-from ..engine.registry import wrap
-from ..errors import ConfigError
-from ..workloads import WORKLOADS
-from ..workloads.load import load_task
-from ..workloads.task import Task
-from .adascale import AdaScaleGain
-from .auto_batch import MAX_GROWTH, GrowBatch
-from .batches import MicroBatches
-from .callbacks import TrainerCallback, checked
-from .config import TrainConfig
-from .device import Precision, resolve_device
-from .drift import check_replicas
-from .evaluate import evaluate
-from .metrics import MetricsWriter, Progress, StepMetrics
-from .noise_scale import NoiseScaleMeter
-from .optim import build_optimizer, build_scheduler
-from .result import TrainResult, param_sha256, print_summary
-from .resume import plan_total_steps
-from .save_restore import SaveRestore
-from .state import TrainState
-from .step import TrainStep
+from dpscale.data.sampler import GlobalBatchSampler, StepBatch
+from dpscale.engine import DistributedDataParallel
+from dpscale.engine.collective_log import CollectiveLog, explain_failures
+from dpscale.engine.factory import wrap
+from dpscale.engine.hooks import compression_hook
+from dpscale.errors import ConfigError
+from dpscale.train.adaptive.adascale import AdaScaleGain
+from dpscale.train.adaptive.auto_batch import MAX_GROWTH, GrowBatch
+from dpscale.train.adaptive.noise_scale import NoiseScaleMeter
+from dpscale.train.batches import MicroBatches
+from dpscale.train.callbacks import TrainerCallback, checked
+from dpscale.train.checkpoint.resume import plan_total_steps
+from dpscale.train.config import TrainConfig
+from dpscale.train.device import Precision, resolve_device
+from dpscale.train.drift import check_replicas
+from dpscale.train.evaluate import evaluate
+from dpscale.train.metrics import MetricsWriter, Progress, StepMetrics
+from dpscale.train.optim import build_optimizer, build_scheduler
+from dpscale.train.result import TrainResult, param_sha256, print_summary
+from dpscale.train.save_restore import SaveRestore
+from dpscale.train.state import TrainState
+from dpscale.train.step import TrainStep
+from dpscale.workloads import WORKLOADS
+from dpscale.workloads.load import load_task
+from dpscale.workloads.task import Task
 
 # How long a rank whose collective failed waits for the others to report theirs: they time out
 # at about the same moment, so a few seconds separate "also failed" from "gone".

@@ -26,7 +26,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from ..engine.collective_log import CollectiveLog
+from dpscale.engine.collective_log import CollectiveLog
 
 T = TypeVar("T")
 

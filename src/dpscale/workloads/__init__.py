@@ -1,5 +1,5 @@
 """Built-in models and data, all available offline."""
 
-from .registry import WORKLOADS, Workload, get_workload
+from dpscale.workloads.builtin import WORKLOADS, Workload, get_workload
 
 __all__ = ["WORKLOADS", "Workload", "get_workload"]

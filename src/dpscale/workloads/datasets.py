@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import import_extra
+from dpscale.errors import import_extra
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ import sys
 
 import torch
 
-from ..errors import ConfigError
-from .registry import WORKLOADS
-from .task import Task
+from dpscale.errors import ConfigError
+from dpscale.workloads.builtin import WORKLOADS
+from dpscale.workloads.task import Task
 
 TASK_SPEC_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 TASK_CONVENTION = (

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from ..errors import ConfigError
+from dpscale.errors import ConfigError
 
 PER_SAMPLE_HINT = 'return one value per sample, shape [batch], e.g. F.cross_entropy(out, y, reduction="none")'
 

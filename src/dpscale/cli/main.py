@@ -1,0 +1,208 @@
+"""The `dpscale` command: a thin layer over the library.
+
+Every subcommand turns a ConfigError (bad input, dpscale.errors) into a one-line error and exit
+code 2, before anything is written; any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dpscale.errors import ConfigError
+from dpscale.flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, finite_float
+from dpscale.launch.options import LaunchOptions
+from dpscale.train.config import TrainConfig
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's own errors (a missing value, `--lr nan`) as one line too, without the usage block."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train your task (--task module:callable) or a built-in workload with N data-parallel workers",
+        description="Train your own dpscale.Task (--task module:callable) or a built-in workload "
+        "(--workload, default digits) with data parallelism on this host.",
+        epilog="Exit codes: 0 finished; 1 the workers failed (restarts used up); 2 bad input, refused "
+        "before any worker started; 3 diverged (--max-skipped-steps); 143/130 stopped by SIGTERM/SIGINT "
+        "after a checkpoint (continue with --resume). See docs/fault-tolerance.md.",
+    )
+    add_dataclass_arguments(p, LaunchOptions)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    add_dataclass_arguments(p, TrainConfig)
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from dpscale.launch.launcher import LaunchError, RunStopped, launch
+    from dpscale.launch.preflight import preflight
+
+    launch_opts = LaunchOptions(**dataclass_kwargs(args, LaunchOptions))
+    fields = config_file_kwargs(launch_opts.config, TrainConfig) if launch_opts.config else {}
+    flags = dataclass_kwargs(args, TrainConfig)
+    if "task" in flags or "workload" in flags:  # a flag naming what to train replaces the file's choice
+        fields.pop("task", None)
+        fields.pop("workload", None)
+    fields.update(flags)
+    if fields.get("task") is None and fields.get("workload") is None:
+        fields["workload"] = "digits"
+    cfg = TrainConfig(**fields)
+    min_nproc, nproc = launch_opts.nproc_range
+    nodes = launch_opts.nodes()
+    preflight(cfg, [nproc, min_nproc], given=set(fields))
+    try:
+        result = launch(
+            cfg,
+            nproc,
+            min_nproc=min_nproc,
+            max_restarts=launch_opts.max_restarts,
+            threads=launch_opts.threads,
+            nodes=nodes,
+        )
+    except LaunchError as e:  # the workers ran and failed: not bad input, so exit 1 with their traceback
+        print(f"dpscale train: error: {e}", file=sys.stderr, flush=True)
+        return 1
+    except RunStopped as e:  # diverged (3) or stopped by a signal (143, 130): one line, its own code
+        print(f"dpscale train: {e}", file=sys.stderr, flush=True)
+        if args.json and e.result is not None:
+            print(json.dumps(e.result.to_dict()), flush=True)
+        return e.exit_code
+    if args.json:
+        print(json.dumps(result.to_dict()), flush=True)
+    return 0
+
+
+def _command(sub, name: str, text: str, add_arguments, run) -> None:
+    """Register one subcommand: its flags from `add_arguments`, its body `run(args) -> exit code`."""
+    p = sub.add_parser(name, help=text, description=text)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _add_lab(sub) -> None:
+    from dpscale.lab.bench.commands import COMMANDS
+
+    bench = sub.add_parser("bench", help="measure: all-reduce, scaling, convergence, engines side by side")
+    names = [c.name for c in COMMANDS if c.group == "bench"]
+    bsub = bench.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(names) + "}")
+    for c in COMMANDS:
+        _command(bsub if c.group == "bench" else sub, c.name, c.help, c.add_arguments, c.run)
+
+
+def _add_check(sub) -> None:
+    from dpscale.lab.check import equivalence, unused
+
+    p = sub.add_parser("check", help="checks: data-parallel equivalence of your loss, unused parameters")
+    csub = p.add_subparsers(dest="check", required=True, metavar="{equivalence,unused}")
+    for name, module in (("equivalence", equivalence), ("unused", unused)):
+        _command(csub, name, module.__doc__.splitlines()[0], module.add_arguments, module.run_from_args)
+
+
+def _add_predict(sub) -> None:
+    from dpscale.cli import predict as predict_cli
+
+    _command(
+        sub,
+        "profile",
+        "measure one worker's step: compute phases, bucket ready times, bytes",
+        predict_cli.add_profile_arguments,
+        predict_cli.run_profile_from_args,
+    )
+    _command(
+        sub,
+        "predict",
+        "predict throughput and scaling efficiency on a cluster you describe",
+        predict_cli.add_predict_arguments,
+        predict_cli.run_predict_from_args,
+    )
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run your torchrun script unchanged, with dpscale's engine standing in for torch's DDP",
+        description="Run SCRIPT on N local workers as `torchrun --standalone` would, with dpscale's "
+        "engine standing in for torch.nn.parallel.DistributedDataParallel (the script is not changed).",
+    )
+    from dpscale.launch.run import RunConfig
+
+    add_dataclass_arguments(p, RunConfig)
+    p.add_argument("script", metavar="SCRIPT", help="your training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from dpscale.launch.run import RunConfig, run_script
+
+    config = RunConfig(**dataclass_kwargs(args, RunConfig))
+    return run_script(args.script, args.args, nproc=config.nproc, engine=config.engine)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="dpscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_lab(sub)
+    _add_check(sub)
+    _add_predict(sub)
+    _add_run(sub)
+    _refuse_non_finite(parser)
+    return parser
+
+
+def _refuse_non_finite(parser: argparse.ArgumentParser) -> None:
+    """Every float flag of every subcommand refuses nan and inf while parsing (exit 2): a
+    non-finite number passes most range checks (nan < 0 is false) and fails much later."""
+    for action in parser._actions:
+        if action.type is float:
+            action.type = finite_float
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                _refuse_non_finite(subparser)
+
+
+def _version() -> str:
+    from dpscale.version import __version__
+
+    return f"dpscale {__version__}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:  # a verdict on the input; any other exception is a bug, shown in full
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"dpscale {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def run() -> None:
+    """The `dpscale` command (console entry point): main(), then exit with its code.
+
+    `dpscale train` leaves through os._exit once its output is flushed: a process that trained
+    keeps torch's gloo threads alive past destroy_process_group (torch._dynamo, imported with the
+    optimizer, holds the group), and one of them needing the GIL during interpreter shutdown can
+    abort a run that succeeded (see dpscale/train/process_life.py). Other commands exit normally.
+    """
+    code = main()
+    if sys.argv[1:2] == ["train"]:
+        from dpscale.launch.process_life import exit_now
+
+        exit_now(code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()

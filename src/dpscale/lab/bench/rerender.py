@@ -1,0 +1,64 @@
+"""`dpscale report DIR`: write a report's report.md, plots and CSV again from its report.json.
+
+After a change to the rendering, or to restore deleted files. `RENDERERS` is the explicit table of
+which function reads a command's results and which renders them; it covers every report dpscale
+writes: the benches' kinds (kinds.py; `bench engine` writes a scaling report), `scale`, `predict`
+and `study`, whose parts are re-rendered with it (and each on its own).
+
+The report keeps the command line it was made with. Reports written before the parts of a study
+recorded runnable commands (`'(part of dpscale study)'`, a command named after the folder, such as
+`scaling-mlp`) get them rebuilt from their config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from dpscale.errors import ConfigError
+from dpscale.lab.bench import kinds, study
+from dpscale.lab.bench.compare import load_report
+from dpscale.lab.bench.report import ReportDir
+from dpscale.lab.predict import render as predict_render
+
+# command -> (results JSON -> result object, renderer of that object into a ReportDir): every
+# bench's kind (kinds.py), and the reports made of them (study) or outside the benches (predict)
+RENDERERS: dict[str, tuple[Callable[[dict], object], Callable[[object, ReportDir], None]]] = {
+    **{command: (kind.from_dict, kind.write_report) for command, kind in kinds.KINDS.items()},
+    "study": (study.StudyResult.from_dict, study.write_report),
+    "predict": (
+        predict_render.results_from_doc,
+        lambda results, report: predict_render.write_report(report, *results),
+    ),
+}
+_OLD_PART_ARGUMENT = "(part of dpscale study)"
+
+
+def rerender(directory: str | Path) -> Path:
+    """Write `directory`'s report.md, plots and CSV again from its report.json; returns report.md's path."""
+    doc = load_report(directory)
+    command = doc["command"]  # load_report names an older study's scaling part "scaling"
+    if command not in RENDERERS:
+        raise ConfigError(
+            f"{directory}: report command {doc['command']!r} cannot be re-rendered; "
+            f"known: {', '.join(RENDERERS)}"
+        )
+    from_dict, write_report = RENDERERS[command]
+    try:
+        result = from_dict(doc["results"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        # a report.json edited by hand, or written by another version of dpscale
+        reason = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ConfigError(
+            f"{directory}: its report.json results are not a {command} result ({reason}); was it "
+            "edited, or written by another version of dpscale?"
+        ) from None
+    if not isinstance(doc.get("system"), dict):
+        raise ConfigError(f"{directory}: its report.json lacks the system it was measured on")
+    # The original command line and system, not this process's: the report describes that run.
+    argv = list(doc.get("argv") or [])
+    if _OLD_PART_ARGUMENT in argv:
+        argv = study.part_argv(command, result.config)
+    report = ReportDir(path=Path(directory), command=command, argv=argv, system=doc["system"])
+    write_report(result, report)
+    return report.path / "report.md"

@@ -1,0 +1,252 @@
+"""`dpscale scale`: how the user's own torchrun script scales, measured from inside the engine.
+
+For each world size and engine the script runs under `dpscale run` with step telemetry
+(engine/telemetry.py): every rank records each synchronized step's time (from the step's first
+training forward to the next step's), its samples (dim 0 of the DDP module's first tensor input,
+over its micro-steps) and the exposed communication. The run stops itself after warm-up + steps
+synchronized steps, at the same step on every rank (run/child.py). A step counts at its slowest
+rank; samples are summed over ranks. Every worker gets the same intra-op threads at every world
+size (cores / largest N), so efficiency compares like with like.
+
+Across hosts (`--nnodes H --rdzv-endpoint HOST:PORT --rdzv-id ID`, torchrun's flags as `dpscale
+train` takes them; the same command on every host) each world size N > 1 runs as its own job of
+H hosts x N/H workers, with rendezvous id ID-ENGINE-nN, and every host gets every rank's telemetry
+(gathered inside the job, run/child.py). The 1-worker baseline that efficiency divides by runs on
+one host: the one that serves the rendezvous store; the other hosts skip it and report no efficiency.
+
+JSON (`ScaleResult.to_dict()`, report.json's "results"):
+    {"config": {"script": str, "args": [str], "world_sizes": [int], "engines": [str], "steps": int,
+                "warmup": int, "threads_per_worker": int},
+                "nnodes": int | null, "rdzv_endpoint": str | null, "rdzv_id": str | null,
+                "local_addr": str | null, "rdzv_conf": str | null, "node_rank": int | null},
+     "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
+                 "step_ms_p90": float, "samples_per_step": float, "samples_per_s": float,
+                 "step_ms_p10": float | null (null in reports written before it was kept),
+                 "efficiency": float | null, "exposed_comm_ms": float | null,
+                 "hosts": int | null (distinct hosts of the ranks; null in older reports)}, ...],
+     "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dpscale.engine.factory import RUN_ENGINES
+from dpscale.errors import ConfigError
+from dpscale.flags import flag_spec
+from dpscale.lab.bench.args import parse_int_list, parse_name_list
+from dpscale.launch.hosts import HostFlags, job_nodes
+from dpscale.launch.nodes import Nodes
+from dpscale.launch.run import run_script
+from dpscale.log import workers
+
+JSON_ROW = (
+    "world_size",
+    "engine",
+    "hosts",
+    "steps",
+    "step_ms",
+    "samples_per_s",
+    "efficiency",
+    "exposed_comm_ms",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleConfig(HostFlags):
+    script: str
+    """Your training script (given after --, not as a flag)."""
+    args: list[str] = field(default_factory=list)
+    """Its arguments."""
+    world_sizes: list[int] = field(
+        default_factory=lambda: [1, 2],
+        metadata=flag_spec(name="--nproc", parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1)),
+    )
+    """Comma-separated world sizes."""
+    engines: list[str] = field(
+        default_factory=lambda: ["dpscale"],
+        metadata=flag_spec(
+            name="--engine", parse=lambda s: parse_name_list(s, flag="--engine", choices=list(RUN_ENGINES))
+        ),
+    )
+    """Comma-separated engines from dpscale, torch."""
+    steps: int = 15
+    """Timed synchronized steps per run."""
+    warmup: int = 3
+    """Synchronized steps before timing."""
+    threads_per_worker: int = field(
+        default=1, metadata=flag_spec(help="intra-op threads (default: cores / largest N)")
+    )
+    """Intra-op threads per worker."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ConfigError(f"--steps must be at least 1, got {self.steps}")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
+        if not self.world_sizes or min(self.world_sizes) < 1:
+            raise ConfigError(f"--nproc: world sizes must be >= 1, got {self.world_sizes}")
+        for e in self.engines:
+            if e not in RUN_ENGINES:
+                raise ConfigError(f"--engine: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
+        self.check_hosts(self.world_sizes)
+
+
+@dataclass(frozen=True)
+class ScalePoint:
+    world_size: int
+    engine: str
+    transport: str
+    steps: int
+    step_ms: float  # median over the timed steps of the slowest rank's step
+    step_ms_p90: float
+    samples_per_step: float  # over all ranks
+    samples_per_s: float  # median over the timed steps of the step's samples / its time
+    efficiency: float | None  # samples/s at N over N x samples/s at 1 (same engine)
+    exposed_comm_ms: float | None  # median over steps, rank 0
+    step_ms_p10: float | None = None  # with a default: older reports' points lack it
+    hosts: int | None = None  # distinct hosts the ranks ran on (comm.select.host_id)
+
+    @property
+    def spread(self) -> float | None:
+        """(p90 - p10) / median of the step time."""
+        if self.step_ms_p10 is None or not self.step_ms > 0:
+            return None
+        return (self.step_ms_p90 - self.step_ms_p10) / self.step_ms
+
+
+@dataclass
+class ScaleResult:
+    config: ScaleConfig
+    points: list[ScalePoint]
+    profile: dict | None = None
+
+    def to_dict(self) -> dict:
+        points = [asdict(p) for p in self.points]
+        return {"config": asdict(self.config), "points": points, "profile": self.profile}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> ScaleResult:
+        return cls(ScaleConfig(**doc["config"]), [ScalePoint(**p) for p in doc["points"]], doc.get("profile"))
+
+    def rows(self) -> list[dict]:
+        """The `--json` rows."""
+        return [{k: getattr(p, k) for k in JSON_ROW} for p in self.points]
+
+
+class ScriptFailed(RuntimeError):
+    """The script failed or ended early; the message says which run and shows its output's tail."""
+
+
+def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: Nodes | None) -> list[dict]:
+    """Every rank's telemetry from one run of the script: on this host, or with `nodes` as one host
+    of a job over all of them (n / hosts workers here)."""
+    limit = config.warmup + config.steps
+    with tempfile.TemporaryDirectory(prefix="dpscale-scale-") as out:
+        log = logs / f"{engine}-{n}.log"
+        code = run_script(
+            config.script,
+            config.args,
+            nproc=n if nodes is None else n // nodes.max_nodes,
+            nodes=nodes,
+            engine=engine,
+            telemetry_dir=out,
+            steps=limit,
+            threads=config.threads_per_worker,
+            log_path=log,
+        )
+        ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+    if code != 0:
+        raise ScriptFailed(f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}")
+    if len(ranks) != n:
+        raise ScriptFailed(
+            f"{config.script} with {n} workers ({engine}): {len(ranks)} of {n} ranks wrapped a model in "
+            f"torch.nn.parallel.DistributedDataParallel; scale measures through it\n{tail}"
+        )
+    done = min(len(r["records"]) for r in ranks)
+    if done < limit:
+        raise ConfigError(
+            f"{config.script} ran {done} synchronized steps with {workers(n)}, fewer than --warmup "
+            f"{config.warmup} + --steps {config.steps}; lower them or let the script run longer"
+        )
+    return ranks
+
+
+def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> ScalePoint:
+    timed = slice(config.warmup, config.warmup + config.steps)
+    per_rank = [r["records"][timed] for r in ranks]
+    step_ms = [max(rs[k]["step_ms"] for rs in per_rank) for k in range(config.steps)]
+    samples = [sum(rs[k]["samples"] for rs in per_rank) for k in range(config.steps)]
+    exposed = [r["exposed_comm_ms"] for r in per_rank[0] if r["exposed_comm_ms"] is not None]
+    return ScalePoint(
+        world_size=n,
+        engine=engine,
+        transport=ranks[0]["transport"],
+        steps=config.steps,
+        step_ms=statistics.median(step_ms),
+        step_ms_p90=statistics.quantiles(step_ms, n=10)[-1] if len(step_ms) > 1 else step_ms[0],
+        samples_per_step=statistics.mean(samples),
+        # the median step's rate, as the step time shown beside it (and bench scaling's): a mean
+        # lets one step held up by the host move the baseline, and with it every efficiency
+        samples_per_s=statistics.median(s / (t / 1e3) for s, t in zip(samples, step_ms, strict=True)),
+        efficiency=None,
+        exposed_comm_ms=statistics.median(exposed) if exposed else None,
+        step_ms_p10=statistics.quantiles(step_ms, n=10)[0] if len(step_ms) > 1 else step_ms[0],
+        hosts=len({r.get("host") for r in ranks}),
+    )
+
+
+def profile_from(rank0: dict, config: ScaleConfig, point: ScalePoint) -> dict:
+    """A `dpscale predict --profile` document from dpscale's one-worker run: forward and backward
+    as the engine timed them, the rest of the step (optimizer, data, the script's own work) as the
+    optimizer phase; gradients assumed ready evenly through backward (no per-parameter times)."""
+    timed = rank0["records"][config.warmup :]
+    forward = statistics.median(rank0["forward_ms"][config.warmup :] or [0.0])
+    backward = statistics.median([r["backward_ms"] for r in timed if r["backward_ms"] is not None] or [0.0])
+    return {
+        "model": Path(config.script).name,
+        "source": "measured",
+        "per_worker_batch": round(point.samples_per_step),
+        "forward_ms": forward,
+        "backward_ms": backward,
+        "optimizer_ms": max(0.0, point.step_ms - forward - backward),
+        "param_count": rank0["param_count"],
+        "param_bytes": rank0["param_bytes"],
+        "bytes_per_param": rank0["param_bytes"] / max(1, rank0["param_count"]),
+        "params": [],
+        "engine_overhead_ms": {},
+        "contention": {},
+        "sync": [],
+        "threads": config.threads_per_worker,
+        "steps": config.steps,
+        "warmup": config.warmup,
+        "system": None,
+    }
+
+
+def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
+    """Run the script at every world size with every engine (engines alternate within a size).
+    Across hosts, N = 1 runs only on the host that serves the rendezvous store."""
+    points, profile, nodes = [], None, config.nodes()
+    for n in config.world_sizes:
+        for engine in config.engines:
+            job = job_nodes(nodes, n, engine)
+            if job is False:  # the one-worker baseline runs on the store's host only
+                continue
+            ranks = _measure_one(config, n, engine, logs, job)
+            points.append(_point(n, engine, ranks, config))
+            if n == 1 and engine == "dpscale":
+                profile = profile_from(next(r for r in ranks if r["rank"] == 0), config, points[-1])
+    base = {p.engine: p.samples_per_s for p in points if p.world_size == 1}
+    points = [
+        ScalePoint(**{**asdict(p), "efficiency": p.samples_per_s / (p.world_size * base[p.engine])})
+        if p.engine in base
+        else p
+        for p in points
+    ]
+    return ScaleResult(config, points, profile)

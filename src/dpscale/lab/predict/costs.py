@@ -1,0 +1,226 @@
+"""Latency-bandwidth (alpha-beta) cost of one all-reduce of n bytes over p workers, per algorithm.
+
+Every algorithm is written as a sum of terms: latency (sequential steps x a link's per-step
+latency), bandwidth (bytes through the busiest port / that link's bandwidth) and the fixed
+software overhead of one call. Keeping the terms apart is what lets a prediction name its
+bottleneck ("inter-node bandwidth", "latency of 2(n-1) ring steps"). Workers are numbered node by
+node (ranks 0..g-1 on node 0, ...), each node has one network port of the inter-node bandwidth
+(all its NICs together) and each worker one intra-node port.
+
+    ring               2(p-1) steps (2(N-1) of them between nodes); 2(p-1)/p * n through every port
+    tree               pipelined double binary tree between nodes, chain within: 2((g-1) + ceil(log2 N))
+                       steps; 2n through an interior port (n when p = 2)
+    halving-doubling   recursive halving reduce-scatter + recursive doubling all-gather: 2 log2 p
+                       steps, 2(p-1)/p * n in all; + 2 steps of n when p is not a power of two
+    hierarchical       reduce-scatter within nodes, all-reduce of n/g between nodes (g streams
+                       sharing the node's port), all-gather within nodes
+
+The formulas and their sources (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009; Sanders,
+Speck & Traeff 2009; NCCL's tuning model) are in docs/performance-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dpscale.errors import ConfigError
+from dpscale.lab.predict.cluster import INTER, INTRA, Cluster, Layout, Link
+
+ALGORITHMS = ("ring", "tree", "halving-doubling", "hierarchical")
+ALGORITHM_CHOICES = (*ALGORITHMS, "auto")  # auto: the fastest per message size, as NCCL's tuner picks
+
+
+@dataclass(frozen=True)
+class Term:
+    kind: str  # "latency", "bandwidth" or "overhead"
+    link: str  # INTRA, INTER, "software", or a measured transport's name
+    seconds: float
+    label: str  # the bottleneck in words when this term dominates
+
+
+@dataclass(frozen=True)
+class AllReduceCost:
+    algorithm: str  # the algorithm used ("auto" resolves to one), or "measured <transport>"
+    nbytes: float
+    terms: tuple[Term, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return sum(t.seconds for t in self.terms)
+
+    def dominant(self) -> Term | None:
+        return max(self.terms, key=lambda t: t.seconds, default=None)
+
+
+def _overhead(c: Cluster) -> Term:
+    return Term("overhead", "software", c.per_message_overhead_us * 1e-6, "per-message overhead")
+
+
+# NCCL's tuning model gives the tree all-reduce 0.92 of the ring's bus bandwidth (src/graph/tuning.cc)
+TREE_BANDWIDTH_FACTOR = 0.92
+
+
+def _bandwidth(link: Link, nbytes: float, c: Cluster, algorithm_factor: float = 1.0) -> list[Term]:
+    """Bytes over a link at its nominal rate, plus what falling short of it and congestion add.
+
+    Kept as separate terms so that the bottleneck can say which: the nominal rate, the achieved
+    fraction (Link.efficiency x the algorithm's factor, when the cluster models it) or congestion.
+    """
+    nominal = nbytes / link.bandwidth_Bps
+    efficiency = link.efficiency * algorithm_factor if c.achieved_bandwidth else 1.0
+    achieved = nominal / efficiency
+    return [
+        Term("bandwidth", link.name, nominal, f"{link.name} bandwidth"),
+        Term("bandwidth", link.name, achieved - nominal, f"{link.name} achieved-bandwidth shortfall"),
+        Term("bandwidth", link.name, achieved * (link.congestion - 1), f"{link.name} congestion"),
+    ]
+
+
+def _latency(link: Link, steps: int, label: str) -> Term:
+    return Term("latency", link.name, steps * link.latency_s, label)
+
+
+def _slowest(lay: Layout, c: Cluster) -> Link:
+    """The link that limits a pipelined flat algorithm: the slower one in use."""
+    if lay.nodes == 1:
+        return c.intra
+    if lay.per_node == 1:
+        return c.inter
+    return min(c.intra, c.inter, key=lambda link: _rate(link, c))
+
+
+def _rate(link: Link, c: Cluster) -> float:
+    """Bytes/s the link moves for this job: nominal x achieved fraction / congestion."""
+    return link.bandwidth_Bps * (link.efficiency if c.achieved_bandwidth else 1.0) / link.congestion
+
+
+def _cost(name: str, nbytes: float, c: Cluster, terms: list[Term]) -> AllReduceCost:
+    return AllReduceCost(name, nbytes, tuple(t for t in [*terms, _overhead(c)] if t.seconds > 0))
+
+
+def ring(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
+    # A chunk travels 2(p-1) hops, 2(N-1) of them between nodes: latency adds up hop by hop (as
+    # NCCL's tuning model counts it) while bandwidth is set by the slowest port in the ring.
+    p, inter_steps = lay.world_size, 2 * (lay.nodes - 1)
+    label = "latency of 2(n-1) ring steps"
+    return _cost(
+        "ring",
+        nbytes,
+        c,
+        [
+            _latency(c.intra, 2 * (p - 1) - inter_steps, label),
+            _latency(c.inter, inter_steps, label),
+            *_bandwidth(_slowest(lay, c), 2 * (p - 1) / p * nbytes, c),
+        ],
+    )
+
+
+def tree(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
+    # Reduce up and broadcast down, pipelined in chunks: the depth is paid in latency twice, and
+    # an interior port carries 2n (n/2 per tree up and down, interior in one tree, leaf in the other).
+    g, nodes = lay.per_node, lay.nodes
+    label = "latency of 2 log2(n) tree steps"
+    per_port = nbytes if lay.world_size == 2 else 2 * nbytes
+    return _cost(
+        "tree",
+        nbytes,
+        c,
+        [
+            _latency(c.intra, 2 * (g - 1), label),
+            _latency(c.inter, 2 * math.ceil(math.log2(nodes)), label),
+            *_bandwidth(_slowest(lay, c), per_port, c, TREE_BANDWIDTH_FACTOR),
+        ],
+    )
+
+
+def halving_doubling(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
+    # Rabenseifner: round k exchanges n/2^(k+1) with the partner at distance 2^k, twice (halving,
+    # then doubling). Distances grow from 1, so the large early halves stay inside a node; a round
+    # that crosses nodes has all g workers of a node sending through its one port at once.
+    p, g = lay.world_size, lay.per_node
+    p2 = 1 << (p.bit_length() - 1)  # largest power of two <= p
+    label = "latency of 2 log2(n) halving-doubling steps"
+    steps = {INTRA: 0, INTER: 0}
+    volume = {INTRA: 0.0, INTER: 0.0}
+    for k in range(p2.bit_length() - 1):
+        half = nbytes / 2 ** (k + 1)
+        if lay.nodes == 1 or g % 2 ** (k + 1) == 0:
+            steps[INTRA] += 2
+            volume[INTRA] += 2 * half
+        else:
+            steps[INTER] += 2
+            volume[INTER] += 2 * g * half
+    terms = [
+        _latency(c.intra, steps[INTRA], label),
+        _latency(c.inter, steps[INTER], label),
+        *_bandwidth(c.intra, volume[INTRA], c),
+        *_bandwidth(c.inter, volume[INTER], c),
+    ]
+    if p != p2:
+        # The p - p2 extra workers first hand their whole vector to a partner and get the result
+        # back at the end: two more steps of n (the simple variant; Thakur et al. section 4.4).
+        slow = _slowest(lay, c)
+        terms += [_latency(slow, 2, label), *_bandwidth(slow, 2 * nbytes, c)]
+    return _cost("halving-doubling", nbytes, c, terms)
+
+
+def hierarchical(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
+    # dpscale's hierarchical transport and NCCL-style 2D all-reduce: the inter-node phase moves n/g
+    # per worker, but the g workers of a node share its port, so the node still sends 2(N-1)/N * n.
+    g, nodes = lay.per_node, lay.nodes
+    return _cost(
+        "hierarchical",
+        nbytes,
+        c,
+        [
+            _latency(c.intra, 2 * (g - 1), "latency of 2(g-1) intra-node steps"),
+            *_bandwidth(c.intra, 2 * (g - 1) / g * nbytes, c),
+            _latency(c.inter, 2 * (nodes - 1), "latency of 2(nodes-1) inter-node ring steps"),
+            *_bandwidth(c.inter, 2 * (nodes - 1) / nodes * nbytes, c),
+        ],
+    )
+
+
+COST_FUNCTIONS: dict[str, Callable[[float, Layout, Cluster], AllReduceCost]] = {
+    "ring": ring,
+    "tree": tree,
+    "halving-doubling": halving_doubling,
+    "hierarchical": hierarchical,
+}
+
+
+def measured(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
+    """The transport's own time at this world size, as `dpscale bench allreduce` measured it."""
+    m = c.measured[lay.world_size]
+    total_s = m.time_us(nbytes) * 1e-6
+    latency_s = min(m.latency_us() * 1e-6, total_s)
+    terms = (
+        Term("latency", m.transport, latency_s, f"measured {m.transport} all-reduce latency"),
+        Term("bandwidth", m.transport, total_s - latency_s, f"measured {m.transport} all-reduce bandwidth"),
+    )
+    return AllReduceCost(f"measured {m.transport}", nbytes, tuple(t for t in terms if t.seconds > 0))
+
+
+def all_reduce_cost(
+    nbytes: float, world_size: int, cluster: Cluster, algorithm: str = "auto"
+) -> AllReduceCost:
+    """The cost of summing `nbytes` over `world_size` workers of `cluster` with `algorithm`.
+
+    A world size the cluster has measurements for uses them whatever the algorithm (the transport
+    runs its own); world size 1 moves nothing and costs nothing otherwise.
+    """
+    if algorithm not in ALGORITHM_CHOICES:
+        raise ConfigError(f"--algorithm: unknown {algorithm!r}; choose from {', '.join(ALGORITHM_CHOICES)}")
+    if nbytes < 0:
+        raise ConfigError(f"message size must be >= 0 bytes, got {nbytes}")
+    lay = cluster.layout(world_size)
+    if world_size in cluster.measured:
+        return measured(nbytes, lay, cluster)
+    if world_size == 1:
+        return AllReduceCost("none", nbytes)
+    if algorithm == "auto":
+        # ties go to the first in ALGORITHMS order (ring), the simplest
+        return min((f(nbytes, lay, cluster) for f in COST_FUNCTIONS.values()), key=lambda cost: cost.seconds)
+    return COST_FUNCTIONS[algorithm](nbytes, lay, cluster)

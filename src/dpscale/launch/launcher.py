@@ -1,0 +1,361 @@
+"""Start the training workers: in this process for one worker, through torch's elastic agent for more.
+
+The agent (torch.distributed.launcher, what torchrun runs) does the rendezvous on 127.0.0.1 with
+a port the OS picks, restarts every worker when one fails (up to `max_restarts`), and hands each
+worker its rank through the environment. A restarted worker resumes from the last good checkpoint.
+Each worker is a `python -m dpscale.launch.worker` subprocess of this process (as under torchrun),
+not a multiprocessing child: nothing between the launcher and its workers, and no named
+semaphores in /dev/shm that a killed job would leave behind. Workers end when the launcher dies
+(see process_life.py). SIGTERM/SIGINT to the launcher writes a stop file the workers look for at
+every step; they stop after the same step, checkpoint, and `launch` raises `RunStopped`.
+
+On one host the agent always restarts the same number of workers, so a world size range
+`min_nproc..nproc` means: start `nproc`; when every restart at that size has failed, launch again
+with the next smaller size whose workers split the global batch, resuming from the last checkpoint
+(see docs/fault-tolerance.md for what this can and cannot do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dpscale.cores import usable_cores
+from dpscale.engine.collective_log import silent_ranks
+from dpscale.errors import ConfigError
+from dpscale.launch import dir_lock, rendezvous
+from dpscale.launch.nodes import Nodes, parse_min_max
+from dpscale.launch.preflight import check_before_start, check_resume_point, resume_note
+from dpscale.launch.process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
+from dpscale.log import get_logger, workers
+from dpscale.train.config import TrainConfig
+from dpscale.train.device import backend_for, resolve_device
+from dpscale.train.result import TrainResult
+from dpscale.train.trainer import Trainer
+
+logger = get_logger(__name__)
+
+# how the launcher hands a worker its task: the environment variable names a JSON file with the
+# config and thread count; rank 0 writes its result next to it
+LAUNCH_SPEC_ENV = "DPSCALE_LAUNCH_SPEC"
+LAUNCHER_PID_ENV = "DPSCALE_LAUNCHER_PID"
+# after a second SIGTERM/SIGINT, how long the agent lets workers end before SIGKILL
+_SHUTDOWN_S = 5
+
+
+class LaunchError(RuntimeError):
+    """Every attempt failed; the message names the failing rank and holds its traceback."""
+
+
+class RunStopped(Exception):
+    """The run ended early on purpose: diverged (exit code 3) or stopped by a signal (128 + signal).
+
+    The message is one line saying where it stopped; `result` is rank 0's, when it got that far.
+    """
+
+    def __init__(self, message: str, exit_code: int, result: TrainResult | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.result = result
+
+
+def stopped_exit_code(stopped_by: str) -> int:
+    """Exit code for a run that stopped early: 3 when it diverged, 128 + the signal's number otherwise."""
+    if stopped_by == "diverged":
+        return EXIT_DIVERGED
+    return signal_exit_code(stopped_by) if stopped_by in signal.Signals.__members__ else 128 + signal.SIGTERM
+
+
+def default_threads(nproc: int) -> int:
+    """Intra-op threads per worker: the cores this process may use, split evenly."""
+    return max(1, usable_cores() // nproc)
+
+
+def rendezvous_warning(addr: str | None) -> str | None:
+    """A warning if workers meet at a non-loopback address, else None."""
+    if not addr:
+        return None
+    try:
+        # every address the name resolves to: "localhost" may also resolve to a public one
+        addresses = {info[4][0] for info in socket.getaddrinfo(addr, None)}
+        loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    except (OSError, ValueError):
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"dpscale: warning: workers rendezvous at {addr}, which is not a loopback address. torch's "
+        "rendezvous store has no authentication: anyone who can reach it can join or disrupt the job. "
+        "Run multi-host jobs on a trusted network only (docs/fault-tolerance.md)."
+    )
+
+
+def parse_nproc(text: str) -> tuple[int, int]:
+    """`N` or `MIN:MAX` -> (min_nproc, nproc)."""
+    return parse_min_max("--nproc", text)
+
+
+def launch(
+    cfg: TrainConfig,
+    nproc: int,
+    *,
+    min_nproc: int | None = None,
+    max_restarts: int = 0,
+    threads: int | None = None,
+    nodes: Nodes | None = None,
+) -> TrainResult:
+    """Train with `nproc` workers on this host (down to `min_nproc` if they keep failing); with
+    `nodes`, as one host of a multi-host job (the same call on every host; see nodes.py).
+
+    Returns rank 0's result; raises LaunchError when every attempt at every size failed.
+    """
+    min_nproc = nproc if min_nproc is None else min_nproc
+    if not 1 <= min_nproc <= nproc:
+        raise ConfigError(f"nproc must be N or MIN:MAX with 1 <= MIN <= MAX, got {min_nproc}:{nproc}")
+    if max_restarts < 0:
+        raise ConfigError(f"max_restarts must be >= 0, got {max_restarts}")
+    # fail before starting anything when the batch does not split (resolve_batch names the numbers);
+    # a scale-lr resume with a checkpoint splits the checkpoint's per-worker batch instead
+    if not _can_start(cfg, nproc):
+        cfg.resolve_batch(nproc)
+    if not _splits(cfg, min_nproc):
+        cfg.resolve_batch(min_nproc)
+    if threads is not None and threads < 1:
+        raise ConfigError(f"threads must be >= 1 (intra-op threads per worker), got {threads}")
+    check_before_start(cfg)
+    if nodes is not None and min_nproc != nproc:
+        raise ConfigError("--nproc MIN:MAX is for one host; across hosts give --nnodes MIN:MAX and --nproc N")
+    if nodes is not None and nodes.node_rank is not None and max_restarts:
+        # a static rendezvous has no round every host shares, so restarted hosts would meet under
+        # different keys (comm/attempt.py)
+        raise ConfigError(
+            "--node-rank (static rendezvous) cannot restart across hosts: drop --node-rank (the "
+            "dpscale-c10d rendezvous numbers the hosts and restarts them) or give --max-restarts 0"
+        )
+    # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
+    # so a second job is refused there and the other hosts of one job do not refuse each other
+    lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())
+    with dir_lock.hold(cfg.checkpoint_dir) if lock else contextlib.nullcontext():
+        if note := resume_note(cfg):
+            logger.info("%s", note)
+        check_resume_point(cfg)
+        if nodes is not None:
+            return _launch_nodes(cfg, nproc, max_restarts, threads or default_threads(nproc), nodes)
+        return _launch_sizes(cfg, nproc, min_nproc, max_restarts, threads)
+
+
+def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    try:
+        return _finished(_launch_elastic(cfg, nproc, max_restarts, threads, nodes))
+    except ChildFailedError as e:
+        raise LaunchError(_describe_failure(e, nproc, max_restarts)) from None
+    except rendezvous.HostsLost as e:  # this host is cut off: the message names whom it lost
+        raise LaunchError(f"{e}; this host's workers were stopped") from None
+    except rendezvous.HostsDidNotRejoin as e:  # after a restart, the lost hosts never came back
+        raise LaunchError(str(e)) from None
+    except RendezvousConnectionError:
+        # the agent's store calls time out (read_timeout) when this host is cut off from the store's
+        raise LaunchError(
+            f"lost the rendezvous store at {nodes.rdzv_endpoint} (host {nodes.endpoint_host}): it closed "
+            f"the connection or did not answer within {nodes.read_timeout_s(cfg.collective_timeout_s)} s, "
+            "so that host ended, is gone or is cut off from this one; this host's workers were stopped"
+        ) from None
+
+
+def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: int, threads: int | None):
+    if nproc == 1 and max_restarts == 0:
+        return _finished(_run_in_process(cfg, threads or default_threads(1)))
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    n = nproc
+    while True:
+        try:
+            return _finished(_launch_elastic(cfg, n, max_restarts, threads or default_threads(n)))
+        except ChildFailedError as e:
+            failure = _describe_failure(e, n, max_restarts)
+            # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
+            cfg = replace(cfg, resume=bool(cfg.checkpoint_dir))
+            smaller = (m for m in range(n - 1, min_nproc - 1, -1) if _can_start(cfg, m))
+            n = next(smaller, None)
+            if n is None:
+                raise LaunchError(failure) from None
+            logger.warning("%s; launching again with %s", failure.splitlines()[0], workers(n))
+
+
+def _splits(cfg: TrainConfig, n: int) -> bool:
+    """Whether n workers may be asked for: the configured batch splits, or scale-lr may take a
+    checkpoint's per-worker batch (whether one exists is known only when it comes to it)."""
+    if cfg.world_change == "scale-lr" and cfg.checkpoint_dir:
+        return True
+    return _configured_split(cfg, n)
+
+
+def _can_start(cfg: TrainConfig, n: int) -> bool:
+    """Whether n workers can start now: the configured batch splits, or a scale-lr resume has a checkpoint."""
+    if cfg.world_change == "scale-lr" and cfg.resume and cfg.checkpoint_dir:
+        if any(Path(cfg.checkpoint_dir).glob("step-*")):
+            return True
+    return _configured_split(cfg, n)
+
+
+def _configured_split(cfg: TrainConfig, n: int) -> bool:
+    try:
+        cfg.resolve_batch(n)
+    except ValueError:
+        return False
+    return True
+
+
+def _finished(result: TrainResult) -> TrainResult:
+    if result.stopped_by:
+        raise RunStopped(
+            result.stop_message or result.stopped_by, stopped_exit_code(result.stopped_by), result
+        )
+    return result
+
+
+def _launch_elastic(
+    cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes | None = None
+) -> TrainResult:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if nodes is None:  # one host: stores on 127.0.0.1 only
+        where = dict(
+            min_nodes=1,
+            max_nodes=1,
+            run_id=f"dpscale-{uuid.uuid4().hex[:8]}",
+            rdzv_backend=rendezvous.register(),
+            rdzv_endpoint=f"{rendezvous.LOOPBACK}:0",
+        )
+    else:  # what the user named, nothing else (see nodes.py)
+        where = dict(
+            min_nodes=nodes.min_nodes,
+            max_nodes=nodes.max_nodes,
+            run_id=nodes.rdzv_id,
+            rdzv_backend=rendezvous.MULTI_HOST_BACKEND
+            if nodes.node_rank is None
+            else rendezvous.register_static(),
+            rdzv_endpoint=nodes.rdzv_endpoint,
+            rdzv_configs=nodes.rdzv_configs(cfg.collective_timeout_s),
+            local_addr=nodes.local_addr,
+        )
+    launch_cfg = LaunchConfig(
+        **where,
+        nproc_per_node=nproc,
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        # SIGTERM and SIGINT are ours (StopRequest below); the agent still ends the job on these
+        signals_to_handle="SIGHUP,SIGQUIT",
+        shutdown_timeout=_SHUTDOWN_S,
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    with tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
+        files = {name: str(Path(tmp) / name) for name in ("spec.json", "result.json", "stop")}
+        Path(files["spec.json"]).write_text(
+            json.dumps(
+                {
+                    "config": cfg.to_dict(),
+                    "threads": threads,
+                    "result": files["result.json"],
+                    "stop": files["stop"],
+                }
+            )
+        )
+        stop = StopRequest(on_request=Path(files["stop"]).write_text, on_second=_abort)
+        if threading.current_thread() is threading.main_thread():
+            stop.install()
+        os.environ[LAUNCH_SPEC_ENV] = files["spec.json"]
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+        try:
+            elastic_launch(launch_cfg, sys.executable)("-m", "dpscale.launch.worker")
+        except SignalException as e:  # a second signal (or SIGHUP, SIGQUIT): the workers were ended
+            name = signal.Signals(e.sigval).name
+            raise RunStopped(
+                f"stopped by {name} at once, without a checkpoint", signal_exit_code(name)
+            ) from None
+        finally:
+            stop.restore()
+            for key in (LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV):
+                os.environ.pop(key, None)
+        result = _read_result(Path(files["result.json"]))
+    if result is None:
+        raise LaunchError(f"training with {nproc} workers ended without a result from rank 0")
+    return result
+
+
+def _abort(signum: int) -> None:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    # the agent's own way out: it stops the workers (the same signal, then SIGKILL) and re-raises
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+def _read_result(path: Path) -> TrainResult | None:
+    try:
+        return TrainResult(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _describe_failure(e: Exception, nproc: int, max_restarts: int) -> str:
+    """First line: what failed, naming the rank to look at; then the first failing worker's traceback.
+
+    A rank that hung is what to look at, not the rank that timed out waiting for it (which fails
+    first); the timed-out rank's CollectiveError names it. A worker killed by a signal leaves no
+    error record (torch's file holds "<NONE>"), only its exit code.
+    """
+    attempts = f"{max_restarts + 1} attempt{'s' if max_restarts else ''}"
+    head = f"training with {nproc} workers failed after {attempts} (--max-restarts {max_restarts}); "
+    try:
+        rank, failure = e.get_first_failure()
+    except Exception:  # the agent's error record is best effort; never hide the failure behind it
+        return f"training with {nproc} workers failed after {attempts}: {e}"
+    record = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    record = record if isinstance(record, dict) else {}
+    extra = record.get("extraInfo") if isinstance(record.get("extraInfo"), dict) else {}
+    trace = str(extra.get("py_callstack") or "")
+    hung = silent_ranks(f"{record.get('message', '')}\n{trace}")
+    if hung:
+        who = ", ".join(f"rank {r}" for r in hung)
+        head += f"{who} hung: rank {rank} timed out waiting for it in a collective"
+    elif failure.exitcode < 0:
+        signal_no, name = -failure.exitcode, failure.signal_name()
+        head += f"last failure: rank {rank} was killed by signal {signal_no} ({name})"
+    else:
+        head += f"last failure: rank {rank} exited with code {failure.exitcode}"
+    return head + (":\n" + trace.rstrip() if trace else "")
+
+
+def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    device = resolve_device(cfg.device, local_rank=0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+    # signal handlers can only be installed from the main thread (an API caller may be elsewhere)
+    stop = StopRequest().install() if threading.current_thread() is threading.main_thread() else None
+    try:
+        return Trainer(cfg, stop_requested=stop).fit()
+    finally:
+        if stop is not None:
+            stop.restore()
+        dist.destroy_process_group()
+        torch.set_num_threads(old)

@@ -1,0 +1,104 @@
+"""Checks of a training run that can be made before any worker starts, so bad input costs one line
+and exit code 2 instead of a traceback from every worker, or a failure after training.
+
+`preflight` (the CLI's): the task is loaded and probed (its model built, a couple of items of each
+dataset run through the model, loss and metrics), its training set compared with the global batch,
+and the device checked for the largest world size the run may use. `check_before_start` (the
+launcher's, for API callers too): the file system and the transport; `check_resume_point` (the
+launcher's, under the directory's lock): the checkpoint a `--resume` would continue. They look,
+never create: a run refused here has written nothing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Collection
+from pathlib import Path
+
+import torch
+
+from dpscale.errors import ConfigError
+from dpscale.paths import check_writable_dir
+from dpscale.train.checkpoint.files import CheckpointWarning, load_latest
+from dpscale.train.checkpoint.resume import check_resumable
+from dpscale.train.config import TrainConfig
+from dpscale.train.device import resolve_device
+from dpscale.train.state import TrainState
+from dpscale.train.trainer import resolve_task
+from dpscale.workloads.task import probe
+
+# the config's optimizer, which a task's own (Task.optimizer) replaces
+OPTIMIZER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
+
+
+def preflight(cfg: TrainConfig, world_sizes: list[int], given: Collection[str] = ()) -> None:
+    """ValueError (one line, naming what to change) for anything that would fail in the workers,
+    or be ignored: `given` names the fields the user set (flags, --config), not the defaults."""
+    for n in sorted(set(world_sizes), reverse=True):
+        cfg.resolve_batch(n)
+        if cfg.device != "cpu":
+            resolve_device(cfg.device, local_rank=n - 1)
+    check_before_start(cfg)
+    task = resolve_task(cfg)
+    probe(task)
+    ignored = [f"--{name.replace('_', '-')}" for name in OPTIMIZER_FIELDS if name in given]
+    if task.optimizer is not None and ignored:
+        raise ConfigError(
+            f"{', '.join(ignored)}: the task builds its own optimizer (Task.optimizer), which "
+            f"{'this flag does' if len(ignored) == 1 else 'these flags do'} not change; drop "
+            f"{'it' if len(ignored) == 1 else 'them'}, or drop Task.optimizer so that the flags "
+            "choose the optimizer"
+        )
+    # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
+    if cfg.tail in ("drop", "pad") and len(task.train_data) < cfg.global_batch:
+        raise ConfigError(
+            f"train_data has {len(task.train_data)} samples, fewer than one global batch of "
+            f"{cfg.global_batch}; use --global-batch {len(task.train_data)} or less, or --tail keep"
+        )
+
+
+def check_before_start(cfg: TrainConfig) -> None:
+    """What fails only inside the workers or after training: directories, the transport."""
+    if cfg.resume and cfg.checkpoint_dir and not Path(cfg.checkpoint_dir).is_dir():
+        raise ConfigError(
+            f"--resume: checkpoint directory {cfg.checkpoint_dir} does not exist; check --checkpoint-dir"
+        )
+    if cfg.checkpoint_dir:
+        check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
+    if cfg.metrics_dir:
+        check_writable_dir("--metrics-dir", cfg.metrics_dir)
+    if cfg.transport == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
+
+
+def check_resume_point(cfg: TrainConfig) -> None:
+    """With --resume: the newest checkpoint that verifies can continue this run (same global batch),
+    or there is none yet. Otherwise every worker would fail on it with a traceback (and be
+    restarted to fail again). Every file is verified; only the trainer's state is loaded."""
+    if not cfg.resume or not cfg.checkpoint_dir:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)  # rank 0 names each rejected one again
+        loaded = load_latest(cfg.checkpoint_dir, expected_stems=("trainer",), only=("trainer",))
+    if loaded is None:
+        return
+    saved = TrainState.from_state_dict(loaded.payload["trainer"], loaded.path / "trainer.pt")
+    check_resumable(
+        saved,
+        global_batch=cfg.global_batch,
+        world_change=cfg.world_change,
+        where=loaded.path,
+        auto_batch=cfg.auto_batch,
+    )
+
+
+def resume_note(cfg: TrainConfig) -> str | None:
+    """A line for a `--resume` that has nothing to resume from (the run starts at step 0), else None.
+
+    Not an error: a supervisor that always passes --resume must be able to start a job's first run.
+    """
+    if not cfg.resume or not cfg.checkpoint_dir:
+        return None
+    if any(p.name.startswith("step-") for p in Path(cfg.checkpoint_dir).iterdir()):
+        return None
+    return f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0"

@@ -1,0 +1,113 @@
+"""Start a user's script on N local workers as `torchrun --standalone` does, through `dpscale.launch.run_child`.
+
+Across hosts (`nodes`, the same call on every host) torchrun gets the multi-node flags instead of
+--standalone: `dpscale-c10d` (train/rendezvous.py; the host that carries the endpoint's address
+serves the store, as for `dpscale train`), or torch's static rendezvous with --node-rank.
+
+torchrun (torch.distributed.run) does the rendezvous on this host with a port it picks, sets
+RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* for each worker and forwards signals; each worker runs
+`python -m dpscale.launch.run_child SCRIPT ARGS`, which installs the stand-in engine and runs the script.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpscale.engine.factory import RUN_ENGINES
+from dpscale.errors import ConfigError
+from dpscale.launch.nodes import Nodes
+from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
+from dpscale.launch.run_child import ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """`dpscale run`'s flags (the script and its arguments are positional, not fields)."""
+
+    nproc: int = 1
+    """Workers on this host."""
+    engine: str = "dpscale"
+    """dpscale (default), or torch to keep torch's DDP."""
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ConfigError(f"--nproc must be at least 1, got {self.nproc}")
+        if self.engine not in RUN_ENGINES:
+            raise ConfigError(f"--engine: unknown {self.engine!r}; choose one of {', '.join(RUN_ENGINES)}")
+
+
+def check_script(script: str) -> Path:
+    path = Path(script)
+    if not path.is_file():
+        raise ConfigError(f"SCRIPT: {script} is not a file; give the path of your training script")
+    return path
+
+
+def run_script(
+    script: str,
+    args: list[str],
+    *,
+    nproc: int,
+    engine: str = "dpscale",
+    telemetry_dir: str | None = None,
+    steps: int | None = None,
+    threads: int | None = None,
+    log_path: Path | None = None,
+    nodes: Nodes | None = None,
+) -> int:
+    """Run `script args` on `nproc` workers; the exit code torchrun reports (0: every worker succeeded).
+
+    With `telemetry_dir`, each worker writes its step telemetry there as rank<r>.json, and with
+    `steps` the run ends cleanly after that many synchronized steps. `threads` sets
+    OMP_NUM_THREADS for the workers unless the caller's environment sets it. With `log_path`
+    the workers' output goes there instead of this terminal. With `nodes`, this host's `nproc`
+    workers join a job of that many hosts.
+    """
+    RunConfig(nproc=nproc, engine=engine)  # the same checks as the flags get
+    check_script(script)
+    env = dict(os.environ, **{ENGINE_ENV: engine})
+    for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):
+        env.pop(name, None)
+        if value is not None:
+            env[name] = str(value)
+    if threads is not None:
+        env.setdefault("OMP_NUM_THREADS", str(threads))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(["--standalone"] if nodes is None else torchrun_node_args(nodes)),
+        f"--nproc-per-node={nproc}",
+        "-m",
+        # torchrun's own flags end here: without "--" its parser takes the script's `--nproc` or
+        # `--log` for abbreviations of --nproc-per-node or --log-dir, and refuses them as ambiguous
+        "--",
+        "dpscale.launch.run_child",
+        script,
+        *args,
+    ]
+    if log_path is None:
+        return subprocess.run(cmd, env=env).returncode
+    with open(log_path, "w") as log:
+        return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+
+
+def torchrun_node_args(nodes: Nodes) -> list[str]:
+    """torchrun's flags for one host of a multi-host job: what the user named, nothing else."""
+    args = [f"--nnodes={nodes.min_nodes}:{nodes.max_nodes}", f"--rdzv-endpoint={nodes.rdzv_endpoint}"]
+    args.append(f"--rdzv-id={nodes.rdzv_id}")
+    if nodes.local_addr is not None:
+        args.append(f"--local-addr={nodes.local_addr}")
+    if nodes.node_rank is not None:  # torch's static rendezvous: the host of rank 0 serves the store
+        args += ["--rdzv-backend=static", f"--node-rank={nodes.node_rank}"]
+        conf = dict(nodes.rdzv_conf)
+    else:  # is_host decided by the address, not torch's guess from the host name (nodes.py)
+        args.append(f"--rdzv-backend={MULTI_HOST_BACKEND}")
+        conf = {k: int(v) if isinstance(v, bool) else v for k, v in nodes.rdzv_configs().items()}
+    if conf:
+        args.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items()))
+    return args

@@ -1,0 +1,131 @@
+"""`python -m dpscale.launch.run_child SCRIPT [ARGS...]`: what each worker of `dpscale run` executes.
+
+Before the script runs, `torch.nn.parallel.DistributedDataParallel` is replaced by the engine the
+launcher chose (through the environment): dpscale's, or torch's own with step telemetry. Scripts
+import the class after that (`from torch.nn.parallel import DistributedDataParallel as DDP`), so
+they get the stand-in without a changed line. The script then runs as `python SCRIPT ARGS` would:
+as `__main__`, with its own directory first on sys.path and sys.argv[0] set to it.
+
+With a step limit (`dpscale scale`), each rank writes its telemetry once the limit is reached and
+the run ends there: all ranks meet at a barrier at the same synchronized step (the step count is
+the same everywhere), give the engine's buffers back and raise SystemExit(0), which unwinds the
+script through its own `finally` blocks. Nothing is killed. At the limit the ranks first gather
+every rank's record, and each host's local rank 0 writes them all: a job across hosts leaves the
+whole job's telemetry on every host, with no shared directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from dpscale.comm.attempt import gloo_interface_hint
+from dpscale.comm.select import host_id
+
+ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
+TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
+LIMIT_ENV = "DPSCALE_RUN_STEPS"  # stop after this many synchronized steps; unset: run to the end
+
+
+def stand_in(engine: str, telemetry_dir: str | None, limit: int | None) -> type:
+    """The class that replaces torch's DDP in this worker."""
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    from dpscale.engine import DistributedDataParallel
+    from dpscale.engine.telemetry import TelemetryDDP, TorchTelemetryDDP
+
+    if telemetry_dir is None:
+        return DistributedDataParallel if engine == "dpscale" else nn.parallel.DistributedDataParallel
+    base = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
+
+    class Measured(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.telemetry.limit = limit
+            self.telemetry.on_limit = lambda t: _stop(self, telemetry_dir)
+            group = self.process_group
+            self._where = (dist.get_rank(group), dist.get_world_size(group), dist.get_backend(group))
+            # a script that ends before the limit still leaves what it measured
+            atexit.register(_write, self, telemetry_dir, final=False)
+
+    Measured.__name__ = Measured.__qualname__ = "DistributedDataParallel"
+    return Measured
+
+
+def _record(ddp, *, final: bool) -> dict:
+    rank, world, backend = ddp._where
+    modules = list(ddp.module.parameters())
+    return {
+        "rank": rank,
+        "world_size": world,
+        "final": final,
+        "transport": ddp.transport.name if hasattr(ddp, "transport") else backend,
+        "param_count": sum(p.numel() for p in modules),
+        "param_bytes": sum(p.numel() * p.element_size() for p in modules),
+        "host": host_id(),  # what the transports take a host to be (hostname + /dev/shm, DPSCALE_HOST_ID)
+        **ddp.telemetry.to_dict(),
+    }
+
+
+def _write(ddp, directory: str, *, final: bool) -> None:
+    path = Path(directory) / f"rank{ddp._where[0]}.json"
+    if not path.exists():  # else the final record was written at the limit
+        _write_doc(path, _record(ddp, final=final))
+
+
+def _write_doc(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+
+
+def _stop(ddp, directory: str) -> None:
+    import torch.distributed as dist
+
+    docs = [None] * ddp._where[1]
+    dist.all_gather_object(docs, _record(ddp, final=True), group=ddp.process_group)
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        for doc in docs:
+            _write_doc(Path(directory) / f"rank{doc['rank']}.json", doc)
+    # every rank reaches this at the same step; meeting here means no rank leaves while a peer
+    # still reads its part of the last reduction
+    dist.barrier(group=ddp.process_group)
+    if hasattr(ddp, "close"):
+        ddp.close()  # dpscale's shared-memory buffers go back now, not at interpreter exit
+    raise SystemExit(0)
+
+
+def install(engine: str, telemetry_dir: str | None = None, limit: int | None = None) -> None:
+    """Make torch.nn.parallel.DistributedDataParallel (both places scripts import it from) the stand-in."""
+    import torch.nn.parallel as parallel
+    import torch.nn.parallel.distributed as distributed
+
+    cls = stand_in(engine, telemetry_dir, limit)
+    parallel.DistributedDataParallel = cls
+    distributed.DistributedDataParallel = cls
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        sys.exit("usage: python -m dpscale.launch.run_child SCRIPT [ARGS...]")
+    script = os.path.abspath(argv[0])
+    limit = os.environ.get(LIMIT_ENV)
+    engine, telemetry_dir = os.environ.get(ENGINE_ENV, "dpscale"), os.environ.get(TELEMETRY_ENV)
+    install(engine, telemetry_dir, int(limit) if limit else None)
+    # the script's own init_process_group: where this host's name resolves to loopback, gloo would
+    # advertise 127.0.0.1 to the other hosts; name the interface toward the store (as `dpscale train`)
+    if ifname := gloo_interface_hint(os.environ.get("MASTER_ADDR")):
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    sys.argv = [argv[0], *argv[1:]]
+    sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` does (here it was the cwd for -m)
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

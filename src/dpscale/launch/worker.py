@@ -1,0 +1,168 @@
+"""`torchrun ... -m dpscale.launch.worker --workload digits ...`: the training worker under plain torchrun.
+
+Takes the same flags as `dpscale train` except the launcher's own (--nproc, --max-restarts);
+rank 0 prints the result as one JSON line when --json is given. Under `torchrun --nnodes MIN:MAX`
+the world size may change between restarts; the trainer then keeps the global batch (see
+docs/fault-tolerance.md). Rank 0 warns when the rendezvous address (MASTER_ADDR) is not loopback.
+`dpscale train` starts this same module, with its task in a file the environment names.
+
+Either way the worker dies with the process that started it (the agent), exits 3 when the run
+diverged (under torchrun; `dpscale train` reports it from the result), and leaves through
+os._exit after a clean finish (see process_life.py). Under `dpscale train` it also stops after a
+step when the launcher's stop file appears (the launcher got SIGTERM/SIGINT); SIGTERM to the worker
+itself ends it at once, as under torchrun, whose agent sends it to stop workers for a restart.
+
+`run_worker` is what every worker does, however started: join the group the agent (or torchrun)
+describes in the environment, over its store with a prefix per restart attempt, then train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from dpscale.comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
+from dpscale.errors import ConfigError
+from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
+from dpscale.launch.launcher import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, rendezvous_warning
+from dpscale.launch.process_life import EXIT_DIVERGED, die_with_parent, exit_now
+from dpscale.log import get_logger
+from dpscale.train.callbacks import callbacks_from_env
+from dpscale.train.config import TrainConfig
+from dpscale.train.device import backend_for, resolve_device
+from dpscale.train.trainer import Trainer
+
+logger = get_logger(__name__)
+
+
+def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
+    """One worker: join the group the agent (or torchrun) describes in the environment, train."""
+    torch.set_num_threads(threads)
+    cfg = TrainConfig.from_dict(config)
+    if is_restart() and cfg.checkpoint_dir:
+        # a restarted attempt continues from the last good checkpoint (replace() checks the config
+        # again), a growing batch (--global-batch auto) at the batch it had grown to
+        cfg = dataclasses.replace(cfg, resume=True)
+    device = resolve_device(cfg.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
+    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), backend_for(device))
+    try:
+        return Trainer(cfg, stop_requested=stop_requested, callbacks=callbacks_from_env()).fit().to_dict()
+    finally:
+        dist.destroy_process_group()
+
+
+def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> None:
+    """`backend` over the store the agent (or torchrun) describes; `timeout` bounds every collective."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    # The agent's store outlives a restart and still holds the previous attempt's gloo addresses
+    # under the same keys: a restarted worker that reads one before its peer overwrote it connects
+    # to a dead port ("Gloo connectFullMesh failed ... Connection refused"). A prefix per attempt,
+    # the same on every host (comm/attempt.py), keeps attempts apart.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    master = os.environ["MASTER_ADDR"]
+    # a host whose name resolves to 127.0.0.1 makes gloo advertise loopback to the other hosts,
+    # whose connects then fail ("connectFullMesh ... remote=[127.0.0.1]"): name the interface
+    # that routes to the store instead, and say so
+    if backend == "gloo" and (ifname := gloo_interface_hint(master)):
+        os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        if rank == 0:
+            logger.info(
+                "this host's name resolves to loopback; gloo uses %s, the interface toward %s "
+                "(set GLOO_SOCKET_IFNAME to choose another)",
+                ifname,
+                master,
+            )
+    store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
+    store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    # where this rank runs, for errors that name a silent rank (read through the same store)
+    publish_host(dist.distributed_c10d._get_default_store(), rank, master)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerOptions:
+    """The worker's own flag under plain torchrun, besides TrainConfig's (torchrun owns the rest)."""
+
+    threads: int = 1
+    """intra-op threads per worker"""
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dpscale.launch.worker", description=__doc__.splitlines()[0]
+    )
+    add_dataclass_arguments(parser, TrainConfig)
+    add_dataclass_arguments(parser, WorkerOptions)
+    parser.add_argument("--json", action="store_true", help="rank 0 prints the result as a JSON line")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if os.environ.get(LAUNCH_SPEC_ENV):
+        return _launched()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        fields = dataclass_kwargs(args, TrainConfig)
+        if fields.get("task") is None and fields.get("workload") is None:
+            fields["workload"] = "digits"
+        cfg = TrainConfig(**fields)
+        options = WorkerOptions(**dataclass_kwargs(args, WorkerOptions))
+    except ConfigError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    warning = rendezvous_warning(os.environ.get("MASTER_ADDR"))
+    if warning and int(os.environ.get("RANK", "0")) == 0:
+        print(warning, file=sys.stderr, flush=True)
+    die_with_parent(os.getppid())  # torchrun's agent
+    result = run_worker(cfg.to_dict(), options.threads)
+    if int(os.environ.get("RANK", "0")) == 0:
+        if result.get("stop_message"):
+            print(f"dpscale: {result['stop_message']}", file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps(result), flush=True)
+    return EXIT_DIVERGED if result.get("stopped_by") == "diverged" else 0
+
+
+def _launched() -> int:
+    """Started by `dpscale train`: the config comes from the launcher, rank 0's result goes back to it."""
+    die_with_parent(int(os.environ[LAUNCHER_PID_ENV]))
+    spec = json.loads(Path(os.environ[LAUNCH_SPEC_ENV]).read_text())
+    stop_file = Path(spec["stop"])
+    # one stat per step; the file holds the signal's name
+    result = run_worker(spec["config"], spec["threads"], lambda: _read(stop_file))
+    # the result is the same on every rank; each host's launcher reads its first worker's
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        tmp = Path(spec["result"] + ".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, spec["result"])  # the launcher never reads half a result
+    return 0  # a diverged run is reported by the launcher from the result, not by a restart
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text() or "signal"
+    except FileNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    # @record writes an exception's traceback where the agent reads it for the failure summary
+    exit_now(record(main)())
