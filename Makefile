@@ -32,6 +32,7 @@ study: venv
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
+	$(VENV)/bin/mypy
 
 bench: venv
 	$(PY) benchmarks/engine.py

@@ -29,10 +29,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from dpscale import Task
 from dpscale.lab.bench.rounds import quantile
 from dpscale.lab.bench.weak import TargetWatch
-
-from dpscale import Task
 from dpscale.lab.multirank import run_ranks
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.adaptive.auto_batch import GrowBatch

@@ -42,9 +42,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from auto_batch import TASKS, build_trainer, oracle_times
-from dpscale.lab.bench.weak import TargetWatch
 from predict_lab.netns import EmulatedHosts, remove_stale, unavailable
 
+from dpscale.lab.bench.weak import TargetWatch
 from dpscale.lab.multirank import run_ranks
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.config import TrainConfig

@@ -11,11 +11,11 @@ import argparse
 import statistics
 
 import torch
-from dpscale.lab.bench.rounds import quantile as _quantile
-from dpscale.lab.bench.scaling_rank import timed_step
 
 from dpscale import DistributedDataParallel
 from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS
+from dpscale.lab.bench.rounds import quantile as _quantile
+from dpscale.lab.bench.scaling_rank import timed_step
 from dpscale.lab.multirank import run_ranks
 from dpscale.workloads import get_workload
 

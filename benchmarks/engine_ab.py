@@ -48,11 +48,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from dpscale.lab.bench.rounds import fixed_round_sizes, run_rounds
-from dpscale.lab.bench.scaling_rank import timed_step
 from torch import nn
 
 from dpscale import DistributedDataParallel
+from dpscale.lab.bench.rounds import fixed_round_sizes, run_rounds
+from dpscale.lab.bench.scaling_rank import timed_step
 from dpscale.lab.multirank import run_ranks
 from dpscale.lab.recipe import load_recipe
 from dpscale.workloads import WORKLOADS

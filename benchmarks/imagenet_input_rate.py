@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+
 from dpscale.lab.bench.rounds import quantile
 
 CROP = 224

@@ -27,7 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_lab, beside this script
 
-from dpscale.lab.bench.report import ReportDir, Section, Table  # noqa: E402
 from predict_lab import (  # noqa: E402
     emulate,
     emulate_validate,
@@ -38,6 +37,7 @@ from predict_lab import (  # noqa: E402
 )
 
 from dpscale.lab.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
+from dpscale.lab.bench.report import ReportDir, Section, Table  # noqa: E402
 from dpscale.lab.predict import profile, profiling, render  # noqa: E402
 from dpscale.lab.predict.cluster import load_allreduce_report  # noqa: E402
 

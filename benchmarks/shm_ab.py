@@ -38,11 +38,11 @@ import types
 from pathlib import Path
 
 import torch
-from dpscale.lab.bench.args import parse_size_list
-from dpscale.lab.bench.rounds import quantile, run_rounds
 
 from dpscale import DistributedDataParallel
 from dpscale.comm import SharedMemoryTransport
+from dpscale.lab.bench.args import parse_size_list
+from dpscale.lab.bench.rounds import quantile, run_rounds
 from dpscale.lab.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 

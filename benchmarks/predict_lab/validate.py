@@ -36,10 +36,10 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, read_report
-from dpscale.lab.bench.scaling_rank import split_rounds
 from matplotlib.figure import Figure
 
+from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, read_report
+from dpscale.lab.bench.scaling_rank import split_rounds
 from dpscale.lab.predict.cluster import Cluster, calibrated, preset_cluster
 from dpscale.lab.predict.model import PredictConfig, predict
 from dpscale.lab.predict.profile import ModelProfile

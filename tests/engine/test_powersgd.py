@@ -261,7 +261,6 @@ def test_train_config_compression_registers_the_hook():
 
 def test_compression_is_validated_where_it_is_configured():
     from dpscale.lab.bench.convergence import ConvergenceConfig
-
     from dpscale.train.config import TrainConfig
 
     with pytest.raises(ValueError, match="^compression: unknown 'zip'"):

@@ -182,7 +182,10 @@ def test_resume_when_every_checkpoint_is_damaged_is_one_line_naming_them(tmp_pat
         (["bench", "convergence", "--report-dir", "FILE"], "lab.bench.convergence.run"),
         (["bench", "engine", "--models", "digits", "--report-dir", "FILE"], "lab.bench.engines.run"),
         (["study", "--quick", "--report-dir", "FILE"], "lab.bench.study.run"),
-        (["scale", "--nproc", "1", "--report-dir", "FILE", "--", "SCRIPT"], "lab.bench.script_scaling.measure"),
+        (
+            ["scale", "--nproc", "1", "--report-dir", "FILE", "--", "SCRIPT"],
+            "lab.bench.script_scaling.measure",
+        ),
         (["predict", "--model", "digits", "--report-dir", "FILE"], "lab.predict.profiling.measure"),
         (["profile", "--model", "digits", "--out", "FILE/p.json"], "lab.predict.profiling.measure"),
         (["profile", "--model", "digits", "--out", "DIR"], "lab.predict.profiling.measure"),

@@ -1,9 +1,9 @@
 """`dpscale scale` across hosts: the torchrun flags each host gets and the checks on the multi-host flags."""
 
 import pytest
-from dpscale.lab.bench.script_scaling import ScaleConfig
 
 from dpscale.errors import ConfigError
+from dpscale.lab.bench.script_scaling import ScaleConfig
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.run import torchrun_node_args
 

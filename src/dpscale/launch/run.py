@@ -1,4 +1,4 @@
-"""Start a user's script on N local workers as `torchrun --standalone` does, through `dpscale.launch.run_child`.
+"""Start a user's script on N local workers as `torchrun --standalone` does, through `run_child`.
 
 Across hosts (`nodes`, the same call on every host) torchrun gets the multi-node flags instead of
 --standalone: `dpscale-c10d` (train/rendezvous.py; the host that carries the endpoint's address

@@ -12,6 +12,8 @@ import types
 
 import pytest
 import torch
+
+from dpscale.lab.bench import allreduce, commands, transports
 from dpscale.lab.bench.allreduce import (
     AllReduceConfig,
     AllReducePoint,
@@ -24,8 +26,6 @@ from dpscale.lab.bench.args import format_size, parse_int_list, parse_size, pars
 from dpscale.lab.bench.report import Image, ReportDir, Section, markdown_table
 from dpscale.lab.bench.sysinfo import collect_system_info
 from dpscale.lab.bench.transports import TRANSPORTS, RankTransport, TransportSpec
-
-from dpscale.lab.bench import allreduce, commands, transports
 
 POINT_KEYS = {
     "transport", "world_size", "bytes", "time_us", "algbw_GBps", "busbw_GBps", "time_us_p10", "time_us_p90",

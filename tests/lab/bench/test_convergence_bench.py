@@ -10,6 +10,8 @@ import sys
 import types
 
 import pytest
+
+from dpscale.lab.bench import commands, convergence
 from dpscale.lab.bench.convergence import (
     SUMMARY_KEYS,
     ConvergenceConfig,
@@ -18,8 +20,6 @@ from dpscale.lab.bench.convergence import (
     compare_curves,
     verdict,
 )
-
-from dpscale.lab.bench import commands, convergence
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 STEPS = 6  # 384 samples of global batch 64: two rank start-ups per world size dominate the time

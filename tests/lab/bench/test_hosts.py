@@ -1,10 +1,10 @@
 """bench/hosts.py: the lab's multi-host flags, and which host runs which world size."""
 
 import pytest
-from dpscale.lab.bench.scaling import ScalingConfig
 
 from dpscale.errors import ConfigError
 from dpscale.flags import field_docs
+from dpscale.lab.bench.scaling import ScalingConfig
 from dpscale.launch.hosts import job_nodes
 from dpscale.launch.nodes import Nodes
 

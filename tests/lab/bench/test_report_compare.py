@@ -5,12 +5,12 @@ import json
 import shutil
 
 import pytest
+
+from dpscale.lab.bench import allreduce, allreduce_report, commands, comparable, compare, rerender
 from dpscale.lab.bench.allreduce import AllReduceConfig
 from dpscale.lab.bench.convergence import ConvergenceResult
 from dpscale.lab.bench.convergence_report import write_report as write_convergence
 from dpscale.lab.bench.report import ReportDir
-
-from dpscale.lab.bench import allreduce, allreduce_report, commands, comparable, compare, rerender
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

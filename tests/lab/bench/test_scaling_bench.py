@@ -13,6 +13,8 @@ import sys
 import types
 
 import pytest
+
+from dpscale.lab.bench import commands, scaling
 from dpscale.lab.bench.report import ReportDir
 from dpscale.lab.bench.scaling import (
     POINT_KEYS,
@@ -22,8 +24,6 @@ from dpscale.lab.bench.scaling import (
     summarize,
 )
 from dpscale.lab.bench.scaling_report import format_table, write_report
-
-from dpscale.lab.bench import commands, scaling
 
 REQUIRED_KEYS = {
     "engine",

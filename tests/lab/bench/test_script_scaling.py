@@ -1,8 +1,7 @@
 """`dpscale scale`'s figures from the ranks' step telemetry (the runs themselves: tests/run)."""
 
-from dpscale.lab.bench.script_scaling import ScaleConfig
-
 from dpscale.lab.bench import script_scaling
+from dpscale.lab.bench.script_scaling import ScaleConfig
 
 
 def _ranks(step_ms: list[float], samples: int) -> list[dict]:

@@ -4,11 +4,10 @@ import argparse
 import types
 from dataclasses import asdict
 
+from dpscale.lab.bench import commands
 from dpscale.lab.bench.study import WEAK_COMMAND, StudyConfig, part_argv
 from dpscale.lab.bench.study_summary import NOT_TRAINED, _row, missing_text, summary_rows
 from dpscale.lab.bench.weak import WeakConfig, WeakResult, WeakRun
-
-from dpscale.lab.bench import commands
 
 
 def _run(n, samples, step_ms, reached=True):

@@ -11,11 +11,11 @@ import types
 from pathlib import Path
 
 import pytest
-from dpscale.lab.bench.report import ReportDir
-from dpscale.lab.bench.weak import SUMMARY_KEYS, WeakConfig, WeakResult, WeakRun
 
 from dpscale.lab.bench import commands, compare, rerender, study, weak, weak_report
 from dpscale.lab.bench import report as report_module
+from dpscale.lab.bench.report import ReportDir
+from dpscale.lab.bench.weak import SUMMARY_KEYS, WeakConfig, WeakResult, WeakRun
 from dpscale.train.adaptive.adascale import AdaScaleGain, adascale_gain
 
 
