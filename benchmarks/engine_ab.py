@@ -92,7 +92,8 @@ def _wrap(variant: str, module: nn.Module) -> nn.Module:
         return nn.parallel.DistributedDataParallel(module)
     ddp = DistributedDataParallel(module, transport="gloo", gradient_as_bucket_view=variant != "new")
     if variant == "old":
-        ddp.reducer._small = [False] * len(ddp.reducer.buckets)  # no in-place small-tensor path
+        for b in ddp.reducer.buckets:
+            b.small = False  # no in-place small-tensor path
     return ddp
 
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.engine import finalize, readiness
+from dpscale.engine import reducer as reducer_module
 from dpscale.lab.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
@@ -77,7 +77,7 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=work.lr)
     g = torch.Generator().manual_seed(rank)
     norm_s = [0.0]
-    plain = readiness.bucket_sq_norm
+    plain = reducer_module.bucket_sq_norm
 
     def timed_norm(buffer):
         t = time.perf_counter()
@@ -85,8 +85,8 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
         norm_s[0] += time.perf_counter() - t
         return out
 
-    # the local norms are taken during backward (readiness.py), the reduced ones after (finalize.py)
-    readiness.bucket_sq_norm = finalize.bucket_sq_norm = timed_norm
+    # the local norms are taken during backward, the reduced ones after (both in engine/reducer.py)
+    reducer_module.bucket_sq_norm = timed_norm
 
     def round_ms(variant: str) -> float:
         measure, every, both = VARIANTS[variant]

@@ -110,7 +110,7 @@ def one_step_norms(rank, world, with_hook):
     ddp(xb).pow(2).sum().backward()
     stats = ddp.last_step_stats
     # the large tensors' norms were taken in the hook, as each arrived (fused with the copy)
-    per_tensor = sum(len(parts) for parts in ddp.reducer._tensor_sq)
+    per_tensor = sum(len(b.tensor_sq) for b in ddp.reducer.buckets)
     # a loop that takes the reduced norm itself: the engine takes the local one only
     ddp.reducer.noise_scale_reduced_norm = False
     updates = ddp.reducer.noise_scale.updates

@@ -361,7 +361,7 @@ class DistributedDataParallel(_TorchDDP):
         # like torch's: an unpickled model uses the default group, with a fresh transport and
         # reducer (collective: every rank loads at the same point); a comm hook is not kept
         nn.Module.__setstate__(self, state)
-        self.process_group = dist.distributed_c10d._get_default_group()
+        self.process_group = dist.group.WORLD  # the default group, as torch's unpickling uses
         self.collective_log = CollectiveLog(self.process_group)
         self._autotuner = None
         self.__dict__.pop("_comm_hook_name", None)

@@ -15,8 +15,8 @@ Both averages start at zero with the same decay, so their start-up bias cancels 
 In the engine, a rank's local gradient (before the reduction) is the small-batch estimate and the
 averaged gradient (after it) the big-batch one: B_big / B_small = world size. The reducer takes the
 local squared norm where it has just written the gradient (per large tensor after its
-copy-and-divide, per small bucket after its division: readiness.py) and the averaged one after the
-wait (finalize.py), unless the loop takes that one itself (`noise_scale_reduced_norm`).
+copy-and-divide, per small bucket after its division) and the averaged one after the wait
+(both in reducer.py), unless the loop takes that one itself (`noise_scale_reduced_norm`).
 """
 
 from __future__ import annotations
