@@ -38,6 +38,8 @@ from dpscale.engine.compat.torch_args import (
     move_to,
 )
 from dpscale.engine.hooks import CommHook, allreduce_hook, fp16_compress_hook
+from dpscale.engine.noise_scale import NoiseScaleObserver
+from dpscale.engine.observers import StepObserver
 from dpscale.engine.reducer import Reducer
 from dpscale.engine.stats import StepStats
 from dpscale.log import get_logger
@@ -210,6 +212,9 @@ class DistributedDataParallel(_TorchDDP):
         )
         self.reducer.static_graph = self.static_graph
         self._stats = ddp_logging.RuntimeStats()
+        # measured by default, as before the observer seam: every 8th synced step's norms
+        self._noise_scale: NoiseScaleObserver | None = None
+        self.set_noise_scale_observer(NoiseScaleObserver())
 
     # -- the torch DDP surface -------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -353,7 +358,15 @@ class DistributedDataParallel(_TorchDDP):
     # -- pickling: what torch.save(model) keeps, and what is rebuilt on load ------------------
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("process_group", "reducer", "transport", "collective_log", "_autotuner", "_stats"):
+        for k in (
+            "process_group",
+            "reducer",
+            "transport",
+            "collective_log",
+            "_autotuner",
+            "_stats",
+            "_noise_scale",
+        ):
             state.pop(k, None)
         return state
 
@@ -381,3 +394,40 @@ class DistributedDataParallel(_TorchDDP):
     def last_step_stats(self) -> StepStats | None:
         """Communication timings of the last synchronized backward (see `StepStats`)."""
         return self.reducer.last_stats
+
+    # -- measurement: the observer seam (observers.py) ----------------------------------------
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call `observer.on_step(stats, norms)` after every synchronized backward, with the
+        step's `StepStats` and, on the steps it asks for, the gradient norms (see observers.py).
+        Observers are not kept when the model is pickled."""
+        self.reducer.observers.append(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        """Stop calling `observer` (ValueError if it was never added)."""
+        self.reducer.observers.remove(observer)
+
+    @property
+    def noise_scale(self) -> NoiseScaleObserver | None:
+        """The observer estimating the gradient noise scale (None: not measured). Default: a
+        `NoiseScaleObserver()`, measuring every 8th synced step."""
+        return self._noise_scale
+
+    def set_noise_scale_observer(self, observer: NoiseScaleObserver | None) -> None:
+        """Measure the gradient noise scale with `observer` instead of the current one (None:
+        not at all, no norms taken)."""
+        if self._noise_scale is not None:
+            self.remove_step_observer(self._noise_scale)
+        self._noise_scale = observer
+        if observer is not None:
+            self.add_step_observer(observer)
+
+    def set_synced_steps(self, steps: int) -> None:
+        """Count synced steps from `steps` (a resumed run's position): observers are asked about
+        the same steps (e.g. the noise scale measured on them) as in a run never interrupted."""
+        self.reducer.set_synced_steps(steps)
+
+    @property
+    def has_sparse_gradients(self) -> bool:
+        """Whether some parameter's gradient is sparse (reduced outside the buckets, so outside
+        `GradNorms`)."""
+        return bool(self.reducer.sparse_indices)

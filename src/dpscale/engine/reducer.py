@@ -37,7 +37,8 @@ from dpscale.engine.collective_log import CollectiveLog
 from dpscale.engine.compat import torch_private
 from dpscale.engine.grad_pool import GradPool, zero_views
 from dpscale.engine.hooks import CommHook, GradBucket, checked_future
-from dpscale.engine.noise_scale import NoiseScaleEstimator, bucket_sq_norm
+from dpscale.engine.noise_scale import bucket_sq_norm
+from dpscale.engine.observers import GradNorms, StepObserver
 from dpscale.engine.stats import BucketTiming, StepStats
 
 # A bucket whose tensors average at most this many elements gets gradients accumulated in place
@@ -114,18 +115,10 @@ class Reducer:
         self._t_forward_end = 0.0
         self.last_stats: StepStats | None = None
         self._step = 0
-        # gradient noise scale (noise_scale.py): this rank's squared gradient norm before the
-        # reduction and the averaged one after; units of one rank's batch (B_big/B_small = W)
-        self.measure_noise_scale = True
-        # measure on every this many synced steps (benchmarks/noise_scale_cost.py has the cost)
-        self.noise_scale_every = 8
-        # take the averaged gradient's norm after the reduction (a second read of every gradient).
-        # A loop that takes the norm of the reduced gradients anyway (dpscale's Trainer, for its
-        # skip check and clipping) turns this off and pairs that norm with grad_sq_norm_local:
-        # the step then costs one read of each gradient, while it is still in cache
-        self.noise_scale_reduced_norm = True
+        # who receives each synced step's measurements (observers.py); on the steps one of them
+        # asks for, this rank's gradient norm is taken during backward (_measure_now)
+        self.observers: list[StepObserver] = []
         self._measure_now = False
-        self.noise_scale = NoiseScaleEstimator()
         self._handles = [
             p.register_post_accumulate_grad_hook(
                 self._make_sparse_hook(i) if i in self.sparse_indices else self._make_hook(i)
@@ -180,8 +173,8 @@ class Reducer:
                     p.grad = slot[2]
 
     def set_synced_steps(self, steps: int) -> None:
-        """Count synced steps from `steps` (a resumed run's position): the noise scale is then
-        measured on the same steps as in a run that was never interrupted."""
+        """Count synced steps from `steps` (a resumed run's position): observers are then asked
+        about the same steps as in a run that was never interrupted."""
         self._step = steps
 
     def prepare_for_backward(self, outputs: object = ()) -> None:
@@ -202,10 +195,12 @@ class Reducer:
         self._in_flight = []
         self._callback_queued = False
         self._preset_grads()
-        # every rank counts the same synced steps, so all measure on the same ones. One rank has
-        # no small/large pair to measure (its gradient is the average): no norms, no cost
+        # One rank has no small/large pair to measure (its gradient is the average): no norms, no
+        # cost. No observer: an empty list, nothing asked
         self._measure_now = (
-            self.measure_noise_scale and self.world_size > 1 and self._step % self.noise_scale_every == 0
+            bool(self.observers)
+            and self.world_size > 1
+            and any(o.wants_grad_norms(self._step) for o in self.observers)
         )
         self._t_forward_end = time.perf_counter()
 
@@ -575,8 +570,7 @@ class Reducer:
         self._viewed_unsynced.clear()
         if not self.gradient_as_bucket_view:
             self._copy_out()
-        grad_sq = self._grad_sq_norms()
-        self._record_stats(t_backward_end, t_done, grad_sq)
+        self._record_stats(t_backward_end, t_done, self._grad_norms())
 
     def _raise_unused(self, missing: list[int]) -> None:
         names = ", ".join(repr(self.names[i]) for i in missing[:5])
@@ -649,9 +643,9 @@ class Reducer:
         if own:
             torch_private.foreach_copy_(own, reduced)
 
-    def _grad_sq_norms(self) -> tuple[float, float | None] | None:
-        """(this rank's local |g|^2, the averaged |G|^2 or None when the caller takes it, see
-        `noise_scale_reduced_norm`) over the dense buckets, or None."""
+    def _grad_norms(self) -> GradNorms | None:
+        """This rank's local |g|^2 and, if an observer wants it, the averaged |G|^2, over the
+        dense buckets; None on a step that measured nothing."""
         local_sq = [b.local_sq for b in self.buckets]
         if not self._measure_now or not self.buckets or any(sq is None for sq in local_sq):
             return None
@@ -661,13 +655,9 @@ class Reducer:
         for b in self.buckets:
             b.local_sq = None
         reduced = None
-        if self.noise_scale_reduced_norm:
+        if any(o.wants_reduced_norm for o in self.observers):
             reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
-        # the rank's own estimate needs the averaged norm, and not while ranks have joined (the
-        # average is then over fewer ranks); one rank never measures (see prepare_for_backward)
-        if reduced is not None and self.divisor == self.world_size:
-            self.noise_scale.update(small_sq=local, big_sq=reduced, b_small=1, b_big=self.world_size)
-        return local, reduced
+        return GradNorms(local, reduced, self.world_size, all_ranks=self.divisor == self.world_size)
 
     def _end_counting(self) -> None:
         # the counting backward launched nothing yet and divided nothing
@@ -734,21 +724,20 @@ class Reducer:
             if b.future is not None:
                 b.future.wait()
 
-    def _record_stats(
-        self, t_backward_end: float, t_done: float, grad_sq: tuple[float, float | None] | None = None
-    ) -> None:
+    def _record_stats(self, t_backward_end: float, t_done: float, norms: GradNorms | None) -> None:
         timings: list[BucketTiming] = [b.timing for b in self.buckets if b.timing is not None]
         for t in timings:  # on CUDA the host sees completion only when waiting
             t.end_s = t.end_s or t_done
         self._step += 1
-        self.last_stats = StepStats.from_timings(
+        stats = StepStats.from_timings(
             step=self._step,
             t0=self._t_forward_end,
             t_backward_end=t_backward_end,
             t_done=t_done,
             timings=timings,
         )
-        if grad_sq is not None:
-            s = self.last_stats
-            s.grad_sq_norm_local, s.grad_sq_norm_global = grad_sq
-            s.gradient_noise_scale = self.noise_scale.b_simple
+        if norms is not None:
+            stats.grad_sq_norm_local, stats.grad_sq_norm_global = norms.local_sq, norms.reduced_sq
+        self.last_stats = stats
+        for observer in self.observers:
+            observer.on_step(stats, norms)
