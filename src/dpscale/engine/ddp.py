@@ -28,7 +28,7 @@ from dpscale.comm.base import group_rank
 from dpscale.engine.autotune import BucketAutotuner
 from dpscale.engine.buckets import MB, assign_buckets_of, build_buckets
 from dpscale.engine.collective_log import CollectiveLog
-from dpscale.engine.compat import ddp_logging, join
+from dpscale.engine.compat import ddp_logging, join, torch_private
 from dpscale.engine.compat.model_check import broadcast_coalesced, check_same_model, sparse_gradient_params
 from dpscale.engine.compat.torch_args import (
     DEFAULT_FIRST_BUCKET_CAP_MB,
@@ -219,7 +219,7 @@ class DistributedDataParallel(_TorchDDP):
     # -- the torch DDP surface -------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         sync_grads = torch.is_grad_enabled() and self.require_backward_grad_sync
-        joining = self._join_config.enable
+        joining = torch_private.join_enabled(self)
         if joining:
             join.notify(self, sync_grads)
         else:

@@ -133,8 +133,9 @@ def compression_hook(name: str, process_group: dist.ProcessGroup | None) -> tupl
 
 def checked_future(fut: object) -> torch.futures.Future:
     """A hook's result, checked as torch's reducer checks it (same message)."""
-    # torch._C.Future: a Work's get_future() gives one, torch.futures.Future derives from it
-    if not isinstance(fut, torch._C.Future):
+    # torch.Future (the C++ future's public name): a Work's get_future() gives one,
+    # torch.futures.Future derives from it
+    if not isinstance(fut, torch.Future):
         got = type(fut).__name__
         raise RuntimeError(f"callback must return a torch.futures.Future object, but got {got}")
     return fut

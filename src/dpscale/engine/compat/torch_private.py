@@ -54,6 +54,33 @@ def queue_autograd_callback(callback: Callable[[], None]) -> None:
     _queue_callback()(callback)
 
 
+def join_enabled(joinable: object) -> bool:
+    """Whether a `Join` context has enabled `joinable` (torch's Joinable keeps it in the private
+    `_join_config`, set by `Joinable.__init__` and by `Join`; no public accessor)."""
+    config = getattr(joinable, "_join_config", None)
+    enable = getattr(config, "enable", None)
+    if not isinstance(enable, bool):
+        raise TorchPrivateError(
+            f"torch {torch.__version__} has no usable Joinable._join_config.enable (uneven inputs "
+            "under torch.distributed.algorithms.join.Join need it); please report this torch "
+            "version to dpscale"
+        )
+    return enable
+
+
+def _default_store() -> Callable[[], Any]:
+    return lookup(
+        torch.distributed.distributed_c10d, "_get_default_store", "naming the silent ranks of a hang"
+    )
+
+
+def default_store() -> Any:
+    """The default group's store (no public accessor: torch's own elastic agent passes the store
+    around instead). Raises when there is no default group. Looked up at each call: it runs only
+    to explain a hang."""
+    return _default_store()()
+
+
 @functools.cache
 def _storage_use_count() -> Callable[[int], int] | None:
     try:
