@@ -84,7 +84,7 @@ class Bucket:
     pool: GradPool | None = None
     # per step (begin_step): gradients not yet in, the reduction's future and timing
     pending: int = 0
-    future: torch.futures.Future | None = None
+    future: torch.Future | None = None  # torch.futures.Future or a Work's C++ future
     timing: BucketTiming | None = None
     # which gradients are divided in place at launch (True: all, False: none, else their
     # positions), see Reducer._preset_grads

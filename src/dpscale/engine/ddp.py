@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -70,7 +70,7 @@ class DistributedDataParallel(_TorchDDP):
     def __init__(
         self,
         module: nn.Module,
-        device_ids: list[int | torch.device] | None = None,
+        device_ids: Sequence[int | torch.device] | None = None,
         output_device: int | torch.device | None = None,
         dim: int = 0,
         broadcast_buffers: bool | None = None,
@@ -124,8 +124,10 @@ class DistributedDataParallel(_TorchDDP):
             # cap; a cap given explicitly is the first bucket's too. A small first bucket is one
             # more collective per step: on the mlp its 45 KB ahead of 24 MB hide nothing, and its
             # all-reduce cost ~0.6 ms of the backward thread per step (benchmarks/engine_ab.py)
-            explicit = bucket_cap_mb is not None and bucket_cap_mb != "auto"
-            first_bucket_cap_mb = bucket_cap_mb if explicit else DEFAULT_FIRST_BUCKET_CAP_MB
+            # (check_torch_args refused any string but "auto")
+            first_bucket_cap_mb = (
+                bucket_cap_mb if isinstance(bucket_cap_mb, (int, float)) else DEFAULT_FIRST_BUCKET_CAP_MB
+            )
         bucket_cap_mb = args.bucket_cap_mb
         self._autotuner = None
         if bucket_cap_mb == "auto":
@@ -194,17 +196,21 @@ class DistributedDataParallel(_TorchDDP):
             if state:
                 broadcast_coalesced(state, group, log=log, what="initial parameters and buffers")
         if isinstance(transport, str):
-            transport = make_transport(transport, group, self.device, timeout_s=self._collective_timeout_s)
+            built: Transport = make_transport(
+                transport, group, self.device, timeout_s=self._collective_timeout_s
+            )
             if group_rank(group) == 0 and sync:
-                logger.info("transport %s", transport.describe())
-        self.transport = transport
-        buckets = build_buckets(params, assignment, alloc=transport.alloc)
+                logger.info("transport %s", built.describe())
+        else:
+            built = transport
+        self.transport: Transport = built
+        buckets = build_buckets(params, assignment, alloc=built.alloc)
         self.reducer = Reducer(
             params,
             [n for n, _ in named],
             buckets,
             group,
-            transport,
+            built,
             self.find_unused_parameters,
             log,
             sparse=sorted(sparse),
@@ -253,11 +259,13 @@ class DistributedDataParallel(_TorchDDP):
         return self.require_forward_param_sync and self.forward_sync_buffers and len(self.modules_buffers) > 0
 
     def _autotune_step(self) -> None:
-        cap = self._autotuner.on_synced_forward(time.perf_counter())
+        tuner = self._autotuner
+        assert tuner is not None  # bucket_cap_mb="auto"
+        cap = tuner.on_synced_forward(time.perf_counter())
         if cap is not None and cap != self.bucket_cap_mb:
             self._rebuild_buckets(cap)
-        if self._autotuner.done and group_rank(self.process_group) == 0:
-            logger.info("%s", self._autotuner.decision.describe())
+        if tuner.done and tuner.decision is not None and group_rank(self.process_group) == 0:
+            logger.info("%s", tuner.decision.describe())
 
     def _rebuild_buckets(self, cap_mb: float) -> None:
         """Collective (the transport allocates): every rank rebuilds at the same synced step."""
@@ -374,7 +382,12 @@ class DistributedDataParallel(_TorchDDP):
         # like torch's: an unpickled model uses the default group, with a fresh transport and
         # reducer (collective: every rank loads at the same point); a comm hook is not kept
         nn.Module.__setstate__(self, state)
-        self.process_group = dist.group.WORLD  # the default group, as torch's unpickling uses
+        world = dist.group.WORLD  # the default group, as torch's unpickling uses
+        if world is None:  # torch's words (its _get_default_group)
+            raise ValueError(
+                "Default process group has not been initialized, please make sure to call init_process_group."
+            )
+        self.process_group = world
         self.collective_log = CollectiveLog(self.process_group)
         self._autotuner = None
         self.__dict__.pop("_comm_hook_name", None)

@@ -443,7 +443,7 @@ class Reducer:
         # backward: that time is not overlapped with compute, whatever the timestamps say.
         timing.blocking_s = time.perf_counter() - timing.start_s
 
-    def _start_reduction(self, bucket: Bucket) -> torch.futures.Future:
+    def _start_reduction(self, bucket: Bucket) -> torch.Future:
         if bucket.small:
             if not self.gradient_as_bucket_view:
                 self._gather_grads(bucket)
@@ -500,7 +500,7 @@ class Reducer:
                 parts[pos] = bucket_sq_norm(view)
         bucket.local_sq = torch.stack(list(parts.values())).sum()
 
-    def _reduce(self, bucket: Bucket) -> torch.futures.Future:
+    def _reduce(self, bucket: Bucket) -> torch.Future:
         # a hook issues its own collectives, but recording it here still shows where a rank was
         op = "all_reduce" if self.comm_hook is None else "comm_hook"
         self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)
@@ -673,7 +673,7 @@ class Reducer:
                     view.mul_(1.0 / self.divisor)
                 bucket.pending -= 1
 
-    def _reduce_sparse(self, i: int, k: int) -> torch.futures.Future:
+    def _reduce_sparse(self, i: int, k: int) -> torch.Future:
         p = self.params[i]
         grad = p.grad
         if grad is None:  # unused on this rank: contributes nothing

@@ -57,6 +57,7 @@ class StepTelemetry:
         (exposed_comm_ms, backward_ms), either None when not measured."""
         now = time.perf_counter()
         if self._synced:  # the previous forward ended a step: this one begins the next
+            assert self._start is not None  # set by the forward that began the step
             step_ms = (now - self._start) * 1e3
             self.records.append(StepRecord(step_ms, self._samples, self._micro, *comm()))
             self._start, self._samples, self._micro = None, 0, 0

@@ -184,8 +184,11 @@ def _check_module(module: nn.Module, ignored: frozenset[str], device_ids, output
         _refuse("output_device", "outputs stay on the module's device; pass output_device=device_ids[0]")
 
 
-def _index(device) -> int | None:
-    return device.index if isinstance(device, torch.device) else int(device)
+def _index(device) -> int:
+    if isinstance(device, torch.device):
+        assert device.index is not None  # device_ids name one device each
+        return device.index
+    return int(device)
 
 
 def input_device(module: nn.Module, device_ids, ignored: set[str]) -> torch.device | None:
