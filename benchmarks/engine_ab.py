@@ -8,7 +8,7 @@ With `--base REF` the variants are `torch` (torch DDP), `base` (dpscale's engine
 REF, loaded from `git archive REF src/dpscale` as a package of its own) and `head` (the engine in
 this tree), all three built as the benches build them (engine/registry.wrap: bucket_cap_mb=25,
 gradient_as_bucket_view=True), dpscale on `--transport`. `--no-noise-scale` turns dpscale's
-gradient-noise-scale measurement off in base and head (`reducer.measure_noise_scale`, as the
+gradient-noise-scale measurement off in base and head (`set_noise_scale_observer(None)`, as the
 Trainer's --no-noise-scale does): the engines then do the work torch's does, nothing more.
 A step is bench/scaling_rank.timed_step (zero_grad
 + forward + mean loss + backward + SGD step) on a fixed batch, as in `dpscale bench engine`.
@@ -92,7 +92,8 @@ def _wrap(variant: str, module: nn.Module) -> nn.Module:
         return nn.parallel.DistributedDataParallel(module)
     ddp = DistributedDataParallel(module, transport="gloo", gradient_as_bucket_view=variant != "new")
     if variant == "old":
-        ddp.reducer._small = [False] * len(ddp.reducer.buckets)  # no in-place small-tensor path
+        for b in ddp.reducer.buckets:
+            b.small = False  # no in-place small-tensor path
     return ddp
 
 
@@ -145,7 +146,8 @@ def _wrap_base(variant: str, module: nn.Module, transport: str, noise_scale: boo
     else:
         engine = DistributedDataParallel
     ddp = engine(module, transport=transport, bucket_cap_mb=25.0, gradient_as_bucket_view=True)
-    ddp.reducer.measure_noise_scale = noise_scale
+    if not noise_scale:
+        ddp.set_noise_scale_observer(None)
     return ddp
 
 

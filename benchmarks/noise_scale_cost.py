@@ -10,7 +10,7 @@ in one run, the order shifts every round):
 - `every 1`, `every 8`: the training loop's way (dpscale's Trainer): the engine takes each
   rank's local squared norm, per large tensor in the hook right after its copy-and-divide and per
   small bucket at launch, and the loop pairs it with the norm of the reduced gradients it takes
-  anyway for its skip check (`noise_scale_reduced_norm = False`);
+  anyway for its skip check (`NoiseScaleObserver(reduced_norm=False)`);
 - `every 1, engine both`: a bare engine under a user's loop, which takes the whole local norm and
   reads the reduced buckets again after the wait (the engine's defaults).
 
@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.engine import finalize, readiness
+from dpscale.engine import reducer as reducer_module
+from dpscale.engine.noise_scale import NoiseScaleEstimator, NoiseScaleObserver
 from dpscale.lab.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
@@ -77,7 +78,7 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=work.lr)
     g = torch.Generator().manual_seed(rank)
     norm_s = [0.0]
-    plain = readiness.bucket_sq_norm
+    plain = reducer_module.bucket_sq_norm
 
     def timed_norm(buffer):
         t = time.perf_counter()
@@ -85,14 +86,15 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
         norm_s[0] += time.perf_counter() - t
         return out
 
-    # the local norms are taken during backward (readiness.py), the reduced ones after (finalize.py)
-    readiness.bucket_sq_norm = finalize.bucket_sq_norm = timed_norm
+    # the local norms are taken during backward, the reduced ones after (both in engine/reducer.py)
+    reducer_module.bucket_sq_norm = timed_norm
+
+    estimator = NoiseScaleEstimator()  # one estimate across the variants that measure
 
     def round_ms(variant: str) -> float:
         measure, every, both = VARIANTS[variant]
-        reducer = model.reducer
-        reducer.measure_noise_scale, reducer.noise_scale_every = measure, every
-        reducer.noise_scale_reduced_norm = both
+        observer = NoiseScaleObserver(every=every, reduced_norm=both, estimator=estimator)
+        model.set_noise_scale_observer(observer if measure else None)
         t0 = time.perf_counter()
         for _ in range(steps):
             idx = torch.randint(0, len(train), (batch,), generator=g)
@@ -117,7 +119,7 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
             ms = round_ms(name)
             times[name].append(ms)
             share[name].append(norm_s[0] * 1e3 / steps / ms)
-    gns = model.reducer.noise_scale.b_simple
+    gns = estimator.b_simple
     model.close()
     return dict(times=times, share=share, batch=batch, gns=gns)
 

@@ -30,7 +30,7 @@ def one_rank():
 def test_no_noise_scale_turns_dpscales_measurement_off(engine_ab, one_rank):
     for noise_scale in (True, False):
         ddp = engine_ab._wrap_base("head", nn.Linear(2, 2), "gloo", noise_scale)
-        assert ddp.reducer.measure_noise_scale is noise_scale
+        assert (ddp.noise_scale is not None) is noise_scale
         ddp.close()
 
 

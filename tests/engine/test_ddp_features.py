@@ -172,7 +172,7 @@ def test_exposed_communication_ends_when_the_last_reduction_does(monkeypatch):
     # communication: counted in, it made one worker's mlp show 4 ms exposed of 0.5 ms reduced
     from dpscale.engine.reducer import Reducer
 
-    copy_out, norms = Reducer._copy_out, Reducer._grad_sq_norms
+    copy_out, norms = Reducer._copy_out, Reducer._grad_norms
     slow = 0.05
 
     def slow_copy_out(self):
@@ -184,7 +184,7 @@ def test_exposed_communication_ends_when_the_last_reduction_does(monkeypatch):
         return norms(self)
 
     monkeypatch.setattr(Reducer, "_copy_out", slow_copy_out)
-    monkeypatch.setattr(Reducer, "_grad_sq_norms", slow_norms)
+    monkeypatch.setattr(Reducer, "_grad_norms", slow_norms)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         model = DistributedDataParallel(nn.Linear(64, 64))  # gradient_as_bucket_view=False: copies out

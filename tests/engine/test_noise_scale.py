@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.engine.noise_scale import NoiseScaleEstimator
+from dpscale.engine.noise_scale import NoiseScaleEstimator, NoiseScaleObserver
 from dpscale.lab.multirank import run_ranks
 from support.echo_group import EchoGroup
 
@@ -62,8 +62,7 @@ def measure_at_fixed_weights(rank, world, steps, decay):
     with torch.no_grad():
         model.weight.copy_(w[None])
     ddp = DistributedDataParallel(model)
-    ddp.reducer.noise_scale = NoiseScaleEstimator(ema_decay=decay)
-    ddp.reducer.noise_scale_every = 1
+    ddp.set_noise_scale_observer(NoiseScaleObserver(every=1, estimator=NoiseScaleEstimator(ema_decay=decay)))
     g = torch.Generator().manual_seed(100 + rank)  # each rank draws its own batches, iid
     for _ in range(steps):
         idx = torch.randint(0, N_SAMPLES, (PER_RANK_BATCH,), generator=g)
@@ -71,7 +70,7 @@ def measure_at_fixed_weights(rank, world, steps, decay):
         loss.backward()
         ddp.zero_grad(set_to_none=True)  # lr 0: the weights never move
     stats = ddp.last_step_stats
-    run = ddp.reducer.noise_scale.run_b_simple
+    run = ddp.noise_scale.estimator.run_b_simple
     ddp.close()
     return stats.gradient_noise_scale * PER_RANK_BATCH, run * PER_RANK_BATCH, stats
 
@@ -101,7 +100,7 @@ def one_step_norms(rank, world, with_hook):
     torch.manual_seed(0)
     model = _net()
     ddp = DistributedDataParallel(model, bucket_cap_mb=1e-5, first_bucket_cap_mb=1e-5)  # several buckets
-    ddp.reducer.noise_scale_every = 1
+    ddp.set_noise_scale_observer(NoiseScaleObserver(every=1))
     if with_hook:
         from dpscale.engine import allreduce_hook
 
@@ -110,15 +109,15 @@ def one_step_norms(rank, world, with_hook):
     ddp(xb).pow(2).sum().backward()
     stats = ddp.last_step_stats
     # the large tensors' norms were taken in the hook, as each arrived (fused with the copy)
-    per_tensor = sum(len(parts) for parts in ddp.reducer._tensor_sq)
+    per_tensor = sum(len(b.tensor_sq) for b in ddp.reducer.buckets)
     # a loop that takes the reduced norm itself: the engine takes the local one only
-    ddp.reducer.noise_scale_reduced_norm = False
-    updates = ddp.reducer.noise_scale.updates
+    ddp.noise_scale.wants_reduced_norm = False
+    updates = ddp.noise_scale.estimator.updates
     ddp.zero_grad(set_to_none=True)
     ddp(xb).pow(2).sum().backward()
     local_only = ddp.last_step_stats
-    assert ddp.reducer.noise_scale.updates == updates  # no pair, no update of the rank's figure
-    ddp.reducer.measure_noise_scale = False
+    assert ddp.noise_scale.estimator.updates == updates  # no pair, no update of the rank's figure
+    ddp.set_noise_scale_observer(None)
     ddp.zero_grad(set_to_none=True)
     ddp(xb).pow(2).sum().backward()
     off = ddp.last_step_stats
@@ -158,12 +157,12 @@ def test_engine_norms_equal_local_and_averaged_gradients(with_hook):
 def measured_steps(rank, world, every):
     torch.manual_seed(0)
     ddp = DistributedDataParallel(nn.Linear(4, 2))
-    ddp.reducer.noise_scale_every = every
+    ddp.set_noise_scale_observer(NoiseScaleObserver(every=every))
     seen = []
     for _ in range(5):
         ddp(torch.randn(3, 4)).sum().backward()
         seen.append(ddp.last_step_stats.grad_sq_norm_local is not None)
-    updates = ddp.reducer.noise_scale.updates
+    updates = ddp.noise_scale.estimator.updates
     ddp.close()
     return seen, updates
 
@@ -178,7 +177,7 @@ def test_noise_scale_every_measures_the_same_steps_on_every_rank():
 def test_one_rank_takes_no_norms(world, measured):
     # one rank's gradient is its average: no pair to measure, so the engine reads nothing more
     ddp = DistributedDataParallel(nn.Linear(4, 2), process_group=EchoGroup(world), init_sync=False)
-    ddp.reducer.noise_scale_every = 1
+    ddp.set_noise_scale_observer(NoiseScaleObserver(every=1))
     ddp(torch.randn(3, 4)).sum().backward()
     assert (ddp.last_step_stats.grad_sq_norm_local is not None) == measured
     ddp.close()

@@ -90,7 +90,11 @@ def is_registered(group) -> bool:
     """Whether torch.distributed's module-level collectives know `group` (see `group_rank`)."""
     if group is None:
         return dist.is_initialized()
-    return group in dist.distributed_c10d._world.pg_group_ranks
+    try:
+        dist.get_process_group_ranks(group)  # public; raises for a group torch never registered
+    except (KeyError, ValueError, RuntimeError):
+        return False
+    return True
 
 
 # what torch's C++ passes to Work.wait: zero means "no timeout"

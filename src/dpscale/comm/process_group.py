@@ -16,7 +16,11 @@ class ProcessGroupTransport:
         self.world_size = group_size(process_group)
         # a group passed in by hand (not registered with init_process_group) answers for itself
         self._registered = is_registered(process_group)
-        self.name = dist.get_backend(process_group) if self._registered else process_group.name()
+        if self._registered:
+            self.name: str = dist.get_backend(process_group)
+        else:
+            assert process_group is not None  # None is the default group, registered
+            self.name = process_group.name()
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.zeros(numel, dtype=dtype, device=device)
@@ -36,6 +40,7 @@ class ProcessGroupTransport:
             return
         opts = dist.BroadcastOptions()
         opts.rootRank = src
+        assert self.group is not None  # unregistered: a group passed in by hand
         wait_work(self.group.broadcast([tensor], opts))
 
     def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:

@@ -82,13 +82,13 @@ class _Region:
         _sum_into(self.mine, self.parts)
         if between_hosts is not None:
             between_hosts(self.mine)
-        for p in self.parts[1:]:
-            p.copy_(self.mine)
+        for part in self.parts[1:]:
+            part.copy_(self.mine)
 
     def completed(self, tensor: torch.Tensor) -> torch.futures.Future:
         # A completed Future runs callbacks added later at once and keeps none, so one can serve
         # every call that passes the same tensor.
-        if tensor is not self.tensor:
+        if tensor is not self.tensor or self.future is None:
             self.tensor, self.future = tensor, completed(tensor)
         return self.future
 
@@ -198,7 +198,9 @@ class SharedMemoryTransport:
             self._staging = self.alloc(max(nbytes, 1 << 16), torch.uint8)
         buf = self._staging[:nbytes].view(tensor.dtype)
         buf.copy_(tensor.reshape(-1))
-        return self._region(buf)
+        region = self._region(buf)
+        assert region is not None  # the staging buffer lives in our segments
+        return region
 
     def _region_for(self, tensor: torch.Tensor) -> tuple[_Region, bool]:
         """(region, staged): `tensor`'s own region, or a staging copy's that must be copied back."""

@@ -1,14 +1,22 @@
-"""Gradient buckets: which parameters share a flat buffer, and the buffers themselves.
+"""Gradient buckets: which parameters share a flat buffer, the buffers, and each bucket's step.
 
-Only layout lives here. Readiness tracking is in `reducer.py` and communication in `hooks.py`,
-so changing one (say, fp16 compression) never touches the others.
+The layout and each bucket's per-step state (gradients still pending, its reduction's future and
+timing, its local gradient norm) live here; when a bucket is launched is decided in `reducer.py`
+and how it is reduced in `hooks.py`, so changing one (say, fp16 compression) never touches the
+others.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+from dpscale.engine.stats import BucketTiming
+
+if TYPE_CHECKING:
+    from dpscale.engine.grad_pool import GradPool
 
 MB = 1024 * 1024
 
@@ -68,12 +76,35 @@ class Bucket:
     buffer: torch.Tensor
     views: list[torch.Tensor]
     offsets: list[int]
-    # filled by the reducer each step
+    # set by the reducer with the layout: the parameters in bucket order, whether the bucket is one
+    # of small tensors (see Reducer._preset_grads) and, for such a bucket with
+    # gradient_as_bucket_view=False, the pool its `.grad`s are views of (grad_pool.py)
+    members: list[torch.nn.Parameter] = field(default_factory=list)
+    small: bool = False
+    pool: GradPool | None = None
+    # per step (begin_step): gradients not yet in, the reduction's future and timing
     pending: int = 0
+    future: torch.Future | None = None  # torch.futures.Future or a Work's C++ future
+    timing: BucketTiming | None = None
+    # which gradients are divided in place at launch (True: all, False: none, else their
+    # positions), see Reducer._preset_grads
+    in_place: bool | set[int] = False
+    # when the noise scale is measured: position -> that large tensor's local squared norm, and
+    # the bucket's local squared norm once launched
+    tensor_sq: dict[int, torch.Tensor] = field(default_factory=dict)
+    local_sq: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
+
+    def begin_step(self) -> None:
+        """Reset the per-step state before a synced backward."""
+        self.pending = len(self.param_indices)
+        self.future = None
+        self.timing = BucketTiming(self.index, self.nbytes)
+        self.tensor_sq = {}
+        self.local_sq = None
 
 
 def build_buckets(params: list[torch.Tensor], assignment: list[list[int]], alloc=None) -> list[Bucket]:

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dpscale.comm.attempt import attempt_id, describe_rank, host_key, within
+from dpscale.engine.compat import torch_private
 
 OPS = (
     "all_reduce",
@@ -201,9 +202,9 @@ def _ask_peers(log: CollectiveLog, mine: dict | None, wait_s: float) -> _PeerAns
     store. Returns within `wait_s` + `STORE_MARGIN_S` even when the store is unreachable.
     """
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = torch_private.default_store()
         members = dist.get_process_group_ranks(log.group or dist.group.WORLD)
-    except Exception:  # a private API, and absent without a default group: best effort only
+    except Exception:  # a private API (TorchPrivateError), absent without a default group: best effort
         return None
     me = dist.get_rank(log.group)
     # keys unique per attempt and equal on every host of it (see comm/attempt.py), by global rank

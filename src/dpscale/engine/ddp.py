@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,7 +28,7 @@ from dpscale.comm.base import group_rank
 from dpscale.engine.autotune import BucketAutotuner
 from dpscale.engine.buckets import MB, assign_buckets_of, build_buckets
 from dpscale.engine.collective_log import CollectiveLog
-from dpscale.engine.compat import ddp_logging, join
+from dpscale.engine.compat import ddp_logging, join, torch_private
 from dpscale.engine.compat.model_check import broadcast_coalesced, check_same_model, sparse_gradient_params
 from dpscale.engine.compat.torch_args import (
     DEFAULT_FIRST_BUCKET_CAP_MB,
@@ -38,6 +38,8 @@ from dpscale.engine.compat.torch_args import (
     move_to,
 )
 from dpscale.engine.hooks import CommHook, allreduce_hook, fp16_compress_hook
+from dpscale.engine.noise_scale import NoiseScaleObserver
+from dpscale.engine.observers import StepObserver
 from dpscale.engine.reducer import Reducer
 from dpscale.engine.stats import StepStats
 from dpscale.log import get_logger
@@ -68,7 +70,7 @@ class DistributedDataParallel(_TorchDDP):
     def __init__(
         self,
         module: nn.Module,
-        device_ids: list[int | torch.device] | None = None,
+        device_ids: Sequence[int | torch.device] | None = None,
         output_device: int | torch.device | None = None,
         dim: int = 0,
         broadcast_buffers: bool | None = None,
@@ -122,8 +124,10 @@ class DistributedDataParallel(_TorchDDP):
             # cap; a cap given explicitly is the first bucket's too. A small first bucket is one
             # more collective per step: on the mlp its 45 KB ahead of 24 MB hide nothing, and its
             # all-reduce cost ~0.6 ms of the backward thread per step (benchmarks/engine_ab.py)
-            explicit = bucket_cap_mb is not None and bucket_cap_mb != "auto"
-            first_bucket_cap_mb = bucket_cap_mb if explicit else DEFAULT_FIRST_BUCKET_CAP_MB
+            # (check_torch_args refused any string but "auto")
+            first_bucket_cap_mb = (
+                bucket_cap_mb if isinstance(bucket_cap_mb, (int, float)) else DEFAULT_FIRST_BUCKET_CAP_MB
+            )
         bucket_cap_mb = args.bucket_cap_mb
         self._autotuner = None
         if bucket_cap_mb == "auto":
@@ -192,17 +196,21 @@ class DistributedDataParallel(_TorchDDP):
             if state:
                 broadcast_coalesced(state, group, log=log, what="initial parameters and buffers")
         if isinstance(transport, str):
-            transport = make_transport(transport, group, self.device, timeout_s=self._collective_timeout_s)
+            built: Transport = make_transport(
+                transport, group, self.device, timeout_s=self._collective_timeout_s
+            )
             if group_rank(group) == 0 and sync:
-                logger.info("transport %s", transport.describe())
-        self.transport = transport
-        buckets = build_buckets(params, assignment, alloc=transport.alloc)
+                logger.info("transport %s", built.describe())
+        else:
+            built = transport
+        self.transport: Transport = built
+        buckets = build_buckets(params, assignment, alloc=built.alloc)
         self.reducer = Reducer(
             params,
             [n for n, _ in named],
             buckets,
             group,
-            transport,
+            built,
             self.find_unused_parameters,
             log,
             sparse=sorted(sparse),
@@ -210,11 +218,14 @@ class DistributedDataParallel(_TorchDDP):
         )
         self.reducer.static_graph = self.static_graph
         self._stats = ddp_logging.RuntimeStats()
+        # measured by default, as before the observer seam: every 8th synced step's norms
+        self._noise_scale: NoiseScaleObserver | None = None
+        self.set_noise_scale_observer(NoiseScaleObserver())
 
     # -- the torch DDP surface -------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         sync_grads = torch.is_grad_enabled() and self.require_backward_grad_sync
-        joining = self._join_config.enable
+        joining = torch_private.join_enabled(self)
         if joining:
             join.notify(self, sync_grads)
         else:
@@ -248,11 +259,13 @@ class DistributedDataParallel(_TorchDDP):
         return self.require_forward_param_sync and self.forward_sync_buffers and len(self.modules_buffers) > 0
 
     def _autotune_step(self) -> None:
-        cap = self._autotuner.on_synced_forward(time.perf_counter())
+        tuner = self._autotuner
+        assert tuner is not None  # bucket_cap_mb="auto"
+        cap = tuner.on_synced_forward(time.perf_counter())
         if cap is not None and cap != self.bucket_cap_mb:
             self._rebuild_buckets(cap)
-        if self._autotuner.done and group_rank(self.process_group) == 0:
-            logger.info("%s", self._autotuner.decision.describe())
+        if tuner.done and tuner.decision is not None and group_rank(self.process_group) == 0:
+            logger.info("%s", tuner.decision.describe())
 
     def _rebuild_buckets(self, cap_mb: float) -> None:
         """Collective (the transport allocates): every rank rebuilds at the same synced step."""
@@ -353,7 +366,15 @@ class DistributedDataParallel(_TorchDDP):
     # -- pickling: what torch.save(model) keeps, and what is rebuilt on load ------------------
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("process_group", "reducer", "transport", "collective_log", "_autotuner", "_stats"):
+        for k in (
+            "process_group",
+            "reducer",
+            "transport",
+            "collective_log",
+            "_autotuner",
+            "_stats",
+            "_noise_scale",
+        ):
             state.pop(k, None)
         return state
 
@@ -361,7 +382,12 @@ class DistributedDataParallel(_TorchDDP):
         # like torch's: an unpickled model uses the default group, with a fresh transport and
         # reducer (collective: every rank loads at the same point); a comm hook is not kept
         nn.Module.__setstate__(self, state)
-        self.process_group = dist.distributed_c10d._get_default_group()
+        world = dist.group.WORLD  # the default group, as torch's unpickling uses
+        if world is None:  # torch's words (its _get_default_group)
+            raise ValueError(
+                "Default process group has not been initialized, please make sure to call init_process_group."
+            )
+        self.process_group = world
         self.collective_log = CollectiveLog(self.process_group)
         self._autotuner = None
         self.__dict__.pop("_comm_hook_name", None)
@@ -381,3 +407,40 @@ class DistributedDataParallel(_TorchDDP):
     def last_step_stats(self) -> StepStats | None:
         """Communication timings of the last synchronized backward (see `StepStats`)."""
         return self.reducer.last_stats
+
+    # -- measurement: the observer seam (observers.py) ----------------------------------------
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call `observer.on_step(stats, norms)` after every synchronized backward, with the
+        step's `StepStats` and, on the steps it asks for, the gradient norms (see observers.py).
+        Observers are not kept when the model is pickled."""
+        self.reducer.observers.append(observer)
+
+    def remove_step_observer(self, observer: StepObserver) -> None:
+        """Stop calling `observer` (ValueError if it was never added)."""
+        self.reducer.observers.remove(observer)
+
+    @property
+    def noise_scale(self) -> NoiseScaleObserver | None:
+        """The observer estimating the gradient noise scale (None: not measured). Default: a
+        `NoiseScaleObserver()`, measuring every 8th synced step."""
+        return self._noise_scale
+
+    def set_noise_scale_observer(self, observer: NoiseScaleObserver | None) -> None:
+        """Measure the gradient noise scale with `observer` instead of the current one (None:
+        not at all, no norms taken)."""
+        if self._noise_scale is not None:
+            self.remove_step_observer(self._noise_scale)
+        self._noise_scale = observer
+        if observer is not None:
+            self.add_step_observer(observer)
+
+    def set_synced_steps(self, steps: int) -> None:
+        """Count synced steps from `steps` (a resumed run's position): observers are asked about
+        the same steps (e.g. the noise scale measured on them) as in a run never interrupted."""
+        self.reducer.set_synced_steps(steps)
+
+    @property
+    def has_sparse_gradients(self) -> bool:
+        """Whether some parameter's gradient is sparse (reduced outside the buckets, so outside
+        `GradNorms`)."""
+        return bool(self.reducer.sparse_indices)

@@ -16,7 +16,7 @@ the fp16/bf16 rounding error relative to the final average rather than to a W-ti
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,15 +33,15 @@ class GradBucket:
         self,
         index: int,
         buffer: torch.Tensor,
-        params: list[torch.Tensor],
-        grads: list[torch.Tensor],
+        params: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
         offsets: list[int],
         is_last: bool,
     ):
         self._index = index
         self._buffer = buffer
-        self._params = params
-        self._grads = grads
+        self._params = list(params)
+        self._grads = list(grads)
         self._offsets = offsets
         self._is_last = is_last
 
@@ -131,10 +131,11 @@ def compression_hook(name: str, process_group: dist.ProcessGroup | None) -> tupl
     return None
 
 
-def checked_future(fut: object) -> torch.futures.Future:
+def checked_future(fut: object) -> torch.Future:
     """A hook's result, checked as torch's reducer checks it (same message)."""
-    # torch._C.Future: a Work's get_future() gives one, torch.futures.Future derives from it
-    if not isinstance(fut, torch._C.Future):
+    # torch.Future (the C++ future's public name): a Work's get_future() gives one,
+    # torch.futures.Future derives from it
+    if not isinstance(fut, torch.Future):
         got = type(fut).__name__
         raise RuntimeError(f"callback must return a torch.futures.Future object, but got {got}")
     return fut

@@ -15,8 +15,10 @@ Both averages start at zero with the same decay, so their start-up bias cancels 
 In the engine, a rank's local gradient (before the reduction) is the small-batch estimate and the
 averaged gradient (after it) the big-batch one: B_big / B_small = world size. The reducer takes the
 local squared norm where it has just written the gradient (per large tensor after its
-copy-and-divide, per small bucket after its division: readiness.py) and the averaged one after the
-wait (finalize.py), unless the loop takes that one itself (`noise_scale_reduced_norm`).
+copy-and-divide, per small bucket after its division) and the averaged one after the wait
+(both in reducer.py), unless the loop takes that one itself (`NoiseScaleObserver.wants_reduced_norm`
+off). `NoiseScaleObserver` asks the reducer for those norms through the observer seam
+(observers.py) and keeps the estimate.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from dpscale.engine.observers import GradNorms, StepObserver
+from dpscale.engine.stats import StepStats
 
 
 def bucket_sq_norm(buffer: torch.Tensor) -> torch.Tensor:
@@ -114,3 +119,41 @@ class NoiseScaleEstimator:
         for k in ("grad_sq", "trace", "grad_sq_sum", "trace_sum"):
             setattr(self, "_" + k, float(state[k]))
         self.updates = int(state["updates"])
+
+
+class NoiseScaleObserver(StepObserver):
+    """The engine's own noise-scale estimate, as a step observer: on every `every`-th synced step
+    the reducer takes this rank's gradient norm and (with `reduced_norm`) the averaged one, and
+    each such pair updates `estimator`; the step's `StepStats.gradient_noise_scale` is then this
+    rank's smoothed B_simple (units of one rank's batch: B_big / B_small = world size).
+
+    `every` (8): measure on every this many synced steps (benchmarks/noise_scale_cost.py has the
+    cost). `reduced_norm` (True): take the averaged gradient's norm after the reduction (a second
+    read of every gradient). A loop that takes the norm of the reduced gradients anyway (dpscale's
+    Trainer, for its skip check and clipping) turns it off and pairs that norm with
+    `grad_sq_norm_local`: the step then costs one read of each gradient, while it is still in cache.
+    """
+
+    def __init__(
+        self, *, every: int = 8, reduced_norm: bool = True, estimator: NoiseScaleEstimator | None = None
+    ):
+        if every < 1:
+            raise ValueError(f"every must be >= 1 (measure on every this many synced steps), got {every}")
+        self.every = every
+        self.wants_reduced_norm = reduced_norm
+        self.estimator = estimator if estimator is not None else NoiseScaleEstimator()
+
+    def wants_grad_norms(self, step: int) -> bool:
+        # every rank counts the same synced steps, so all measure on the same ones
+        return step % self.every == 0
+
+    def on_step(self, stats: StepStats, norms: GradNorms | None) -> None:
+        if norms is None:
+            return
+        # the rank's own estimate needs the averaged norm, and not while ranks have joined (the
+        # average is then over fewer ranks)
+        if norms.reduced_sq is not None and norms.all_ranks:
+            self.estimator.update(
+                small_sq=norms.local_sq, big_sq=norms.reduced_sq, b_small=1, b_big=norms.world_size
+            )
+        stats.gradient_noise_scale = self.estimator.b_simple

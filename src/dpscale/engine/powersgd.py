@@ -105,7 +105,8 @@ class PowerSGDState:
         iteration = state["iteration"]
         if type(iteration) is not int or iteration < 0:
             raise ValueError(f"PowerSGD state: iteration is {iteration!r}, not a count")
-        q, errors = {}, {}
+        q: dict[torch.Tensor, torch.Tensor] = {}
+        errors: dict[torch.Tensor, torch.Tensor] = {}
         for kind, saved, out in (("q", state["q"], q), ("errors", state["errors"], errors)):
             for name, tensor in dict(saved).items():
                 param = params.get(name)

@@ -1,10 +1,18 @@
-"""Readiness tracking: launch each bucket's reduction as soon as its last gradient is ready.
+"""The reducer: each synced backward's gradients averaged over ranks, bucket by bucket.
 
-The `Reducer` is split by phase: this file holds its state and what the wrapper calls (arming
-before a synced backward, presetting small-tensor gradients, changing the bucket layout);
-readiness.py what autograd calls during backward (a gradient into its bucket view, a full bucket
-launched in bucket order); finalize.py what runs once backward is over (unused and sparse
-parameters, waiting for every reduction, the step's statistics).
+Read in the order of one step:
+1. Setup: the wrapper arms the reducer at each synced forward (`prepare_for_backward`): each
+   bucket begins its step and small-tensor gradients are preset as views (`_preset_grads`).
+2. During backward: a post-accumulate-grad hook on every parameter moves the fresh gradient into
+   its bucket view (`_on_grad_ready`). With gradient_as_bucket_view=True it makes `param.grad` that
+   view, so the optimizer reads the reduced values with no copy back; with False (torch's default)
+   `.grad` stays its own tensor and the reduced values are copied into it afterwards. When a
+   bucket's last gradient arrives its reduction starts asynchronously while autograd goes on with
+   earlier layers; buckets launch strictly in bucket order. The first gradient queues `_finalize`.
+3. After backward (`_finalize`): parameters that got no gradient (an error unless
+   find_unused_parameters or a static graph), what is left launched, sparse gradients reduced each
+   on its own, which parameters were used on any rank agreed, every reduction waited for, the
+   step's statistics recorded (stats.py).
 
 Sparse gradients (Embedding/EmbeddingBag with sparse=True) have no place in a flat buffer: each is
 reduced on its own after backward (gloo all-reduces sparse tensors), or handed to the comm hook as
@@ -15,19 +23,22 @@ launch a bucket when every expected gradient has arrived.
 
 from __future__ import annotations
 
-import operator
-import sys
 import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dpscale.engine.buckets import Bucket
 from dpscale.engine.collective_log import CollectiveLog
-from dpscale.engine.finalize import Finalize
-from dpscale.engine.hooks import CommHook
-from dpscale.engine.noise_scale import NoiseScaleEstimator
-from dpscale.engine.readiness import Readiness
+from dpscale.engine.compat import torch_private
+from dpscale.engine.grad_pool import GradPool, zero_views
+from dpscale.engine.hooks import CommHook, GradBucket, checked_future
+from dpscale.engine.noise_scale import bucket_sq_norm
+from dpscale.engine.observers import GradNorms, StepObserver
 from dpscale.engine.stats import BucketTiming, StepStats
 
 # A bucket whose tensors average at most this many elements gets gradients accumulated in place
@@ -36,20 +47,21 @@ from dpscale.engine.stats import BucketTiming, StepStats
 SMALL_TENSOR_NUMEL = 8192
 
 
-class Reducer(Readiness, Finalize):
+class Reducer:
     """Reduces a model's gradients bucket by bucket during each synced backward."""
 
+    # -- 1. setup: built once, re-bucketed by the autotuner, armed at each synced forward --------
     def __init__(
         self,
         params: list[torch.nn.Parameter],
         names: list[str],
         buckets: list[Bucket],
         process_group: dist.ProcessGroup | None,
-        transport,
+        transport: Any,
         find_unused_parameters: bool,
         log: CollectiveLog | None = None,
         *,
-        sparse: list[int] = (),
+        sparse: Sequence[int] = (),
         gradient_as_bucket_view: bool = True,
     ):
         self.params = params
@@ -76,9 +88,13 @@ class Reducer(Readiness, Finalize):
         self.find_unused_parameters = find_unused_parameters
         self.comm_hook: tuple[object, CommHook] | None = None
         self.log = log or CollectiveLog(process_group)
-        self._comm_stream = None
+        self._comm_stream: torch.cuda.Stream | None = None
         if buckets and buckets[0].buffer.is_cuda:
             self._comm_stream = torch.cuda.Stream(device=buckets[0].buffer.device)
+        self.buckets: list[Bucket] = []
+        # where each parameter's gradient lives, indexed by parameter (None: sparse): (bucket,
+        # position in the bucket, its view), looked up once per gradient by the hook
+        self._slot: list[tuple[Bucket, int, torch.Tensor] | None] = []
         self.set_buckets(buckets)
         self._expecting = False
         self._ready = [False] * len(params)
@@ -93,27 +109,16 @@ class Reducer(Readiness, Finalize):
         # and is multiplied by 1/divisor at the sync, not divided in place (see _preset_grads)
         self._viewed_unsynced: set[int] = set()
         self._next_bucket = 0
-        self._futures: list[torch.futures.Future | None] = [None] * len(buckets)
-        self._timings: list[BucketTiming] = []
-        self._in_flight: list[int] = []  # buckets launched and not yet seen complete
+        self._in_flight: list[Bucket] = []  # launched and not yet seen complete
         self._callback_queued = False
         self._spent: list[torch.Tensor] = []
         self._t_forward_end = 0.0
         self.last_stats: StepStats | None = None
         self._step = 0
-        # gradient noise scale (noise_scale.py): this rank's squared gradient norm before the
-        # reduction and the averaged one after; units of one rank's batch (B_big/B_small = W)
-        self.measure_noise_scale = True
-        # measure on every this many synced steps (benchmarks/noise_scale_cost.py has the cost)
-        self.noise_scale_every = 8
-        # take the averaged gradient's norm after the reduction (a second read of every gradient).
-        # A loop that takes the norm of the reduced gradients anyway (dpscale's Trainer, for its
-        # skip check and clipping) turns this off and pairs that norm with grad_sq_norm_local:
-        # the step then costs one read of each gradient, while it is still in cache
-        self.noise_scale_reduced_norm = True
+        # who receives each synced step's measurements (observers.py); on the steps one of them
+        # asks for, this rank's gradient norm is taken during backward (_measure_now)
+        self.observers: list[StepObserver] = []
         self._measure_now = False
-        self.noise_scale = NoiseScaleEstimator()
-        self._local_sq: list[torch.Tensor] = []
         self._handles = [
             p.register_post_accumulate_grad_hook(
                 self._make_sparse_hook(i) if i in self.sparse_indices else self._make_hook(i)
@@ -121,40 +126,58 @@ class Reducer(Readiness, Finalize):
             for i, p in enumerate(params)
         ]
 
-    # -- called by the wrapper -------------------------------------------------------------
+    # The hooks hold the reducer weakly. A strong reference would make a cycle through the
+    # parameters' hook dicts that Python's collector cannot see into (torch keeps them on the C++
+    # tensor), so an engine dropped without close() would keep its transport, and the shared
+    # memory under its buckets, until the process ends. A dead reducer's hooks do nothing.
+    def _make_hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        reducer = weakref.ref(self)
+
+        def hook(param: torch.Tensor) -> None:
+            self_ = reducer()
+            if self_ is not None:
+                self_._on_grad_ready(i, param)
+
+        return hook
+
+    def _make_sparse_hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        reducer = weakref.ref(self)
+
+        def hook(param: torch.Tensor) -> None:
+            self_ = reducer()
+            if self_ is None:
+                return
+            # the sparse gradient stays in .grad (accumulated there by autograd); reduced in _finalize
+            self_._used_since_sync[i] = True
+            if self_._expecting:
+                self_._mark_ready(i)
+
+        return hook
+
     def set_buckets(self, buckets: list[Bucket]) -> None:
         """Use a new bucket layout from now on; gradients already accumulated move with it."""
-        old = getattr(self, "buckets", None)
+        old = self.buckets
         self.buckets = buckets
-        self._small = [b.buffer.numel() <= SMALL_TENSOR_NUMEL * len(b.param_indices) for b in buckets]
-        # where each parameter's gradient lives, indexed by parameter (None: sparse): (bucket,
-        # position in the bucket, its view, whether the bucket is one of small tensors), looked
-        # up once per gradient by the hook
-        self._slot: list[tuple[Bucket, int, torch.Tensor, bool] | None] = [None] * len(self.params)
+        self._slot = [None] * len(self.params)
         for b in buckets:
+            b.small = b.buffer.numel() <= SMALL_TENSOR_NUMEL * len(b.param_indices)
+            b.members = [self.params[i] for i in b.param_indices]
             for pos, i in enumerate(b.param_indices):
-                self._slot[i] = (b, pos, b.views[pos], self._small[b.index])
-        self._members = [[self.params[i] for i in b.param_indices] for b in buckets]
-        self._pools: list[GradPool | None] = [None] * len(buckets)
+                self._slot[i] = (b, pos, b.views[pos])
         if old is not buckets and self.gradient_as_bucket_view:
             for i, p in enumerate(self.params):
                 if p.grad is not None:
-                    _, _, view, _ = self._slot[i]
-                    view.copy_(p.grad)
-                    p.grad = view
-        self._futures = [None] * len(buckets)
-        # per bucket of small tensors: which of its gradients are divided in place at launch
-        # (True: all, False: none, else their positions), see _preset_grads
-        self._in_place: list[bool | set[int]] = [False] * len(buckets)
-        # per bucket: position in the bucket -> that tensor's local squared norm
-        self._tensor_sq: list[dict[int, torch.Tensor]] = [{} for _ in buckets]
+                    slot = self._slot[i]
+                    assert slot is not None, "a sparse parameter with gradient_as_bucket_view"
+                    slot[2].copy_(p.grad)
+                    p.grad = slot[2]
 
     def set_synced_steps(self, steps: int) -> None:
-        """Count synced steps from `steps` (a resumed run's position): the noise scale is then
-        measured on the same steps as in a run that was never interrupted."""
+        """Count synced steps from `steps` (a resumed run's position): observers are then asked
+        about the same steps as in a run that was never interrupted."""
         self._step = steps
 
-    def prepare_for_backward(self, outputs=()) -> None:
+    def prepare_for_backward(self, outputs: object = ()) -> None:
         """Arm the reducer: the next backward must reduce every bucket.
 
         `outputs` is accepted for code written against torch's reducer (Lightning's manual
@@ -164,22 +187,20 @@ class Reducer(Readiness, Finalize):
         self._expecting = True
         self._ready = [False] * len(self.params)
         for b in self.buckets:
-            b.pending = len(b.param_indices)
+            b.begin_step()
         if self.static_graph:
             self._counting = self._expected is None
             self._arrivals = [0] * len(self.params)
         self._next_bucket = 0
-        self._futures = [None] * len(self.buckets)
-        self._timings = [BucketTiming(b.index, b.nbytes) for b in self.buckets]
         self._in_flight = []
         self._callback_queued = False
         self._preset_grads()
-        self._local_sq = []
-        self._tensor_sq = [{} for _ in self.buckets]
-        # every rank counts the same synced steps, so all measure on the same ones. One rank has
-        # no small/large pair to measure (its gradient is the average): no norms, no cost
+        # One rank has no small/large pair to measure (its gradient is the average): no norms, no
+        # cost. No observer: an empty list, nothing asked
         self._measure_now = (
-            self.measure_noise_scale and self.world_size > 1 and self._step % self.noise_scale_every == 0
+            bool(self.observers)
+            and self.world_size > 1
+            and any(o.wants_grad_norms(self._step) for o in self.observers)
         )
         self._t_forward_end = time.perf_counter()
 
@@ -198,18 +219,18 @@ class Reducer(Readiness, Finalize):
         # whose gradients were all None before backward (zero_grad's default) is multiplied, one
         # with gradients kept as its views divided, a mix view by view (_divided_in_place).
         params, preset = self.params, self._preset
-        self._in_place = [False] * len(self.buckets)
         for b in self.buckets:
-            if not self._small[b.index]:
+            b.in_place = False
+            if not b.small:
                 continue
-            missing = [k for k, i in enumerate(b.param_indices) if params[i].grad is None]
+            missing = [k for k, p in enumerate(b.members) if p.grad is None]
             if self.gradient_as_bucket_view:
-                self._in_place[b.index] = self._divided_in_place(b, missing)
+                b.in_place = self._divided_in_place(b, missing)
             if not missing:
                 continue
             if self.gradient_as_bucket_view:
                 grads = b.views
-                _zero_views(b.buffer, grads, missing)
+                zero_views(b.buffer, grads, missing)
             else:
                 # torch's default, gradients apart from the bucket: views into the bucket's pool
                 # (its copy of the same layout), copied into the bucket at launch and back after
@@ -237,12 +258,10 @@ class Reducer(Readiness, Finalize):
         """The bucket's pool with the views of `missing` zeroed; a new pool if anyone but us
         still holds one of the old one's gradients (a user keeping last step's .grad must find
         it unchanged, as with torch, where each step's gradients are new tensors)."""
-        pool = self._pools[b.index]
-        if pool is None or not pool.free():
-            pool = self._pools[b.index] = GradPool(b)
-        else:
-            _zero_views(pool.flat, pool.views, missing)
-        return pool
+        if b.pool is None or not b.pool.free():
+            b.pool = GradPool(b.buffer, b.offsets, b.views)
+            return b.pool
+        return b.pool.zeroed(missing)
 
     def release_spent(self) -> None:
         # Autograd's own gradient tensors, already copied into the buckets, are freed here, at the
@@ -271,46 +290,454 @@ class Reducer(Readiness, Finalize):
                 "backward on its output (or run the forward under no_sync) before the next step"
             )
 
+    # -- 2. during backward: autograd calls the hooks, full buckets are launched ----------------
+    def _on_grad_ready(self, i: int, param: torch.Tensor) -> None:
+        slot = self._slot[i]
+        assert slot is not None  # dense parameters only: sparse ones have their own hook
+        bucket, pos, view = slot
+        expecting = self._expecting
+        more_to_come = expecting and self._count_arrival(i)
+        # a bucket of large tensors is divided tensor by tensor, fused with the copy; one of
+        # small tensors once, at launch (see _preset_grads)
+        divide = not bucket.small and expecting and not more_to_come and self.comm_hook is None
+        self._grad_into_view(i, param, view, divide, large=not bucket.small)
+        self._used_since_sync[i] = True
+        if not expecting:
+            return
+        if self._counting:
+            self._ready[i] = True
+            self._queue_finalize()
+            return
+        if more_to_come:
+            return
+        # what follows is _mark_ready(i) inlined, with its calls skipped where they would do
+        # nothing: this runs once per gradient, and the per-tensor cost is benchmarked against torch
+        if self._in_flight:
+            self._stamp_completed()
+        if self._ready[i]:
+            self._raise_twice(i)
+        self._ready[i] = True
+        if self._order is not None:
+            self._order.append(i)
+        if not self._callback_queued:
+            self._queue_finalize()
+        if self._measure_now and not bucket.small:
+            # the local norm, fused in cache with the copy-and-divide just above: the view was
+            # written a moment ago, while a whole bucket read at launch would come from memory
+            bucket.tensor_sq[pos] = bucket_sq_norm(view)
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._launch_ready_buckets()
 
-def _zero_views(flat: torch.Tensor, views: list[torch.Tensor], positions: list[int]) -> None:
-    """Zero `views[k]` for k in `positions`, all of `flat` in one call when that is every view."""
-    if len(positions) == len(views):
-        flat.zero_()
-    else:
-        for k in positions:
-            views[k].zero_()
+    def _count_arrival(self, i: int) -> bool:
+        """Static graph: count this arrival of parameter `i`'s gradient; whether more of its
+        gradient is still to come in this backward (reentrant checkpointing)."""
+        expected = self._expected
+        if not (self._counting or (expected is not None and expected[i] > 1)):
+            return False
+        self._arrivals[i] += 1
+        return self._counting or (expected is not None and self._arrivals[i] < expected[i])
 
+    def _grad_into_view(
+        self, i: int, param: torch.Tensor, view: torch.Tensor, divide: bool, *, large: bool
+    ) -> None:
+        """Parameter `i`'s fresh gradient into its bucket view (divided there if `divide`)."""
+        grad = param.grad
+        assert grad is not None  # a post-accumulate-grad hook runs with the gradient in place
+        as_view = self.gradient_as_bucket_view
+        if grad is not view and (not as_view or grad.data_ptr() != view.data_ptr()):
+            if grad.requires_grad:  # backward(create_graph=True)
+                grad = self._detached(param)
+            # gradient_as_bucket_view=False (torch's default): .grad stays a tensor of its own
+            # (accumulating locally under no_sync); its value goes into the bucket at a synced
+            # step, here for a large tensor, at launch for a bucket of small ones (one call for
+            # the bucket, see _gather_pool), and the reduced one comes back after the reduction
+            # (_copy_out)
+            if as_view or (self._expecting and large):
+                self._copy_in(grad, view, divide)
+            if as_view:
+                param.grad = view
+                self._spent.append(grad)
+                if not self._expecting:
+                    self._viewed_unsynced.add(i)
+        elif divide:
+            # autograd added into the view in place: it holds the local sum, divided now (an
+            # in-place division, as torch's reducer does with a gradient that is its bucket view)
+            self._divide_view(i, view)
 
-class GradPool:
-    """gradient_as_bucket_view=False, a bucket of small tensors: the `.grad` tensors, views into
-    one flat buffer laid out as the bucket. Autograd accumulates into them; the bucket gets one
-    copy of the buffer at launch and gives one back after the reduction. Reused from step to
-    step while nobody else holds a reference to one of them, so a step allocates nothing."""
+    def _copy_in(self, grad: torch.Tensor, view: torch.Tensor, divide: bool) -> None:
+        """`grad` into its bucket view, pre-divided in the same pass if `divide`: multiplied by
+        1/divisor, as torch's reducer does (mul_out), so the averaged values are torch's bit for
+        bit (x / 3 and x * (1/3) differ in the last bit for about a third of all x); and a vector
+        multiplication costs half a division, which is compute-bound at these sizes."""
+        if divide:
+            torch.mul(grad, 1.0 / self.divisor, out=view)
+        else:
+            view.copy_(grad)
 
-    def __init__(self, bucket: Bucket):
-        self.flat = torch.zeros_like(bucket.buffer)
-        spans = zip(bucket.offsets, bucket.views, strict=True)
-        self.views = [self.flat[o : o + v.numel()].view_as(v) for o, v in spans]
-        self._storage_refs = self._storage_use_count()
+    def _divide_view(self, i: int, view: torch.Tensor) -> None:
+        """The local sum already in parameter `i`'s bucket view, divided by the divisor as torch
+        would: in place if .grad is the view in torch too, multiplied by 1/divisor if it became the
+        view in a no_sync backward (torch's .grad is then a tensor of its own, copied by mul_out)."""
+        if i in self._viewed_unsynced:
+            view.mul_(1.0 / self.divisor)
+        else:
+            view.div_(self.divisor)
 
-    def _storage_use_count(self) -> int:
-        return torch._C._storage_Use_Count(self.flat.untyped_storage()._cdata)
+    def _detached(self, param: torch.Tensor) -> torch.Tensor:
+        # torch DDP allows create_graph=True with a warning; the reduced gradient carries no graph
+        if not self._warned_create_graph:
+            self._warned_create_graph = True
+            warnings.warn(
+                "Using DistributedDataParallel with create_graph=True is not recommended: the "
+                "reduced gradients in .grad are detached from the graph of the backward pass",
+                stacklevel=4,
+            )
+        assert param.grad is not None
+        param.grad = param.grad.detach()
+        return param.grad
 
-    def free(self) -> bool:
-        """Whether nobody else refers to a view (a view someone took of one counts too: it
-        shares the storage). `.grad` pointing at a view adds no Python reference (autograd holds
-        the tensor in C++); a user's `g = p.grad` does."""
-        for view in self.views:
-            # self.views, this loop's `view` and getrefcount's argument
-            if sys.getrefcount(view) > 3:
-                return False
-        return self._storage_use_count() == self._storage_refs
+    def _queue_finalize(self) -> None:
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch_private.queue_autograd_callback(self._finalize)
 
-    def gaps(self, grads: list[torch.Tensor | None]) -> list[int] | None:
-        """Where `grads` (the bucket's `.grad`s, in bucket order) are None, if every other one is
-        this pool's view at its place; None if some gradient is a tensor of its own."""
-        if all(map(operator.is_, grads, self.views)):  # every step but odd ones: no loop in Python
-            return []
-        if all(g is None or g is v for g, v in zip(grads, self.views, strict=True)):
-            return [k for k, g in enumerate(grads) if g is None]
-        return None
+    def _mark_ready(self, i: int) -> None:
+        self._stamp_completed()
+        if self._ready[i]:
+            self._raise_twice(i)
+        self._ready[i] = True
+        if self._order is not None:
+            self._order.append(i)
+        self._queue_finalize()
+
+    def _raise_twice(self, i: int) -> None:
+        raise RuntimeError(
+            f"parameter {self.names[i]!r} received its gradient twice in one backward pass; "
+            "dpscale reduces each gradient once per backward unless the graph is static: for "
+            "reentrant checkpointing pass static_graph=True"
+        )
+
+    def _launch_ready_buckets(self) -> None:
+        # Launch strictly in bucket order: collectives are matched by issue order across ranks,
+        # so a rank must never reduce bucket 2 before bucket 1 even if its gradients came first.
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
+            self._launch(self.buckets[self._next_bucket])
+            self._next_bucket += 1
+
+    def _launch(self, bucket: Bucket) -> None:
+        timing = bucket.timing
+        assert timing is not None  # set by begin_step
+        timing.start_s = time.perf_counter()
+        if self._comm_stream is not None:
+            # the bucket was filled on the compute stream; communication must see those writes
+            self._comm_stream.wait_stream(torch.cuda.current_stream(bucket.buffer.device))
+            with torch.cuda.stream(self._comm_stream):
+                fut = self._start_reduction(bucket)
+        else:
+            fut = self._start_reduction(bucket)
+        bucket.future = fut
+        self._in_flight.append(bucket)
+        self._stamp_completed()  # a synchronous transport (shm) is done already
+        # A synchronous transport (shm) reduces inside this call, on the thread that runs
+        # backward: that time is not overlapped with compute, whatever the timestamps say.
+        timing.blocking_s = time.perf_counter() - timing.start_s
+
+    def _start_reduction(self, bucket: Bucket) -> torch.Future:
+        if bucket.small:
+            if not self.gradient_as_bucket_view:
+                self._gather_grads(bucket)
+            if self.comm_hook is None and self.divisor != 1:
+                self._average_small(bucket)
+        if self._measure_now:
+            self._measure_local(bucket)
+        return self._reduce(bucket)
+
+    def _gather_grads(self, bucket: Bucket) -> None:
+        """gradient_as_bucket_view=False: a small bucket's gradients, apart from it (see
+        _preset_grads), go into it: one copy of the pool when they are its views."""
+        grads = [p.grad for p in bucket.members]
+        pool = bucket.pool
+        gaps = None if pool is None else pool.gaps(grads)
+        if pool is not None and gaps is not None:
+            bucket.buffer.copy_(pool.flat)
+            for k in gaps:  # .grad set to None after forward: the pool's view may be stale
+                bucket.views[k].zero_()
+            return
+        for view, grad in zip(bucket.views, grads, strict=True):
+            if grad is None:
+                view.zero_()
+            else:
+                view.copy_(grad)
+
+    def _average_small(self, bucket: Bucket) -> None:
+        """The views hold local sums: average once per bucket, as torch's reducer would have
+        tensor by tensor (see _preset_grads)."""
+        in_place = bucket.in_place
+        if in_place is True:
+            bucket.buffer.div_(self.divisor)
+        elif not in_place:
+            bucket.buffer.mul_(1.0 / self.divisor)
+        else:  # a mix, view by view
+            for k, view in enumerate(bucket.views):
+                if k in in_place:
+                    view.div_(self.divisor)
+                else:
+                    view.mul_(1.0 / self.divisor)
+
+    def _measure_local(self, bucket: Bucket) -> None:
+        # this rank's gradient after the division (divided by the divisor without a hook,
+        # undivided with one: the hook contract): a small bucket read now (still in cache after
+        # its division); a bucket of large tensors from the norms its tensors got as they
+        # arrived, and now for those that never passed the hook in this backward (unused here,
+        # the counting backward of a static graph)
+        if bucket.small:
+            bucket.local_sq = bucket_sq_norm(bucket.buffer)
+            return
+        parts = bucket.tensor_sq
+        for pos, view in enumerate(bucket.views):
+            if pos not in parts:
+                parts[pos] = bucket_sq_norm(view)
+        bucket.local_sq = torch.stack(list(parts.values())).sum()
+
+    def _reduce(self, bucket: Bucket) -> torch.Future:
+        # a hook issues its own collectives, but recording it here still shows where a rank was
+        op = "all_reduce" if self.comm_hook is None else "comm_hook"
+        self.log.record(op, f"bucket {bucket.index}", bucket.buffer, bucket=bucket.index)
+        if self.comm_hook is None:
+            return self.transport.all_reduce(bucket.buffer)
+        state, hook = self.comm_hook
+        grad_bucket = GradBucket(
+            bucket.index,
+            bucket.buffer,
+            bucket.members,
+            bucket.views,
+            bucket.offsets,
+            is_last=bucket.index == len(self.buckets) - 1,
+        )
+        return checked_future(hook(state, grad_bucket))
+
+    def _stamp_completed(self) -> None:
+        # When each reduction finished, for the step's statistics. Polled from the autograd thread
+        # (at every gradient, after backward, while waiting) rather than by a done-callback, which
+        # would run on the transport's thread and fight backward for the GIL; so a time is exact
+        # to within one gradient's interval during backward and exact afterwards.
+        if self._in_flight:
+            now, still = time.perf_counter(), []
+            for b in self._in_flight:
+                assert b.future is not None and b.timing is not None
+                if b.future.done():
+                    b.timing.end_s = now
+                else:
+                    still.append(b)
+            self._in_flight = still
+
+    # -- 3. after backward: what was not launched, sparse gradients, the wait, the statistics ---
+    def _finalize(self) -> None:
+        """Runs once per synced backward, after autograd has produced every gradient."""
+        self._expecting = False
+        t_backward_end = time.perf_counter()
+        self.last_backward_end_epoch_ns = time.time_ns()
+        if self._order is not None:
+            self.first_ready_order, self._order = self._order, None
+        if self._counting:
+            self._end_counting()
+        allow_unused = self.find_unused_parameters or self.static_graph
+        # a bucket launches once its last gradient is in: with every bucket launched, none is missing
+        launched_all = self._next_bucket == len(self.buckets)
+        missing = [] if launched_all else [i for i in self.dense_indices if not self._ready[i]]
+        missing_sparse = [i for i in self.sparse_indices if not self._ready[i]]
+        if (missing or missing_sparse) and not allow_unused:
+            self._abort_launched()
+            self._raise_unused(missing + missing_sparse)
+        had_grad = self._fill_missing(missing)
+        self._launch_ready_buckets()
+        sparse_futures = [self._reduce_sparse(i, k) for k, i in enumerate(self.sparse_indices)]
+        # every rank must issue this collective, also one that saw every gradient
+        had_grad.update({i: self.params[i].grad is not None for i in missing_sparse})
+        used = self._globally_used(missing + missing_sparse) if allow_unused else {}
+        self._used_since_sync = [False] * len(self.params)
+        self._wait_all()
+        results = [fut.wait() for fut in sparse_futures]
+        # every reduction is over: what follows (gradients into .grad, norms) is not communication
+        t_done = time.perf_counter()
+        for i, result in zip(self.sparse_indices, results, strict=True):
+            result = result[0] if isinstance(result, list) else result
+            if self._ready[i] or had_grad[i] or used[i]:
+                self.params[i].grad = result
+        self._hand_back_missing(missing, had_grad, used)
+        self._preset = [False] * len(self.params)
+        self._viewed_unsynced.clear()
+        if not self.gradient_as_bucket_view:
+            self._copy_out()
+        self._record_stats(t_backward_end, t_done, self._grad_norms())
+
+    def _raise_unused(self, missing: list[int]) -> None:
+        names = ", ".join(repr(self.names[i]) for i in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise RuntimeError(
+            f"parameters got no gradient in this backward pass: {names}{more}. If they are "
+            "unused in forward on purpose, construct DistributedDataParallel with "
+            "find_unused_parameters=True; otherwise make sure every parameter takes part in "
+            "computing the loss."
+        )
+
+    def _fill_missing(self, missing: list[int]) -> dict[int, bool]:
+        """The bucket views of dense parameters that got no gradient in this backward: their
+        local value (zero, or what no_sync steps accumulated); whether each had a gradient."""
+        had_grad = {}
+        for i in missing:
+            slot = self._slot[i]
+            assert slot is not None
+            bucket, _, view = slot
+            p = self.params[i]
+            # a gradient of the user's (accumulated in no_sync steps), not the zeros we preset
+            had_grad[i] = p.grad is not None and not self._preset[i]
+            # a local accumulated sum, undivided so far (a bucket of small tensors: at launch)
+            divide = self.comm_hook is None and not bucket.small
+            if p.grad is None:
+                view.zero_()  # contributes nothing from this rank
+            elif p.grad is not view and p.grad.data_ptr() != view.data_ptr():
+                self._copy_in(p.grad, view, divide)
+            elif divide:
+                self._divide_view(i, view)
+            bucket.pending -= 1
+        return had_grad
+
+    def _hand_back_missing(
+        self, missing: list[int], had_grad: dict[int, bool], used: dict[int, bool]
+    ) -> None:
+        """After the reduction: a parameter used on some rank gets the averaged gradient; one
+        unused everywhere keeps what it had (None if we preset it)."""
+        for i in missing:
+            slot = self._slot[i]
+            assert slot is not None
+            view = slot[2]
+            p = self.params[i]
+            if had_grad[i] or used[i]:
+                if p.grad is None or self.gradient_as_bucket_view:
+                    p.grad = view
+                # else: a tensor of its own, which _copy_out fills
+            elif self._preset[i]:
+                p.grad = None  # unused everywhere: as if we had never set it
+
+    def _copy_out(self) -> None:
+        """gradient_as_bucket_view=False: the reduced values into each .grad, a tensor apart
+        from the bucket as in torch (the bucket is overwritten by the next step's reduction):
+        one copy per bucket of small tensors (its pool, see grad_pool.py), one fused copy
+        for the other gradients."""
+        own, reduced = [], []
+        for b in self.buckets:
+            if b.pool is not None and b.pool.gaps([p.grad for p in b.members]) is not None:
+                b.pool.flat.copy_(b.buffer)
+                continue
+            for p, view in zip(b.members, b.views, strict=True):
+                grad = p.grad
+                if grad is None:
+                    continue
+                if grad is view:  # used only on other ranks: no gradient of its own yet
+                    p.grad = view.clone()
+                else:
+                    own.append(grad)
+                    reduced.append(view)
+        if own:
+            torch_private.foreach_copy_(own, reduced)
+
+    def _grad_norms(self) -> GradNorms | None:
+        """This rank's local |g|^2 and, if an observer wants it, the averaged |G|^2, over the
+        dense buckets; None on a step that measured nothing."""
+        local_sq = [b.local_sq for b in self.buckets]
+        if not self._measure_now or not self.buckets or any(sq is None for sq in local_sq):
+            return None
+        # without a hook the buffers were divided by the divisor before the reduction
+        scale = 1.0 if self.comm_hook is not None else float(self.divisor) ** 2
+        local = float(torch.stack(local_sq).sum()) * scale  # type: ignore[arg-type]
+        for b in self.buckets:
+            b.local_sq = None
+        reduced = None
+        if any(o.wants_reduced_norm for o in self.observers):
+            reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
+        return GradNorms(local, reduced, self.world_size, all_ranks=self.divisor == self.world_size)
+
+    def _end_counting(self) -> None:
+        # the counting backward launched nothing yet and divided nothing
+        self._counting = False
+        self._expected = list(self._arrivals)
+        for i in self.dense_indices:
+            if self._ready[i]:
+                slot = self._slot[i]
+                assert slot is not None
+                bucket, _, view = slot
+                if self.comm_hook is None and not bucket.small:
+                    # large tensors: divided per tensor, as the hook's copy would have
+                    view.mul_(1.0 / self.divisor)
+                bucket.pending -= 1
+
+    def _reduce_sparse(self, i: int, k: int) -> torch.Future:
+        p = self.params[i]
+        grad = p.grad
+        if grad is None:  # unused on this rank: contributes nothing
+            grad = torch.sparse_coo_tensor(
+                torch.empty(1, 0, dtype=torch.long, device=p.device),
+                torch.empty(0, *p.shape[1:], dtype=p.dtype, device=p.device),
+                p.shape,
+            )
+        grad = grad.coalesce()
+        self.log.record("all_reduce", f"sparse gradient of {self.names[i]}")
+        if self.comm_hook is not None:
+            state, hook = self.comm_hook
+            index = len(self.buckets) + k
+            is_last = k == len(self.sparse_indices) - 1
+            return checked_future(hook(state, GradBucket(index, grad, [p], [grad], [0], is_last=is_last)))
+        grad = grad / self.divisor
+        work = dist.all_reduce(grad, group=self.process_group, async_op=True)
+        assert work is not None
+        return work.get_future()
+
+    def _globally_used(self, missing: list[int]) -> dict[int, bool]:
+        # A parameter unused here may be used on another rank (or on this one in a no_sync step);
+        # its averaged gradient then is real and must reach the optimizer on every rank. Unused
+        # everywhere since the last sync: leave .grad as it was.
+        # on the buckets' device: NCCL reduces CUDA tensors only
+        device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
+        local = torch.tensor(self._used_since_sync, dtype=torch.int32, device=device)
+        self.log.record("all_reduce", "used-parameter flags", local)
+        dist.all_reduce(local, group=self.process_group)
+        return {i: bool(local[i]) for i in missing}
+
+    def _wait_all(self) -> None:
+        self._stamp_completed()
+        for bucket in self.buckets:
+            assert bucket.future is not None  # every bucket is launched before the wait
+            result = bucket.future.wait()
+            self._stamp_completed()
+            if isinstance(result, list):  # a Work's future yields the list of tensors
+                result = result[0]
+            if result is not bucket.buffer and result.data_ptr() != bucket.buffer.data_ptr():
+                bucket.buffer.copy_(result)
+        if self._comm_stream is not None:
+            torch.cuda.current_stream(self.buckets[0].buffer.device).wait_stream(self._comm_stream)
+
+    def _abort_launched(self) -> None:
+        # wait for what is in flight so buffers are not written while the error propagates
+        for b in self.buckets:
+            if b.future is not None:
+                b.future.wait()
+
+    def _record_stats(self, t_backward_end: float, t_done: float, norms: GradNorms | None) -> None:
+        timings: list[BucketTiming] = [b.timing for b in self.buckets if b.timing is not None]
+        for t in timings:  # on CUDA the host sees completion only when waiting
+            t.end_s = t.end_s or t_done
+        self._step += 1
+        stats = StepStats.from_timings(
+            step=self._step,
+            t0=self._t_forward_end,
+            t_backward_end=t_backward_end,
+            t_done=t_done,
+            timings=timings,
+        )
+        if norms is not None:
+            stats.grad_sq_norm_local, stats.grad_sq_norm_global = norms.local_sq, norms.reduced_sq
+        self.last_stats = stats
+        for observer in self.observers:
+            observer.on_step(stats, norms)

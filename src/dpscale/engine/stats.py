@@ -76,14 +76,15 @@ class StepStats:
 
 
 def _union_ms(buckets: list[BucketStats]) -> float:
-    total, cur_start, cur_end = 0.0, None, None
+    total = 0.0
+    span: tuple[float, float] | None = None  # the interval being merged
     for b in sorted(buckets, key=lambda b: b.start_ms):
-        if cur_end is None or b.start_ms > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = b.start_ms, b.end_ms
+        if span is None or b.start_ms > span[1]:
+            if span is not None:
+                total += span[1] - span[0]
+            span = (b.start_ms, b.end_ms)
         else:
-            cur_end = max(cur_end, b.end_ms)
-    if cur_end is not None:
-        total += cur_end - cur_start
+            span = (span[0], max(span[1], b.end_ms))
+    if span is not None:
+        total += span[1] - span[0]
     return total

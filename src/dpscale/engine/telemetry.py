@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from dpscale.engine.ddp import DistributedDataParallel
+from dpscale.engine.observers import LastStep
 
 
 @dataclass
@@ -56,6 +57,7 @@ class StepTelemetry:
         (exposed_comm_ms, backward_ms), either None when not measured."""
         now = time.perf_counter()
         if self._synced:  # the previous forward ended a step: this one begins the next
+            assert self._start is not None  # set by the forward that began the step
             step_ms = (now - self._start) * 1e3
             self.records.append(StepRecord(step_ms, self._samples, self._micro, *comm()))
             self._start, self._samples, self._micro = None, 0, 0
@@ -114,12 +116,14 @@ class TelemetryDDP(_Timed, DistributedDataParallel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.telemetry = StepTelemetry()
+        self._last_step = LastStep()
+        self.add_step_observer(self._last_step)
 
     def forward(self, *inputs, **kwargs):
         return self._timed_forward(super().forward, inputs, kwargs)
 
     def _comm_stats(self) -> tuple[float | None, float | None]:
-        stats = self.last_step_stats
+        stats = self._last_step.stats
         return (stats.exposed_comm_ms, stats.backward_ms) if stats is not None else (None, None)
 
 

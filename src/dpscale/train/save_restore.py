@@ -106,7 +106,7 @@ class SaveRestore:
         state.batch_scale.load_state_dict(saved.batch_scale.state_dict())  # in place: the scheduler holds it
         load_into(self.noise_scale.load_state_dict, saved.noise_scale, where / "trainer.pt")
         if isinstance(self.model, DistributedDataParallel):  # one synced backward per step
-            self.model.reducer.set_synced_steps(saved.step)
+            self.model.set_synced_steps(saved.step)
         current = BatchSplit(state.micro_batch, state.accumulation_steps)
         split = plan_split(
             saved,

@@ -28,6 +28,7 @@ from dpscale.engine import DistributedDataParallel
 from dpscale.engine.collective_log import CollectiveLog, explain_failures
 from dpscale.engine.factory import wrap
 from dpscale.engine.hooks import compression_hook
+from dpscale.engine.noise_scale import NoiseScaleObserver
 from dpscale.errors import ConfigError
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.adaptive.auto_batch import MAX_GROWTH, GrowBatch
@@ -155,12 +156,12 @@ class Trainer(TrainStep, SaveRestore):
         every = config.noise_scale_every
         self.noise_scale = NoiseScaleMeter(self.world_size, enabled=not config.no_noise_scale, every=every)
         if isinstance(self.model, DistributedDataParallel):
-            self.model.reducer.measure_noise_scale = not config.no_noise_scale
-            self.model.reducer.noise_scale_every = every
             # the step's skip check takes the reduced gradients' norm anyway (train/step.py): the
             # engine need not read them again, unless sparse gradients (outside its buckets) are in
             # it
-            self.model.reducer.noise_scale_reduced_norm = bool(self.model.reducer.sparse_indices)
+            reduced_norm = self.model.has_sparse_gradients
+            observer = NoiseScaleObserver(every=every, reduced_norm=reduced_norm)
+            self.model.set_noise_scale_observer(None if config.no_noise_scale else observer)
         # the hook's state (PowerSGD's Qs and errors) goes into checkpoints; None for stateless hooks
         self.comm_state = None
         if (hook := compression_hook(config.compression, process_group)) is not None:

@@ -64,6 +64,45 @@ def check_torch_args(
     bucket_cap_mb_list,
     forward_sync_buffers: bool | None,
 ) -> TorchArgs:
+    _check_options(
+        dim=dim,
+        bucket_cap_mb=bucket_cap_mb,
+        check_reduction=check_reduction,
+        delay_all_reduce_named_params=delay_all_reduce_named_params,
+        param_to_hook_all_reduce=param_to_hook_all_reduce,
+        mixed_precision=mixed_precision,
+        bucket_cap_mb_list=bucket_cap_mb_list,
+    )
+    process_group = _process_group(process_group, device_mesh)
+    ignored = frozenset(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+    _check_module(module, ignored, device_ids, output_device)
+    if bucket_cap_mb is None:
+        bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
+    sync_forward = True if broadcast_buffers is None else bool(broadcast_buffers)
+    sync_init = sync_forward
+    if forward_sync_buffers is not None:
+        sync_forward, sync_init = bool(forward_sync_buffers), True
+    return TorchArgs(
+        process_group=process_group,
+        bucket_cap_mb=bucket_cap_mb,
+        sync_buffers_in_forward=sync_forward,
+        sync_buffers_at_init=sync_init,
+        init_sync=bool(init_sync),
+        ignored=ignored,
+    )
+
+
+def _check_options(
+    *,
+    dim,
+    bucket_cap_mb,
+    check_reduction: bool,
+    delay_all_reduce_named_params,
+    param_to_hook_all_reduce,
+    mixed_precision,
+    bucket_cap_mb_list,
+) -> None:
+    """Refuse the options dpscale's engine does not support; warn about the deprecated one."""
     if delay_all_reduce_named_params is not None or param_to_hook_all_reduce is not None:
         _refuse(
             "delay_all_reduce_named_params"
@@ -85,23 +124,32 @@ def check_torch_args(
             "The `check_reduction` argument in `DistributedDataParallel` module is deprecated. "
             "Please avoid using it.",
             FutureWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
+
+
+def _process_group(process_group, device_mesh) -> dist.ProcessGroup:
+    """The group to reduce over: given, the device mesh's, or the default group."""
     if process_group is not None and device_mesh is not None:
         raise RuntimeError("Cannot specify both process_group and device_mesh arguments.")
     if device_mesh is not None:
         if device_mesh.ndim != 1:
             raise RuntimeError(f"Only 1D device mesh is supported, but got {device_mesh}.")
-        process_group = device_mesh.get_group(mesh_dim=0)
-    if process_group is None:
-        if not dist.is_initialized():
-            raise ValueError(
-                "torch.distributed is not initialized: call dist.init_process_group first "
-                "(or pass process_group=)"
-            )
-        process_group = dist.distributed_c10d._get_default_group()
+        return device_mesh.get_group(mesh_dim=0)
+    if process_group is not None:
+        return process_group
+    if not dist.is_initialized():
+        raise ValueError(
+            "torch.distributed is not initialized: call dist.init_process_group first "
+            "(or pass process_group=)"
+        )
+    world = dist.group.WORLD  # the default group (public spelling of torch's _get_default_group())
+    assert world is not None  # initialized
+    return world
 
-    ignored = frozenset(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+
+def _check_module(module: nn.Module, ignored: frozenset[str], device_ids, output_device) -> None:
+    """torch's checks of the module and its devices, with torch's words."""
     params = [p for n, p in module.named_parameters() if n not in ignored]
     for p in params:
         if isinstance(p, nn.parameter.UninitializedParameter):
@@ -122,35 +170,25 @@ def check_torch_args(
             "DistributedDataParallel's input module must be on the same type of devices, but "
             f"input module parameters locate in {device_types}."
         )
-    if next(iter(device_types)) == "cpu" and (device_ids or output_device is not None):
+    on_cpu = next(iter(device_types)) == "cpu"
+    if on_cpu and (device_ids or output_device is not None):
         raise ValueError(
             "DistributedDataParallel device_ids and output_device arguments only work with "
             "single-device/multiple-device GPU modules or CPU modules, but got device_ids "
             f"{device_ids}, output_device {output_device}, and module parameters "
             f"{ {p.device for p in params} }."
         )
-    if next(iter(device_types)) == "cpu" and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules()):
+    if on_cpu and any(isinstance(m, nn.SyncBatchNorm) for m in module.modules()):
         raise ValueError("SyncBatchNorm layers only work with GPU modules")  # torch's check and words
     if device_ids and output_device is not None and _index(output_device) != _index(device_ids[0]):
         _refuse("output_device", "outputs stay on the module's device; pass output_device=device_ids[0]")
-    if bucket_cap_mb is None:
-        bucket_cap_mb = DEFAULT_BUCKET_CAP_MB
-    sync_forward = True if broadcast_buffers is None else bool(broadcast_buffers)
-    sync_init = sync_forward
-    if forward_sync_buffers is not None:
-        sync_forward, sync_init = bool(forward_sync_buffers), True
-    return TorchArgs(
-        process_group=process_group,
-        bucket_cap_mb=bucket_cap_mb,
-        sync_buffers_in_forward=sync_forward,
-        sync_buffers_at_init=sync_init,
-        init_sync=bool(init_sync),
-        ignored=ignored,
-    )
 
 
-def _index(device) -> int | None:
-    return device.index if isinstance(device, torch.device) else int(device)
+def _index(device) -> int:
+    if isinstance(device, torch.device):
+        assert device.index is not None  # device_ids name one device each
+        return device.index
+    return int(device)
 
 
 def input_device(module: nn.Module, device_ids, ignored: set[str]) -> torch.device | None:

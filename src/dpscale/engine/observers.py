@@ -1,0 +1,59 @@
+"""The observer seam: each synced step's measurements, delivered to whoever asked for them.
+
+The reducer measures what every step needs anyway (when each bucket's reduction ran: `StepStats`)
+and, on the steps an observer asks for, the squared gradient norms the noise scale needs
+(`GradNorms`). What is made of them (the noise scale, telemetry, a user's logger) lives in the
+observers, not in the reducer: `DistributedDataParallel.add_step_observer(observer)`. An engine
+with no observer pays nothing for the seam but one check of an empty list per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dpscale.engine.stats import StepStats
+
+
+@dataclass(frozen=True)
+class GradNorms:
+    """Squared gradient norms of one synced step, over the dense buckets.
+
+    `local_sq`: this rank's gradient before the reduction, as its own average (units of one
+    rank's batch); `reduced_sq`: the averaged gradient after it, None unless some observer asked
+    for it (`wants_reduced_norm`). `all_ranks`: the average is over every rank (False while
+    ranks have joined, see compat/join.py); `world_size`: the ranks of the group.
+    """
+
+    local_sq: float
+    reduced_sq: float | None
+    world_size: int
+    all_ranks: bool
+
+
+class StepObserver:
+    """What the engine calls around each synced step; override what you need.
+
+    `wants_grad_norms(step)` is asked before each synced backward (`step`: synced steps done
+    so far, the same on every rank); when one observer says yes (and the group has more than one
+    rank), the reducer takes this rank's gradient norm during backward, and the averaged one after
+    it if one observer has `wants_reduced_norm`. `on_step(stats, norms)` runs after every
+    reduction is over, in the order observers were added; `norms` is None on unmeasured steps.
+    """
+
+    wants_reduced_norm: bool = False
+
+    def wants_grad_norms(self, step: int) -> bool:
+        return False
+
+    def on_step(self, stats: StepStats, norms: GradNorms | None) -> None:
+        pass
+
+
+class LastStep(StepObserver):
+    """Keeps the last synced step's stats (for a reader that looks once per iteration)."""
+
+    def __init__(self) -> None:
+        self.stats: StepStats | None = None
+
+    def on_step(self, stats: StepStats, norms: GradNorms | None) -> None:
+        self.stats = stats
