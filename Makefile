@@ -26,7 +26,7 @@ COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
-TORCH_FAMILY := '^(torch|torchvision|torchaudio|triton|nvidia-|cuda-)'
+TORCH_FAMILY := '^((torch|torchvision|torchaudio|triton)(==| @)|nvidia-|cuda-)'
 
 venv-compat: $(COMPAT_STAMP)
 

@@ -100,3 +100,18 @@ def test_importing_dpscale_under_an_older_torch_fails_with_one_line_naming_the_f
     assert done.stderr.splitlines()[-1] == (
         "ImportError: dpscale needs torch>=2.11, and torch 2.10.0 is installed: pip install 'torch>=2.11'"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.compat
+def test_the_installed_torch_is_in_the_tested_range_and_imports_silently():
+    import torch
+
+    assert torch_range.OLDEST_SUPPORTED <= release(torch.__version__) <= torch_range.NEWEST_TESTED
+    done = subprocess.run(
+        [sys.executable, "-W", "error::UserWarning", "-c", "import dpscale"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
