@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-fast study lint bench clean
+.PHONY: venv venv-compat test test-fast test-compat study lint bench clean
 
 venv: $(STAMP)
 
@@ -19,12 +19,35 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[lab,dev,integrations]"
 	touch $(STAMP)
 
+# The compat tier (tests marked `compat`) on a second torch release in its own venv: the CUDA build
+# of 2.14.1 (it runs on CPU) and torchvision, both on this machine's disk. dpscale goes in after
+# them, and the install fails if it brought or changed anything of torch's family (docs/torch-versions.md).
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+TORCH_FAMILY := '^((torch|torchvision|torchaudio|triton)(==| @)|nvidia-|cuda-)'
+
+venv-compat: $(COMPAT_STAMP)
+
+$(COMPAT_STAMP): pyproject.toml Makefile
+	test -x $(COMPAT_PY) || $(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q --upgrade pip
+	$(COMPAT_PY) -m pip install -q $(COMPAT_TORCH_SPEC)
+	$(COMPAT_PY) -m pip freeze | grep -iE $(TORCH_FAMILY) > $(COMPAT_VENV)/torch-family.before
+	$(COMPAT_PY) -m pip install -e ".[lab,dev,integrations]"
+	$(COMPAT_PY) -m pip freeze | grep -iE $(TORCH_FAMILY) | diff $(COMPAT_VENV)/torch-family.before -
+	touch $(COMPAT_STAMP)
+
 test: venv
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # the edit loop: every test that starts no process (starting one fails the test), under 90 s
 test-fast: venv
 	DPSCALE_TEST_NO_SPAWN=1 $(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
+
+test-compat: venv-compat
+	$(COMPAT_PY) -m pytest -q -m compat -p no:cacheprovider $(PYTEST_ARGS)
 
 study: venv
 	$(VENV)/bin/dpscale study $(STUDY_ARGS)
@@ -38,4 +61,4 @@ bench: venv
 	$(PY) benchmarks/engine.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) build src/*.egg-info .pytest_cache

@@ -17,7 +17,7 @@ PACKAGE = SRC / "dpscale"
 # bottom up; a module may import its own layer and those below. The key is the first name under
 # dpscale/ (a sub-package or a top-level module); "dpscale" is the package's own __init__.
 LAYERS: list[set[str]] = [
-    {"version", "cores", "errors", "flags", "log", "paths"},  # base: no dpscale imports at all
+    {"version", "cores", "errors", "flags", "log", "paths", "torch_range"},  # base: no dpscale imports at all
     {"comm"},
     {"engine"},
     {"optim", "data", "workloads"},

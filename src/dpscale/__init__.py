@@ -1,12 +1,18 @@
 """dpscale: data-parallel training on PyTorch that tells you how it scales."""
 
-from dpscale.data import GlobalBatchSampler
-from dpscale.engine import DistributedDataParallel
-from dpscale.train.config import TrainConfig
-from dpscale.train.result import TrainResult
-from dpscale.train.trainer import Trainer
-from dpscale.version import __version__
-from dpscale.workloads.task import Task
+from dpscale.torch_range import check_running_torch
+
+# before anything else imports torch's internals: a torch older than the supported range is one
+# line naming the release to install, not whichever private name fails first (torch_range.py)
+check_running_torch()
+
+from dpscale.data import GlobalBatchSampler  # noqa: E402
+from dpscale.engine import DistributedDataParallel  # noqa: E402
+from dpscale.train.config import TrainConfig  # noqa: E402
+from dpscale.train.result import TrainResult  # noqa: E402
+from dpscale.train.trainer import Trainer  # noqa: E402
+from dpscale.version import __version__  # noqa: E402
+from dpscale.workloads.task import Task  # noqa: E402
 
 __all__ = [
     "DistributedDataParallel",

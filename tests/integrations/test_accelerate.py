@@ -14,7 +14,7 @@ from dpscale.lab.multirank import run_ranks
 pytest.importorskip("accelerate")
 
 # every test here spawns ranks: not in make test-fast
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def train(rank, world, which, tmp):

@@ -15,7 +15,7 @@ from dpscale.lab.multirank import run_ranks
 pytest.importorskip("lightning")
 
 # every test here spawns ranks: not in make test-fast
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def lightning_env(rank, world):
