@@ -37,7 +37,7 @@ from dpscale.errors import ConfigError
 from dpscale.log import get_logger
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.adaptive.auto_batch import MAX_GROWTH, GrowBatch
-from dpscale.train.adaptive.noise_scale import NoiseScaleMeter, grad_sq_norm
+from dpscale.train.adaptive.noise_meter import NoiseScaleMeter, grad_sq_norm
 from dpscale.train.batches import MicroBatches
 from dpscale.train.callbacks import TrainerCallback, checked
 from dpscale.train.checkpoint.checkpointer import load_into

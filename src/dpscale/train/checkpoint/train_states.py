@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from dpscale.engine.collective_log import CollectiveLog
 from dpscale.train.adaptive.auto_batch import GrowBatch
-from dpscale.train.adaptive.noise_scale import NoiseScaleMeter
+from dpscale.train.adaptive.noise_meter import NoiseScaleMeter
 from dpscale.train.callbacks import TrainerCallback
 from dpscale.train.checkpoint.checkpointer import Checkpointer, load_into
 from dpscale.train.checkpoint.files import CheckpointError, LoadedCheckpoint
