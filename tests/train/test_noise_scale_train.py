@@ -98,7 +98,7 @@ def test_the_meter_unscales_fp16_norms_and_takes_the_loops_reduced_norm():
     one the loop takes for its skip check unless the engine gave one (sparse gradients)."""
     from types import SimpleNamespace
 
-    from dpscale.train.adaptive.noise_scale import NoiseScaleMeter
+    from dpscale.train.adaptive.noise_meter import NoiseScaleMeter
 
     meter = NoiseScaleMeter(2)
     stats = SimpleNamespace(grad_sq_norm_local=8.0 * 4**2, grad_sq_norm_global=None)

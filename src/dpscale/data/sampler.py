@@ -250,13 +250,14 @@ class GlobalBatchSampler:
                     f"saved {name} {state[name]!r} differs from this sampler's {getattr(self, name)!r}; "
                     f"construct the sampler with {name}={state[name]!r} to resume this position"
                 )
-        epoch, step, offset = state["epoch"], state["step_in_epoch"], state.get("sample_offset", 0)
-        saved_g = state["global_batch"]
-        if not all(type(v) is int for v in (saved_g, epoch, step, offset)) or saved_g < 1:
+        saved = (state["global_batch"], state["epoch"], state["step_in_epoch"], state.get("sample_offset", 0))
+        counts = [v for v in saved if type(v) is int]
+        if len(counts) < len(saved) or counts[0] < 1:
             raise ConfigError(
-                f"saved global_batch {saved_g!r}, epoch {epoch!r}, step_in_epoch {step!r} or sample_offset "
-                f"{offset!r} is not a valid count; the state is corrupt"
+                f"saved global_batch {saved[0]!r}, epoch {saved[1]!r}, step_in_epoch {saved[2]!r} or "
+                f"sample_offset {saved[3]!r} is not a valid count; the state is corrupt"
             )
+        saved_g, epoch, step, offset = counts
         n = self.dataset_size
         saved_steps = _steps(n - offset, saved_g, self.tail) if 0 <= offset <= n else 0
         if epoch < 0 or not 0 <= offset <= n or not 0 <= step <= saved_steps:

@@ -14,12 +14,15 @@ is registered on CPU too (Lightning registers one on CUDA only), and teardown cl
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from dpscale.engine import DistributedDataParallel
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 _ENGINE_OPTIONS = ("transport", "first_bucket_cap_mb", "collective_timeout_s")
 
@@ -41,7 +44,8 @@ class DPScaleStrategy(DDPStrategy):
     def _register_ddp_hooks(self) -> None:
         if self._ddp_comm_hook is not None or self._ddp_comm_wrapper is not None:
             _register_ddp_comm_hook(
-                model=self.model,
+                # dpscale's engine has the comm-hook surface of torch's DDP that this call uses
+                model=cast("TorchDDP", self.model),
                 ddp_comm_state=self._ddp_comm_state,
                 ddp_comm_hook=self._ddp_comm_hook,
                 ddp_comm_wrapper=self._ddp_comm_wrapper,

@@ -100,15 +100,17 @@ class ShardedOptimizer(torch.optim.Optimizer, Joinable):
         self.world_size = dist.get_world_size(process_group)
         self.rank = dist.get_rank(process_group)
         dtype, device = self._params[0].dtype, self._params[0].device
-        if transport is None or isinstance(transport, str):
-            transport = make_transport(transport or "auto", process_group, device)
-        self.transport = transport
+        self.transport: Transport = (
+            make_transport(transport or "auto", process_group, device)
+            if transport is None or isinstance(transport, str)
+            else transport
+        )
         self.layout = FlatLayout.build(trainable, self.world_size)
 
         n = self.layout.padded_numel
         self._flat_params = torch.zeros(n, dtype=dtype, device=device)
         # from the transport: shm reduce-scatters its own buffers without a staging copy
-        self._flat_grads = transport.alloc(n, dtype, device)
+        self._flat_grads = self.transport.alloc(n, dtype, device)
         self._grad_views = []
         with torch.no_grad():
             for p, off in zip(self._params, self.layout.offsets, strict=True):
@@ -129,7 +131,7 @@ class ShardedOptimizer(torch.optim.Optimizer, Joinable):
         # One buffer of 1/W: the reduce-scatter's output (the shard's averaged gradient, which the
         # wrapped optimizer reads), then, once the update is done and the gradient is dead, the
         # all-gather's input. From the transport: shm gathers from the same place on every rank.
-        self._shard_buffer = transport.alloc(hi - lo, dtype, device)
+        self._shard_buffer = self.transport.alloc(hi - lo, dtype, device)
         self._pieces = self.layout.pieces(self.rank)
         self._piece_tensors = []
         inner_groups: dict[int, dict[str, Any]] = {}  # one per parameter group the shard touches
@@ -142,8 +144,7 @@ class ShardedOptimizer(torch.optim.Optimizer, Joinable):
                 inner_groups[piece.group] = {**opts, "params": []}
             inner_groups[piece.group]["params"].append(t)
         self._inner_group_of = list(inner_groups)  # outer group index of each inner group
-        inner_groups = list(inner_groups.values())
-        self.local_optimizer = optimizer_cls(inner_groups, **kwargs)
+        self.local_optimizer = optimizer_cls(list(inner_groups.values()), **kwargs)
         # the wrapped class's defaults fill our groups, so schedulers find every hyperparameter
         self.defaults = self.local_optimizer.defaults
         for group in self.param_groups:

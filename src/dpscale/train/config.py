@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from dpscale.comm.select import TRANSPORT_NAMES
 from dpscale.data.sampler import TAIL_POLICIES
@@ -29,7 +31,7 @@ MAX_SEED = 2**32 - 1
 MAX_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
 WORLD_CHANGES = ("keep-global-batch", "scale-lr")
 # defaults for a task that is not a built-in workload (a built-in brings its own)
-TASK_DEFAULTS = dict(global_batch=64, lr=0.01, epochs=1, optimizer="sgd")
+TASK_DEFAULTS: dict[str, Any] = dict(global_batch=64, lr=0.01, epochs=1, optimizer="sgd")
 
 
 @dataclass(kw_only=True)
@@ -128,108 +130,18 @@ class TrainConfig:
         if self.global_batch == "auto":  # from the flag or a config file: the default batch, grown
             self.global_batch, self.auto_batch = None, True
         _finite_floats(self)
-        if self.workload is not None and self.task is not None:
-            raise ConfigError("workload and task: give one (task is your own, workload a built-in)")
-        if self.workload is not None and self.workload not in WORKLOADS:
-            raise ConfigError(f"workload: unknown {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
-        defaults = TASK_DEFAULTS if self.workload is None else vars(WORKLOADS[self.workload])
-        for name in ("global_batch", "lr", "optimizer"):
-            if getattr(self, name) is None:
-                setattr(self, name, defaults[name])
-        if self.epochs is None and self.max_steps is None:
-            self.epochs = defaults["epochs"]
-        _positive("global_batch", self.global_batch)
-        _positive("noise_scale_every", self.noise_scale_every)
-        for name in ("micro_batch", "accumulation_steps", "epochs", "max_steps", "lr_reference_batch"):
-            if getattr(self, name) is not None:
-                _positive(name, getattr(self, name))
-        if self.micro_batch is not None and self.accumulation_steps is not None:
-            raise ConfigError("micro_batch and accumulation_steps: give one, the other is derived")
-        if not (self.lr >= 0 and math.isfinite(self.lr)):
-            raise ConfigError(f"lr must be a number >= 0, got {self.lr}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer: unknown {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if self.engine not in TRAIN_ENGINES:
-            raise ConfigError(f"engine: unknown {self.engine!r}; choose one of {', '.join(TRAIN_ENGINES)}")
-        if self.tail not in TAIL_POLICIES:
-            raise ConfigError(f"tail: unknown {self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}")
-        if self.world_change not in WORLD_CHANGES:
-            raise ConfigError(
-                f"world_change: unknown {self.world_change!r}; choose one of {', '.join(WORLD_CHANGES)}"
-            )
-        if self.progress not in ("auto", "bar", "plain", "none"):
-            raise ConfigError(f"progress: unknown {self.progress!r}; choose auto, bar, plain or none")
-        for name in (
-            "warmup_steps",
-            "rescale_warmup_steps",
-            "checkpoint_every",
-            "log_every",
-            "seed",
-            "drift_check_every",
-            "check_collectives_steps",
-            "max_skipped_steps",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.seed > MAX_SEED:
-            raise ConfigError(f"seed must be at most 2**32 - 1 = {MAX_SEED}, got {self.seed}")
-        _positive("keep_checkpoints", self.keep_checkpoints)
-        if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
-            raise ConfigError(f"grad_clip_norm must be > 0, got {self.grad_clip_norm}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if self.transport not in TRANSPORT_NAMES:
-            raise ConfigError(
-                f"transport: unknown {self.transport!r}; choose one of {', '.join(TRANSPORT_NAMES)}"
-            )
-        if self.compression not in COMPRESSIONS:
-            raise ConfigError(
-                f"compression: unknown {self.compression!r}; choose one of {', '.join(COMPRESSIONS)}"
-            )
-        # a healthy collective here takes milliseconds; below a second, a busy host would trip it
-        if not 1 <= self.collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
-            raise ConfigError(
-                f"collective_timeout_s must be between 1 and {MAX_COLLECTIVE_TIMEOUT_S:.0f} seconds "
-                f"(a week), got {self.collective_timeout_s}"
-            )
-        if self.bucket_cap_mb <= 0:
-            raise ConfigError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
-        if self.device not in DEVICES:
-            raise ConfigError(f"device: unknown {self.device!r}; choose one of {', '.join(DEVICES)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision: unknown {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if self.data_workers < 0:
-            raise ConfigError(f"data_workers must be >= 0, got {self.data_workers}")
-        if self.resume and not self.checkpoint_dir:
-            raise ConfigError("resume needs checkpoint_dir: say where the checkpoints are")
-        if self.auto_batch and self.engine != "dpscale":
-            raise ConfigError(
-                f"global_batch auto: engine {self.engine} does not measure the noise scale that drives "
-                "it; use engine dpscale or give a number"
-            )
-        if self.auto_batch and self.no_noise_scale:
-            raise ConfigError(
-                "global_batch auto: a growing batch needs the noise scale; drop no_noise_scale or give "
-                "a number"
-            )
-        if self.auto_batch and self.world_change == "scale-lr":
-            raise ConfigError(
-                "global_batch auto keeps the batch it grew to across a world-size change (its rate "
-                "follows AdaScale's gain): drop world_change scale-lr or give a number"
-            )
-        if self.checkpoint_every and not self.checkpoint_dir:
-            raise ConfigError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")
-        if self.engine == "torch" and self.transport not in ("auto", "gloo", "nccl"):
-            raise ConfigError(
-                f"transport {self.transport!r} is dpscale's own; engine 'torch' uses the process group "
-                "(gloo or nccl): drop transport or use engine 'dpscale'"
-            )
+        _fill_task_defaults(self)
+        _check_data(self)
+        _check_optim(self)
+        _check_engine(self)
+        _check_metrics(self)
+        _check_checkpoint(self)
+        _check_adaptive(self)
 
     def resolve_batch(self, world_size: int) -> tuple[int, int]:
         """(micro_batch, accumulation_steps) for `world_size` workers; ValueError when G does not split."""
         g = self.global_batch
+        assert g is not None, "__post_init__ fills global_batch in"
         if world_size > g:
             raise ConfigError(
                 f"world size {world_size} is larger than global_batch {g}: every worker needs at least "
@@ -265,6 +177,131 @@ class TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+# -- validation, one section at a time ----------------------------------------------------------
+# Each function checks its section's fields alone, except where a rule joins two sections (resume
+# needs checkpoint_dir; auto_batch needs the dpscale engine): that rule sits in the later section.
+
+
+def _fill_task_defaults(cfg: TrainConfig) -> None:
+    """The task: a workload or your own, and the defaults that come with it."""
+    if cfg.workload is not None and cfg.task is not None:
+        raise ConfigError("workload and task: give one (task is your own, workload a built-in)")
+    if cfg.workload is not None and cfg.workload not in WORKLOADS:
+        raise ConfigError(f"workload: unknown {cfg.workload!r}; choose one of {', '.join(WORKLOADS)}")
+    defaults = TASK_DEFAULTS if cfg.workload is None else vars(WORKLOADS[cfg.workload])
+    for name in ("global_batch", "lr", "optimizer"):
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, defaults[name])
+    if cfg.epochs is None and cfg.max_steps is None:
+        cfg.epochs = defaults["epochs"]
+
+
+def _check_data(cfg: TrainConfig) -> None:
+    """The batch, its split, how long to train, the data order and loading."""
+    _positive("global_batch", cfg.global_batch)
+    for name in ("micro_batch", "accumulation_steps", "epochs", "max_steps"):
+        if getattr(cfg, name) is not None:
+            _positive(name, getattr(cfg, name))
+    if cfg.micro_batch is not None and cfg.accumulation_steps is not None:
+        raise ConfigError("micro_batch and accumulation_steps: give one, the other is derived")
+    _one_of("tail", cfg.tail, TAIL_POLICIES)
+    _non_negative(cfg, "seed")
+    if cfg.seed > MAX_SEED:
+        raise ConfigError(f"seed must be at most 2**32 - 1 = {MAX_SEED}, got {cfg.seed}")
+    if cfg.data_workers < 0:
+        raise ConfigError(f"data_workers must be >= 0, got {cfg.data_workers}")
+
+
+def _check_optim(cfg: TrainConfig) -> None:
+    """The optimizer, the learning rate and its schedule, clipping and skipped steps."""
+    if cfg.lr_reference_batch is not None:
+        _positive("lr_reference_batch", cfg.lr_reference_batch)
+    assert cfg.lr is not None, "_fill_task_defaults sets lr"
+    if not (cfg.lr >= 0 and math.isfinite(cfg.lr)):
+        raise ConfigError(f"lr must be a number >= 0, got {cfg.lr}")
+    _one_of("optimizer", cfg.optimizer, OPTIMIZERS)
+    _non_negative(cfg, "warmup_steps", "rescale_warmup_steps", "max_skipped_steps")
+    if cfg.grad_clip_norm is not None and not cfg.grad_clip_norm > 0:
+        raise ConfigError(f"grad_clip_norm must be > 0, got {cfg.grad_clip_norm}")
+    if not 0 <= cfg.momentum < 1:
+        raise ConfigError(f"momentum must be in [0, 1), got {cfg.momentum}")
+    if cfg.weight_decay < 0:
+        raise ConfigError(f"weight_decay must be >= 0, got {cfg.weight_decay}")
+
+
+def _check_engine(cfg: TrainConfig) -> None:
+    """The engine and its transport, compression and timeouts, the device and precision."""
+    _one_of("engine", cfg.engine, TRAIN_ENGINES)
+    _non_negative(cfg, "drift_check_every", "check_collectives_steps")
+    _one_of("transport", cfg.transport, TRANSPORT_NAMES)
+    _one_of("compression", cfg.compression, COMPRESSIONS)
+    # a healthy collective here takes milliseconds; below a second, a busy host would trip it
+    if not 1 <= cfg.collective_timeout_s <= MAX_COLLECTIVE_TIMEOUT_S:
+        raise ConfigError(
+            f"collective_timeout_s must be between 1 and {MAX_COLLECTIVE_TIMEOUT_S:.0f} seconds "
+            f"(a week), got {cfg.collective_timeout_s}"
+        )
+    if cfg.bucket_cap_mb <= 0:
+        raise ConfigError(f"bucket_cap_mb must be > 0, got {cfg.bucket_cap_mb}")
+    _one_of("device", cfg.device, DEVICES)
+    _one_of("precision", cfg.precision, PRECISIONS)
+    if cfg.engine == "torch" and cfg.transport not in ("auto", "gloo", "nccl"):
+        raise ConfigError(
+            f"transport {cfg.transport!r} is dpscale's own; engine 'torch' uses the process group "
+            "(gloo or nccl): drop transport or use engine 'dpscale'"
+        )
+
+
+def _check_metrics(cfg: TrainConfig) -> None:
+    """Progress lines and metrics."""
+    if cfg.progress not in ("auto", "bar", "plain", "none"):
+        raise ConfigError(f"progress: unknown {cfg.progress!r}; choose auto, bar, plain or none")
+    _non_negative(cfg, "log_every")
+
+
+def _check_checkpoint(cfg: TrainConfig) -> None:
+    """Checkpoints and resuming, also at another world size."""
+    _one_of("world_change", cfg.world_change, WORLD_CHANGES)
+    _non_negative(cfg, "checkpoint_every")
+    _positive("keep_checkpoints", cfg.keep_checkpoints)
+    if cfg.resume and not cfg.checkpoint_dir:
+        raise ConfigError("resume needs checkpoint_dir: say where the checkpoints are")
+    if cfg.checkpoint_every and not cfg.checkpoint_dir:
+        raise ConfigError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")
+
+
+def _check_adaptive(cfg: TrainConfig) -> None:
+    """The noise scale's measurement and the growing batch (global_batch auto) it drives."""
+    _positive("noise_scale_every", cfg.noise_scale_every)
+    if not cfg.auto_batch:
+        return
+    if cfg.engine != "dpscale":
+        raise ConfigError(
+            f"global_batch auto: engine {cfg.engine} does not measure the noise scale that drives "
+            "it; use engine dpscale or give a number"
+        )
+    if cfg.no_noise_scale:
+        raise ConfigError(
+            "global_batch auto: a growing batch needs the noise scale; drop no_noise_scale or give a number"
+        )
+    if cfg.world_change == "scale-lr":
+        raise ConfigError(
+            "global_batch auto keeps the batch it grew to across a world-size change (its rate "
+            "follows AdaScale's gain): drop world_change scale-lr or give a number"
+        )
+
+
+def _one_of(name: str, value: object, choices: Collection[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}: unknown {value!r}; choose one of {', '.join(choices)}")
+
+
+def _non_negative(cfg: TrainConfig, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, got {getattr(cfg, name)}")
+
+
 def _global_batch(text: str) -> int | str:
     """The --global-batch flag: a number of samples, or auto."""
     if text == "auto":
@@ -285,6 +322,6 @@ def _finite_floats(cfg: TrainConfig) -> None:
                 raise ConfigError(f"{f.name} must be a finite number, got {value}")
 
 
-def _positive(name: str, value: int) -> None:
+def _positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpscale.engine.collective_log import CollectiveLog
-from dpscale.workloads.task import Task, call_model, per_sample, to_device
+from dpscale.workloads.task import Task, call_model, num_samples, per_sample, to_device
 
 
 def shard(n: int, world_size: int, rank: int) -> range:
@@ -42,10 +42,10 @@ def evaluate(
     if data is None:
         return None
     names = ["loss", *task.metrics]
-    fns = [task.loss, *task.metrics.values()]
+    fns = [task.per_sample_loss, *task.metrics.values()]
     # per name a sum, then the sample count: float64 so large eval sets sum exactly enough
     sums = torch.zeros(len(names) + 1, dtype=torch.float64, device=device)
-    mine = shard(len(data), dist.get_world_size(group), dist.get_rank(group))
+    mine = shard(num_samples(data), dist.get_world_size(group), dist.get_rank(group))
     was_training = module.training
     module.eval()
     try:

@@ -27,7 +27,7 @@ class StepMetrics:
     comm_ms: float | None
     exposed_comm_ms: float | None
     skipped: bool = False
-    gns: float | None = None  # smoothed gradient noise scale B_simple in samples (train/noise_scale.py)
+    gns: float | None = None  # smoothed noise scale B_simple in samples (train/adaptive/noise_meter.py)
 
 
 class MetricsWriter:

@@ -23,6 +23,7 @@ from dpscale.train.config import TrainConfig
 
 
 def build_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    assert cfg.lr is not None, "TrainConfig fills lr in"
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.optimizer == "adam":
@@ -32,6 +33,7 @@ def build_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> t
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
     """Multiplier on cfg.lr for the optimizer step with index `step` (0-based)."""
+    assert cfg.global_batch is not None, "TrainConfig fills global_batch in"
     scale = cfg.global_batch / cfg.lr_reference_batch if cfg.lr_reference_batch else 1.0
     if cfg.warmup_steps and step < cfg.warmup_steps:
         # Goyal et al. ramp from the reference rate to the scaled one; with no scaling the

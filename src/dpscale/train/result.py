@@ -36,8 +36,9 @@ class TrainResult:
     # ("SIGTERM", "SIGINT"); None when it ran to the end
     stopped_by: str | None = None
     stop_message: str | None = None
-    # the run's simple noise scale B_simple in samples, from all its steps (train/noise_scale.py); None
-    # when not measured (one worker without accumulation, torch's engine with W > 1, turned off)
+    # the run's simple noise scale B_simple in samples, from all its steps
+    # (train/adaptive/noise_meter.py); None when not measured (one worker without accumulation,
+    # torch's engine with W > 1, turned off)
     gradient_noise_scale: float | None = None
     # with --global-batch auto, the global batch after each change: [(0, start), (steps done, batch),
     # ...] (one pair: the start batch throughout); None with a fixed global batch

@@ -8,20 +8,25 @@ differ between ranks (skip a step, stop, checkpoint, check for drift) come from 
 from the step count. Every collective is recorded in a `CollectiveLog`; a timed-out one is reported
 with the ranks that did not answer and what this rank last issued.
 
-This file builds the trainer and runs the loop (`fit`); one step is step.py's `TrainStep`, saving
-and restoring the trainer's state is save_restore.py's `SaveRestore`.
+The class reads in the loop's order: building the parts, `fit`'s loop, one step, the result, and
+checkpoints. Its components: `StepFlags` (step_flags.py) is the per-step collective and the counts
+decided from it, `TrainStates` (checkpoint/train_states.py) the named states a checkpoint holds,
+`TrainState` (state.py) the loop's progress.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
 
 from dpscale.data.sampler import GlobalBatchSampler, StepBatch
 from dpscale.engine import DistributedDataParallel
@@ -30,25 +35,38 @@ from dpscale.engine.factory import wrap
 from dpscale.engine.hooks import compression_hook
 from dpscale.engine.noise_scale import NoiseScaleObserver
 from dpscale.errors import ConfigError
+from dpscale.log import get_logger
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.adaptive.auto_batch import MAX_GROWTH, GrowBatch
-from dpscale.train.adaptive.noise_scale import NoiseScaleMeter
+from dpscale.train.adaptive.noise_meter import NoiseScaleMeter, grad_sq_norm
 from dpscale.train.batches import MicroBatches
 from dpscale.train.callbacks import TrainerCallback, checked
-from dpscale.train.checkpoint.resume import plan_total_steps
+from dpscale.train.checkpoint.checkpointer import load_into
+from dpscale.train.checkpoint.resume import (
+    BatchSplit,
+    check_resumable,
+    describe_resplit,
+    plan_split,
+    plan_total_steps,
+)
+from dpscale.train.checkpoint.train_states import TrainStates
 from dpscale.train.config import TrainConfig
 from dpscale.train.device import Precision, resolve_device
 from dpscale.train.drift import check_replicas
 from dpscale.train.evaluate import evaluate
 from dpscale.train.metrics import MetricsWriter, Progress, StepMetrics
-from dpscale.train.optim import build_optimizer, build_scheduler
+from dpscale.train.optim import build_optimizer, build_scheduler, sync_lr
 from dpscale.train.result import TrainResult, param_sha256, print_summary
-from dpscale.train.save_restore import SaveRestore
 from dpscale.train.state import TrainState
-from dpscale.train.step import TrainStep
+from dpscale.train.step_flags import StepFlags
 from dpscale.workloads import WORKLOADS
 from dpscale.workloads.load import load_task
-from dpscale.workloads.task import Task
+from dpscale.workloads.task import Task, call_model, num_samples, per_sample, to_device
+
+logger = get_logger(__name__)
+
+# what `wrap` returns for the train engines ("dpscale", "torch")
+Wrapped = DistributedDataParallel | nn.parallel.DistributedDataParallel
 
 # How long a rank whose collective failed waits for the others to report theirs: they time out
 # at about the same moment, so a few seconds separate "also failed" from "gone".
@@ -64,7 +82,7 @@ def resolve_task(config: TrainConfig) -> Task:
     raise ConfigError("no task: pass Trainer(config, task), or set config.task or config.workload")
 
 
-class Trainer(TrainStep, SaveRestore):
+class Trainer:
     """Trains `task` (default: the one the config names) with data parallelism over `process_group`.
 
     Every rank constructs a Trainer and calls `fit()`; under torchrun the process group comes from
@@ -87,76 +105,29 @@ class Trainer(TrainStep, SaveRestore):
             raise ConfigError(f"task must be a dpscale.Task, got {type(task).__name__}")
         self.cfg = config
         self.callbacks = checked(callbacks)
-        self._stop_requested = stop_requested or (lambda: None)
         self.group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
-        # the configured global batch; with world_change=scale-lr a resume may change it (see
-        # resume.py), and the LR follows through the state's `batch_scale`
-        global_batch = config.global_batch
-        self._split_error: ValueError | None = None
-        try:
-            micro_batch, accumulation_steps = config.resolve_batch(self.world_size)
-        except ValueError as e:
-            # scale-lr restarts at a world size the configured batch may not split over; the
-            # checkpoint's per-worker batch decides, so wait for it (fit raises if there is none)
-            if not (config.resume and config.world_change == "scale-lr"):
-                raise
-            self._split_error = e
-            micro_batch, accumulation_steps = max(1, global_batch // self.world_size), 1
-            global_batch = micro_batch * self.world_size
         # the loop's progress: what a checkpoint's trainer.pt holds
-        self.state = TrainState(
-            world_size=self.world_size,
-            global_batch=global_batch,
-            base_global_batch=config.global_batch,
-            micro_batch=micro_batch,
-            accumulation_steps=accumulation_steps,
-        )
-        self._growth: GrowBatch | None = None
-        if config.auto_batch:  # global_batch auto: the batch grows with the noise scale (auto_batch.py)
-            if self.world_size == 1 and accumulation_steps < 2:
-                raise ConfigError(
-                    "global_batch auto on one worker needs accumulation_steps >= 2: the noise scale "
-                    "that drives it needs two gradients per step"
-                )
-            self._growth = GrowBatch(max_global_batch=MAX_GROWTH * global_batch)
-            self._growth_start = global_batch
-            self.callbacks += [self._growth, AdaScaleGain(base_batch=global_batch)]
+        self.state = self._initial_state()
+        self._growth = self._batch_growth()
         self.task = task if task is not None else resolve_task(config)
         self.train_data = self.task.train_data
-        if len(self.train_data) < global_batch and config.tail == "drop":
+        self.num_samples = num_samples(self.train_data)
+        if self.num_samples < self.state.global_batch and config.tail == "drop":
             raise ConfigError(
-                f"train_data has {len(self.train_data)} samples, fewer than one global batch of "
-                f"{global_batch}; use a global batch of at most {len(self.train_data)}"
+                f"train_data has {self.num_samples} samples, fewer than one global batch of "
+                f"{self.state.global_batch}; use a global batch of at most {self.num_samples}"
             )
         self.device = resolve_device(config.device)
         self.precision = Precision(config.precision, self.device)
         # what this rank asked of the others: for hang reports and the first steps' agreement check
         self.log = CollectiveLog(process_group)
-        torch.manual_seed(config.seed)  # identical initial weights everywhere (rank 0's win anyway)
-        module = self.task.model()
-        if not isinstance(module, nn.Module):
-            raise ConfigError(
-                f"Task.model() returned {type(module).__name__}; it must return a torch.nn.Module"
-            )
-        module.to(self.device)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        with self._explained():
-            self.model = wrap(
-                module,
-                config.engine,
-                device_ids=device_ids,
-                process_group=process_group,
-                bucket_cap_mb=config.bucket_cap_mb,
-                transport=config.transport,
-                collective_timeout_s=config.collective_timeout_s,
-                collective_log=self.log,
-            )
+        self.model = self._wrapped_model()
         every = config.noise_scale_every
         self.noise_scale = NoiseScaleMeter(self.world_size, enabled=not config.no_noise_scale, every=every)
         if isinstance(self.model, DistributedDataParallel):
-            # the step's skip check takes the reduced gradients' norm anyway (train/step.py): the
+            # the step's skip check takes the reduced gradients' norm anyway (`_train_step` below): the
             # engine need not read them again, unless sparse gradients (outside its buckets) are in
             # it
             reduced_norm = self.model.has_sparse_gradients
@@ -167,15 +138,7 @@ class Trainer(TrainStep, SaveRestore):
         if (hook := compression_hook(config.compression, process_group)) is not None:
             self.model.register_comm_hook(*hook)
             self.comm_state = hook[0] if hasattr(hook[0], "state_dict") else None
-        if self.task.optimizer is not None:
-            self.optimizer = self.task.optimizer(self.model.parameters())
-            if not isinstance(self.optimizer, torch.optim.Optimizer):
-                raise ConfigError(
-                    f"Task.optimizer(params) returned {type(self.optimizer).__name__}; "
-                    "it must return a torch.optim.Optimizer"
-                )
-        else:
-            self.optimizer = build_optimizer(config, self.model.parameters())
+        self.optimizer = self._build_optimizer()
         self.scheduler = build_scheduler(config, self.optimizer, self.state.batch_scale)
         self.sampler = self._build_sampler()
         self.batches = MicroBatches(
@@ -187,22 +150,119 @@ class Trainer(TrainStep, SaveRestore):
         self.total_steps = self.plan_total_steps()
         # each rank its own stream of randomness for anything stochastic in the user's model
         _seed_all(config.seed * 1000 + self.rank)
-        self.skipped_in_a_row = 0  # not checkpointed: a resume gives a diverging run its full allowance
-        self.stop_agreed = False  # some rank was asked to stop: every rank stops after this step
+        self.flags = StepFlags(
+            group=process_group, world_size=self.world_size, log=self.log, stop_requested=stop_requested
+        )
+        self.states = TrainStates(
+            module=self._module,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            state=self.state,
+            precision=self.precision,
+            noise_scale=self.noise_scale,
+            growth=self._growth,
+            comm_state=self.comm_state,
+            compression=config.compression,
+            group=process_group,
+            log=self.log,
+            callbacks=self.callbacks,
+            directory=config.checkpoint_dir,
+            keep_last=config.keep_checkpoints,
+        )
         self.stopped_by: str | None = None
         self.stop_message: str | None = None
         self.last_checkpoint: str | None = None
         self.resumed_from: int | None = None
-        self._steps_iter = None
+        self._steps_iter: Iterator[StepBatch] | None = None
         self._steps_run = 0  # by this process, for the first-steps collective check
+
+    # -- building ------------------------------------------------------------------------
+    def _initial_state(self) -> TrainState:
+        """The progress of a fresh run, with the configured global batch split over this world."""
+        cfg = self.cfg
+        assert cfg.global_batch is not None, "TrainConfig fills global_batch in"
+        # the configured global batch; with world_change=scale-lr a resume may change it (see
+        # resume.py), and the LR follows through the state's `batch_scale`
+        global_batch = cfg.global_batch
+        self._split_error: ValueError | None = None
+        try:
+            micro_batch, accumulation_steps = cfg.resolve_batch(self.world_size)
+        except ValueError as e:
+            # scale-lr restarts at a world size the configured batch may not split over; the
+            # checkpoint's per-worker batch decides, so wait for it (fit raises if there is none)
+            if not (cfg.resume and cfg.world_change == "scale-lr"):
+                raise
+            self._split_error = e
+            micro_batch, accumulation_steps = max(1, global_batch // self.world_size), 1
+            global_batch = micro_batch * self.world_size
+        return TrainState(
+            world_size=self.world_size,
+            global_batch=global_batch,
+            base_global_batch=cfg.global_batch,
+            micro_batch=micro_batch,
+            accumulation_steps=accumulation_steps,
+        )
+
+    def _batch_growth(self) -> GrowBatch | None:
+        """global_batch auto: the batch grows with the noise scale (auto_batch.py), the LR with
+        AdaScale's gain; None for a fixed batch."""
+        if not self.cfg.auto_batch:
+            return None
+        if self.world_size == 1 and self._accumulation_steps < 2:
+            raise ConfigError(
+                "global_batch auto on one worker needs accumulation_steps >= 2: the noise scale "
+                "that drives it needs two gradients per step"
+            )
+        global_batch = self.state.global_batch
+        growth = GrowBatch(max_global_batch=MAX_GROWTH * global_batch)
+        self._growth_start = global_batch
+        self.callbacks += [growth, AdaScaleGain(base_batch=global_batch)]
+        return growth
+
+    def _wrapped_model(self) -> Wrapped:
+        """The task's model on this device, the same initial weights on every rank, wrapped by the engine."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)  # identical initial weights everywhere (rank 0's win anyway)
+        module = self.task.model()
+        if not isinstance(module, nn.Module):
+            raise ConfigError(
+                f"Task.model() returned {type(module).__name__}; it must return a torch.nn.Module"
+            )
+        module.to(self.device)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        with self._explained():
+            model = wrap(
+                module,
+                cfg.engine,
+                device_ids=device_ids,
+                process_group=self.group,
+                bucket_cap_mb=cfg.bucket_cap_mb,
+                transport=cfg.transport,
+                collective_timeout_s=cfg.collective_timeout_s,
+                collective_log=self.log,
+            )
+        assert isinstance(model, Wrapped), "TRAIN_ENGINES are dpscale's and torch's DDP"
+        return model
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        """The task's own optimizer if it has one, else the configured one."""
+        if self.task.optimizer is None:
+            return build_optimizer(self.cfg, self.model.parameters())
+        optimizer = self.task.optimizer(self.model.parameters())
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(
+                f"Task.optimizer(params) returned {type(optimizer).__name__}; "
+                "it must return a torch.optim.Optimizer"
+            )
+        return optimizer
 
     def _build_sampler(self) -> GlobalBatchSampler:
         return GlobalBatchSampler(
-            len(self.train_data),
+            self.num_samples,
             global_batch=self.state.global_batch,
             world_size=self.world_size,
             rank=self.rank,
-            accumulation_steps=self.state.accumulation_steps,
+            accumulation_steps=self._accumulation_steps,
             seed=self.cfg.seed,
             tail=self.cfg.tail,
         )
@@ -231,56 +291,37 @@ class Trainer(TrainStep, SaveRestore):
         """Optimizer steps done (skipped ones included)."""
         return self.state.step
 
-    def _explained(self):
+    @property
+    def _accumulation_steps(self) -> int:
+        assert self.state.accumulation_steps is not None, "set from the config, or by set_batch_split"
+        return self.state.accumulation_steps
+
+    @property
+    def _module(self) -> nn.Module:
+        module = self.model.module
+        assert isinstance(module, nn.Module)
+        return module
+
+    def _explained(self) -> AbstractContextManager[None]:
         return explain_failures(self.log, min(self.cfg.collective_timeout_s, _REPORT_WAIT_S))
 
     # -- the loop --------------------------------------------------------------------------
     def fit(self) -> TrainResult:
-        cfg = self.cfg
-        if cfg.resume:
+        """Train to the end (or a stop), evaluate, and return what the run did; collective."""
+        if self.cfg.resume:
             with self._explained():
                 self._resume()
         if self._split_error is not None and self.resumed_from is None:
             raise self._split_error  # nothing to resume from: the configured batch must split
         lead = self.rank == 0
-        metrics = MetricsWriter(cfg.metrics_dir if lead else None, resumed_from=self.resumed_from)
-        progress = Progress(self.total_steps, cfg.progress if lead else "none", cfg.log_every)
+        metrics = MetricsWriter(self.cfg.metrics_dir if lead else None, resumed_from=self.resumed_from)
+        progress = Progress(self.total_steps, self.cfg.progress if lead else "none", self.cfg.log_every)
         if lead and self.resumed_from is not None:
             progress.note(f"resumed from {self.last_checkpoint} at step {self.step}")
         t_start, samples_start = time.perf_counter(), self.state.samples_seen
         try:
             with self._explained():
-                while self.step < self.total_steps:
-                    batch = self._next_batch()
-                    for c in self.callbacks:
-                        c.on_batch(self, batch)
-                    self.log.verify = self._steps_run < cfg.check_collectives_steps
-                    m = self._train_step(batch)
-                    self._steps_run += 1
-                    if lead:
-                        metrics.write(m)
-                        progress.update(m)
-                        if m.skipped:
-                            progress.note(
-                                f"step {m.step}: non-finite gradient on at least one rank; "
-                                "every rank skipped this step"
-                            )
-                    # from the step count, so every rank checks and saves at the same steps
-                    if cfg.drift_check_every and self.step % cfg.drift_check_every == 0:
-                        check_replicas(self._module, self.group, step=self.step, log=self.log)
-                    if cfg.max_skipped_steps and self.skipped_in_a_row >= cfg.max_skipped_steps:
-                        self._stop("diverged", self._divergence_message(m))
-                        break  # no checkpoint: the last one holds the state before the divergence
-                    if cfg.checkpoint_dir and (
-                        (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
-                        or self.step == self.total_steps
-                        or self.stop_agreed
-                    ):
-                        self.save_checkpoint()
-                    if self.stop_agreed:
-                        self._stop(self._stop_requested() or "signal", self._signal_message())
-                        break
-                self.log.verify = False
+                self._train_until_done(metrics if lead else None, progress)
         finally:
             progress.close()
             metrics.close()
@@ -292,33 +333,54 @@ class Trainer(TrainStep, SaveRestore):
         if self.stopped_by is None:  # every rank agrees: a stopped run leaves now (preemption's grace)
             with self._explained():
                 scores = self.evaluate()
-        result = TrainResult(
-            world_size=self.world_size,
-            global_batch=self.state.global_batch,
-            micro_batch=self.state.micro_batch,
-            accumulation_steps=self.state.accumulation_steps,
-            steps=self.step,
-            samples_seen=self.state.samples_seen,
-            final_loss=self.state.last_loss,
-            test_accuracy=scores.get("accuracy") if scores else None,
-            samples_per_s=(self.state.samples_seen - samples_start) / elapsed if elapsed > 0 else 0.0,
-            param_sha256=param_sha256(self._module),
-            checkpoint=self.last_checkpoint,
-            skipped_steps=self.state.skipped_steps,
-            resumed_from_step=self.resumed_from,
-            engine=cfg.engine,
-            transport=self.model.transport.name if cfg.engine == "dpscale" else dist.get_backend(self.group),
-            eval=scores,
-            stopped_by=self.stopped_by,
-            stop_message=self.stop_message,
-            gradient_noise_scale=self.noise_scale.estimator.run_b_simple,
-            global_batch_schedule=(
-                [(0, self._growth_start), *self._growth.changes] if self._growth else None
-            ),
-        )
-        if lead and cfg.progress != "none":
+        samples_per_s = (self.state.samples_seen - samples_start) / elapsed if elapsed > 0 else 0.0
+        result = self._result(scores, samples_per_s)
+        if lead and self.cfg.progress != "none":
             print_summary(result)
         return result
+
+    def _train_until_done(self, metrics: MetricsWriter | None, progress: Progress) -> None:
+        """Steps until the planned last one, a divergence or an agreed stop; `metrics` on rank 0 only."""
+        while self.step < self.total_steps:
+            batch = self._next_batch()
+            for c in self.callbacks:
+                c.on_batch(self, batch)
+            self.log.verify = self._steps_run < self.cfg.check_collectives_steps
+            m = self._train_step(batch)
+            self._steps_run += 1
+            if metrics is not None:
+                self._report(m, metrics, progress)
+            if self._after_step(m):
+                break
+        self.log.verify = False
+
+    def _report(self, m: StepMetrics, metrics: MetricsWriter, progress: Progress) -> None:
+        metrics.write(m)
+        progress.update(m)
+        if m.skipped:
+            progress.note(
+                f"step {m.step}: non-finite gradient on at least one rank; every rank skipped this step"
+            )
+
+    def _after_step(self, m: StepMetrics) -> bool:
+        """The step's checks, checkpoint and stop, the same on every rank; True: the loop ends."""
+        cfg = self.cfg
+        # from the step count, so every rank checks and saves at the same steps
+        if cfg.drift_check_every and self.step % cfg.drift_check_every == 0:
+            check_replicas(self._module, self.group, step=self.step, log=self.log)
+        if cfg.max_skipped_steps and self.flags.skipped_in_a_row >= cfg.max_skipped_steps:
+            self._stop("diverged", self._divergence_message(m))
+            return True  # no checkpoint: the last one holds the state before the divergence
+        if cfg.checkpoint_dir and (
+            (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+            or self.step == self.total_steps
+            or self.flags.stop_agreed
+        ):
+            self.save_checkpoint()
+        if self.flags.stop_agreed:
+            self._stop(self.flags.stop_requested() or "signal", self._signal_message())
+            return True
+        return False
 
     def _next_batch(self) -> StepBatch:
         while True:
@@ -332,20 +394,108 @@ class Trainer(TrainStep, SaveRestore):
                 return batch
             self._steps_iter = None
 
+    # -- one step ----------------------------------------------------------------------------
+    def _train_step(self, batch: StepBatch) -> StepMetrics:
+        """One optimizer step: the micro-batches' forward and backward (the last one synced), the
+        flags collective, then the update (or a skip) and the scheduler."""
+        t0 = time.perf_counter()
+        loss_sum, micro_sq, micro_count = self._forward_backward(batch)
+        noise = self.noise_scale.step_norms(
+            engine_stats=getattr(self.model, "last_step_stats", None),
+            micro_sq=micro_sq,
+            micro_count=micro_count,
+            global_count=batch.global_count,
+            params=self.model.parameters(),
+            loss_scale=self.precision.loss_scale(),
+        )
+        self.precision.unscale(self.optimizer)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        for c in self.callbacks:
+            c.after_reduce(self, grads)
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
+        decision = self.flags.reduce(loss_sum, norm, noise.small_sq if noise is not None else None)
+        if noise is not None:
+            # the norm just taken for the skip check is the big-batch norm: no second read
+            self.noise_scale.update(noise, decision.small_sq, reduced_sq=float(norm) ** 2)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self._update(decision.skipped, norm)
+        state = self.state
+        state.step += 1
+        state.samples_seen += batch.global_count
+        state.last_loss = float(decision.loss_sum / batch.global_count)
+        for c in self.callbacks:
+            c.after_step(self)
+        step_s = time.perf_counter() - t0
+        stats = getattr(self.model, "last_step_stats", None)
+        return StepMetrics(
+            step=state.step,
+            samples_seen=state.samples_seen,
+            loss=state.last_loss,
+            lr=lr,
+            grad_norm=float(norm),
+            step_ms=step_s * 1e3,
+            samples_per_s=batch.global_count / step_s,
+            comm_ms=stats.comm_ms if stats else None,
+            exposed_comm_ms=stats.exposed_comm_ms if stats else None,
+            skipped=decision.skipped,
+            gns=self.noise_scale.b_simple,
+        )
+
+    def _forward_backward(self, batch: StepBatch) -> tuple[torch.Tensor, float | None, int]:
+        """Accumulate the step's micro-batches under `no_sync`; the last backward is the synced one.
+
+        Returns this rank's loss sum and, when the noise scale wants it (one worker accumulating),
+        the first micro-batch's squared gradient norm and sample count."""
+        model, last = self.model, len(batch.micro_batches) - 1
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        loaded = self.batches.take(len(batch.micro_batches))
+        micro_sq, micro_count = None, 0  # the first micro-batch's gradient (one worker, accumulation)
+        take_micro = self.noise_scale.wants_micro_norm(len(batch.micro_batches), self.step)
+        for j, (indices, (x, y)) in enumerate(zip(batch.micro_batches, loaded, strict=True)):
+            if not indices and j < last:
+                continue  # nothing to add locally; only the synced backward must always run
+            x, y = to_device((x, y), self.device, non_blocking=True)
+            with nullcontext() if j == last else model.no_sync():
+                with self.precision.autocast():
+                    out = call_model(model, x)
+                    losses = per_sample("Task.loss", self.task.per_sample_loss(out, y), max(1, len(indices)))
+                # an empty micro-batch was loaded as one sample (see batches.py): weight it zero
+                loss = losses.float().sum() * (1.0 if indices else 0.0)
+                # the engine averages over ranks, so scale the sum by W: mean over ranks of
+                # W * local_sum / global_count is the global-batch mean
+                self.precision.scale(loss * (self.world_size / batch.global_count)).backward()
+            loss_sum += loss.detach().double()
+            if take_micro and micro_sq is None and indices:
+                micro_sq, micro_count = grad_sq_norm(model.parameters()), len(indices)
+        return loss_sum, micro_sq, micro_count
+
+    def _update(self, skipped: bool, norm: torch.Tensor) -> None:
+        """The optimizer and scheduler step, or a skipped step's count; gradients cleared either way."""
+        if skipped:
+            self.state.skipped_steps += 1
+        elif self.cfg.grad_clip_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.grad_clip_norm, norm)
+        self.precision.step(self.optimizer, skipped)
+        if not skipped:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # -- stopping and the result ------------------------------------------------------------------
     def _stop(self, why: str, message: str) -> None:
         # said once, by whoever started the run (the CLI, or the worker under torchrun)
         self.stopped_by, self.stop_message = why, message
 
     def _divergence_message(self, m: StepMetrics) -> str:
-        first = self.step - self.skipped_in_a_row + 1
+        in_a_row = self.flags.skipped_in_a_row
+        first = self.step - in_a_row + 1
         return (
-            f"stopped at step {self.step}: steps {first}-{self.step} ({self.skipped_in_a_row} in a row) "
+            f"stopped at step {self.step}: steps {first}-{self.step} ({in_a_row} in a row) "
             f"had a non-finite gradient (last loss {m.loss:.4g}, lr {m.lr:.3g}); the run diverged: "
             "lower --lr, set --grad-clip-norm, or raise --max-skipped-steps"
         )
 
     def _signal_message(self) -> str:
-        why = self._stop_requested() or "a signal to another rank"
+        why = self.flags.stop_requested() or "a signal to another rank"
         saved = (
             f"; checkpoint {self.last_checkpoint}, continue with --resume" if self.cfg.checkpoint_dir else ""
         )
@@ -356,16 +506,139 @@ class Trainer(TrainStep, SaveRestore):
         return evaluate(
             self.task,
             self._module,
-            batch_size=max(self.state.micro_batch, 256),
+            batch_size=max(self._micro_batch, 256),
             device=self.device,
             autocast=self.precision.autocast,
             group=self.group,
             log=self.log,
         )
 
+    def _result(self, scores: dict[str, float] | None, samples_per_s: float) -> TrainResult:
+        cfg, state = self.cfg, self.state
+        if isinstance(self.model, DistributedDataParallel):
+            engine_transport = self.model.transport
+            assert not isinstance(engine_transport, str), "the engine resolves its transport when built"
+            transport = engine_transport.name
+        else:
+            transport = dist.get_backend(self.group)
+        return TrainResult(
+            world_size=self.world_size,
+            global_batch=state.global_batch,
+            micro_batch=self._micro_batch,
+            accumulation_steps=self._accumulation_steps,
+            steps=self.step,
+            samples_seen=state.samples_seen,
+            final_loss=state.last_loss,
+            test_accuracy=scores.get("accuracy") if scores else None,
+            samples_per_s=samples_per_s,
+            param_sha256=param_sha256(self._module),
+            checkpoint=self.last_checkpoint,
+            skipped_steps=state.skipped_steps,
+            resumed_from_step=self.resumed_from,
+            engine=cfg.engine,
+            transport=transport,
+            eval=scores,
+            stopped_by=self.stopped_by,
+            stop_message=self.stop_message,
+            gradient_noise_scale=self.noise_scale.estimator.run_b_simple,
+            global_batch_schedule=(
+                [(0, self._growth_start), *self._growth.changes] if self._growth else None
+            ),
+        )
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def stateful(self) -> dict[str, Stateful]:
+        """The named objects a checkpoint saves from rank 0, each with state_dict/load_state_dict."""
+        return self.states.shared(self.sampler)
+
+    def state_dict(self) -> dict:
+        return {name: obj.state_dict() for name, obj in self.stateful().items()}
+
+    def save_checkpoint(self) -> str:
+        """Collective: rank 0 writes this step's checkpoint; all learn the path."""
+        self.last_checkpoint = self.states.save(self.sampler)
+        return self.last_checkpoint
+
+    def _resume(self) -> None:
+        """Collective: continue from the newest checkpoint that verifies; a fresh start if there is none."""
+        saved: list[TrainState] = []
+        path = self.states.resume(lambda ckpt: saved.append(self.load_state_dict(ckpt.payload, ckpt.path)))
+        if path is None:
+            return
+        self.resumed_from, self.last_checkpoint = self.step, path
+        if self.rank == 0 and saved[0].world_size != self.world_size:
+            old, s = saved[0], self.scheduler
+            logger.info(
+                "%s",
+                describe_resplit(
+                    old, self.state, self.cfg, s.last_epoch, float(s.base_lrs[0]), self.total_steps
+                ),
+            )
+
+    def load_state_dict(self, payload: dict, where: Path | str = "checkpoint") -> TrainState:
+        """Continue from a checkpoint's states (`TrainStates`' names), also at another world size
+        (resume.py's plan); returns the saved TrainState."""
+        cfg, where = self.cfg, Path(where)
+        saved = TrainState.from_state_dict(payload["trainer"], where / "trainer.pt")
+        auto = self._growth is not None
+        check_resumable(
+            saved,
+            global_batch=self.state.base_global_batch,
+            world_change=cfg.world_change,
+            where=where,
+            auto_batch=auto,
+        )
+        self.states.load_progress(payload, saved, where)
+        if isinstance(self.model, DistributedDataParallel):  # one synced backward per step
+            self.model.set_synced_steps(saved.step)
+        self._resplit(saved, payload["sampler"], where)
+        sync_lr(self.scheduler)
+        self.total_steps = self.plan_total_steps()
+        self.states.load_per_rank(payload, where)
+        return saved
+
+    def _resplit(self, saved: TrainState, sampler_state: object, where: Path) -> None:
+        """Fit the saved run to this world size (resume.py's plan), then load the sampler's position."""
+        cfg, state = self.cfg, self.state
+        auto = self._growth is not None
+        current = BatchSplit(self._micro_batch, self._accumulation_steps)
+        split = plan_split(
+            saved,
+            world_size=self.world_size,
+            current=current,
+            global_batch=state.global_batch,
+            configured_global_batch=state.base_global_batch,
+            world_change=cfg.world_change,
+            split_given=cfg.micro_batch is not None or cfg.accumulation_steps is not None,
+            where=where / "trainer.pt",
+            auto_batch=auto,
+        )
+        if split != current:
+            self.set_batch_split(split.micro_batch, split.accumulation_steps)
+        regroup = state.global_batch != saved.global_batch
+        if self._growth is not None:
+            growth = self._growth
+            load_into(
+                lambda s: growth.load_state_dict(s, same_world=saved.world_size == self.world_size),
+                saved.batch_growth or {"changes": [], "fastest_s": {}},  # a fixed-batch run's: starts growing
+                where / "trainer.pt",
+            )
+            if regroup:  # the grown batch does not split over this world size: back to the start
+                growth.changes.append((saved.step, state.global_batch))
+        load_into(
+            lambda s: self.sampler.load_state_dict(s, regroup=regroup), sampler_state, where / "sampler.pt"
+        )
+        if regroup and not auto:  # scale-lr's linear rule; a growing batch's rate is AdaScale's
+            state.batch_scale.retarget(
+                state.global_batch / state.base_global_batch,
+                self.scheduler.last_epoch,
+                cfg.rescale_warmup_steps,
+            )
+
     @property
-    def _module(self) -> nn.Module:
-        return self.model.module
+    def _micro_batch(self) -> int:
+        assert self.state.micro_batch is not None, "set from the config, or by set_batch_split"
+        return self.state.micro_batch
 
 
 def _seed_all(seed: int) -> None:

@@ -56,16 +56,16 @@ def iterate_in_lockstep(
     stats = stats if stats is not None else LockstepStats()
     it = iter(loader)
     while True:
-        item = next(it, _END)
-        flag = torch.tensor([0 if item is _END else 1], dtype=torch.int32, device=device)
+        try:
+            item, have = next(it), True
+        except StopIteration:
+            have = False
+        flag = torch.tensor([1 if have else 0], dtype=torch.int32, device=device)
         if log is not None:
             log.record("all_reduce", "have-a-batch flag", flag)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=process_group)
         if not int(flag.item()):
-            stats.stopped_early = item is not _END
+            stats.stopped_early = have
             return
         stats.steps += 1
         yield item
-
-
-_END = object()

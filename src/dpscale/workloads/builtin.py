@@ -8,7 +8,7 @@ equal the full-batch mean whatever the split.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +30,7 @@ class Workload:
     lr: float
     epochs: int
     optimizer: str = "sgd"
-    metrics: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    metrics: Mapping[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = field(default_factory=dict)
 
     def task(self, seed: int = 0) -> Task:
         """The workload as a Task; `seed` fixes generated data and the train/test split."""

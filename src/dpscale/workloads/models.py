@@ -24,6 +24,8 @@ def mlp(width: int = 1024, depth: int = 6, in_features: int = 1024, classes: int
 class TinyDecoder(nn.Module):
     """A pre-norm causal transformer over byte tokens; returns logits of shape (B, T, vocab)."""
 
+    causal_mask: torch.Tensor  # a buffer (register_buffer below)
+
     def __init__(
         self, vocab: int = 256, d_model: int = 128, n_layers: int = 4, n_heads: int = 4, seq_len: int = 64
     ):

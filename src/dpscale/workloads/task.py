@@ -9,7 +9,7 @@ Everything here runs on one process; the trainer and the lab decide how batches 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +71,17 @@ class Task:
 
     def collate(self, items: list) -> Any:
         return (self.collate_fn or default_collate)(items)
+
+    def per_sample_loss(self, output: Any, target: Any) -> torch.Tensor:
+        """`loss(output, target)` (the field is optional only in the signature: it is checked above)."""
+        assert self.loss is not None
+        return self.loss(output, target)
+
+
+def num_samples(data: Dataset) -> int:
+    """`len(data)` of a map-style dataset (a Task's datasets are checked to have one)."""
+    assert isinstance(data, Sized)
+    return len(data)
 
 
 def _check_dataset(name: str, data: Any) -> None:
@@ -146,6 +157,6 @@ def probe(task: Task, samples: int = 2) -> None:
         model.eval()  # BatchNorm refuses a batch of one in training mode
         with torch.no_grad():
             out = call_model(model, x)
-            per_sample(f"Task.loss on {name}", task.loss(out, y), n)
+            per_sample(f"Task.loss on {name}", task.per_sample_loss(out, y), n)
             for metric, fn in task.metrics.items():
                 per_sample(f"Task.metrics[{metric!r}]", fn(out, y), n)

@@ -122,9 +122,10 @@ class GrowBatch(TrainerCallback):
             return None if t is None else time_to_target(b_simple, base * k, t)
 
         here = cost(accumulation)
-        if accumulation > 1 and accumulation // 2 in times and here is not None:
+        halved = cost(accumulation // 2) if accumulation > 1 and accumulation // 2 in times else None
+        if halved is not None and here is not None:
             # the last doubling did not pay: back (by a margin, so load noise does not flap it)
-            if cost(accumulation // 2) < SHRINK_MARGIN * here:
+            if halved < SHRINK_MARGIN * here:
                 return accumulation // 2
         grown = accumulation
         while b_simple >= self.grow_at * base * grown and base * grown * 2 <= self.max_global_batch:

@@ -1,8 +1,9 @@
-"""`Checkpointer`: saves and restores named Stateful objects, collectively, through checkpoint.py's files.
+"""`Checkpointer`: saves and restores named Stateful objects, collectively, through files.py's files.
 
-A Stateful is anything with `state_dict()` and `load_state_dict(state)` (torch modules, optimizers,
-schedulers, the sampler, `TrainState`, ...). The manager knows names and the protocol, not what the
-states mean: the trainer says which objects to save and applies a loaded checkpoint itself.
+A Stateful (torch.distributed.checkpoint's protocol) is anything with `state_dict()` and
+`load_state_dict(state)` (torch modules, optimizers, schedulers, the sampler, `TrainState`, ...).
+The manager knows names and the protocol, not what the states mean: the trainer says which
+objects to save and applies a loaded checkpoint itself.
 
 Both directions are collective and keep ranks in lockstep: rank 0 reads or writes and broadcasts
 the outcome, an error included, so a failure on rank 0 stops every rank with the same message
@@ -15,9 +16,10 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch.distributed as dist
+from torch.distributed.checkpoint.stateful import Stateful
 
 from dpscale.comm.base import global_rank
 from dpscale.engine.collective_log import CollectiveLog
@@ -32,12 +34,6 @@ from dpscale.train.checkpoint.files import (
 )
 
 logger = get_logger(__name__)
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> Any: ...
-
-    def load_state_dict(self, state: Any) -> Any: ...
 
 
 class Checkpointer:

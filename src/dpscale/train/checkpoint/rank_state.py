@@ -64,7 +64,9 @@ class HookState:
 
 def capture_rng_state() -> dict[str, Any]:
     """This process's torch (and initialized CUDA), numpy-global and `random` states, weights_only-safe."""
-    bit_generator, key, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple), "legacy=True gives the MT19937 tuple"
+    bit_generator, key, pos, has_gauss, cached_gaussian = legacy
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),

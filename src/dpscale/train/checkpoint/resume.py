@@ -36,10 +36,14 @@ class BatchSplit:
 class SamplerPosition(Protocol):
     """What the step budget needs of a `GlobalBatchSampler`."""
 
-    epoch: int
-    step_in_epoch: int
-    steps_this_epoch: int
-    steps_per_epoch: int
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def step_in_epoch(self) -> int: ...
+    @property
+    def steps_this_epoch(self) -> int: ...
+    @property
+    def steps_per_epoch(self) -> int: ...
 
 
 def check_resumable(
@@ -92,20 +96,27 @@ def plan_split(
     `auto_batch` the run goes on at the batch it had grown to, split as keep-global-batch splits it;
     where that batch does not split over this world size, at `current` (the start batch)."""
     old_micro, old_k = saved.micro_batch, saved.accumulation_steps
-    saved_split = all(isinstance(v, int) and v > 0 for v in (old_micro, old_k))
+    # None in checkpoints written before the split was saved
+    old = None
+    if isinstance(old_micro, int) and isinstance(old_k, int) and old_micro > 0 and old_k > 0:
+        old = BatchSplit(old_micro, old_k)
     if saved.world_size == world_size and saved.global_batch == global_batch:
         # the run goes on as it was unless told otherwise: the default split (one micro-batch of
         # G/W) would change the memory a worker needs and the order the gradients are summed in
-        if split_given or not saved_split or old_micro * old_k * world_size != global_batch:
+        if (
+            split_given
+            or old is None
+            or old.micro_batch * old.accumulation_steps * world_size != global_batch
+        ):
             return current
-        return BatchSplit(old_micro, old_k)
+        return old
     if auto_batch:
         global_batch = saved.global_batch
     if world_change == "scale-lr":
         # a worker's batch is the configured global batch over the first world size, never more
-        per_worker = old_micro * old_k if saved_split else 0
+        per_worker = old.micro_batch * old.accumulation_steps if old is not None else 0
         if (
-            not saved_split
+            old is None
             or per_worker * saved.world_size != saved.global_batch
             or (per_worker > configured_global_batch)
         ):
@@ -114,14 +125,14 @@ def plan_split(
                 f"world_size {saved.world_size} is not its global batch {saved.global_batch}, or a worker's "
                 f"batch exceeds the configured global batch {configured_global_batch}; the file is corrupt"
             )
-        return BatchSplit(old_micro, old_k)
-    if saved_split and global_batch % (world_size * old_micro) == 0:
-        return BatchSplit(old_micro, global_batch // (world_size * old_micro))
+        return old
+    if old is not None and global_batch % (world_size * old.micro_batch) == 0:
+        return BatchSplit(old.micro_batch, global_batch // (world_size * old.micro_batch))
     return current  # the split resolve_batch made from the configuration for this world size
 
 
 def plan_total_steps(
-    state: TrainState, *, max_steps: int | None, epochs: int, sampler: SamplerPosition
+    state: TrainState, *, max_steps: int | None, epochs: int | None, sampler: SamplerPosition
 ) -> int:
     """The step at which training ends, from the configuration and the current position.
 
@@ -137,6 +148,7 @@ def plan_total_steps(
             return max_steps
         left = max(0, max_steps * state.base_global_batch - state.samples_seen)
         return state.step + -(-left // state.global_batch)
+    assert epochs is not None, "TrainConfig sets epochs when max_steps is unset"
     s = sampler
     if s.epoch >= epochs:  # the last epoch is over (a regroup at its end moved past it)
         return state.step
