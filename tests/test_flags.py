@@ -51,7 +51,7 @@ def test_a_hand_written_flag_is_found():
 
 
 def test_a_choice_field_is_checked_by_argparse_and_by_its_config(capsys):
-    from dpscale.lab.bench.commands import ConvergenceMode
+    from dpscale.cli.bench import ConvergenceMode
 
     with pytest.raises(SystemExit) as e:
         main(["bench", "convergence", "--mode", "strong"])

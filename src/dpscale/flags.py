@@ -143,6 +143,13 @@ def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:
     return kwargs
 
 
+def config_kwargs(args: argparse.Namespace, cls: type) -> dict:
+    """The config's fields from --config FILE.toml (when the command has that flag), then from the
+    flags given (a flag wins)."""
+    path = getattr(args, "config", None)
+    return (config_file_kwargs(path, cls) if path else {}) | dataclass_kwargs(args, cls)
+
+
 def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
     """The flags that rebuild `config` (the inverse of `dataclass_kwargs`), for a report's command line.
 

@@ -11,7 +11,8 @@ import types
 
 import pytest
 
-from dpscale.lab.bench import commands, convergence
+from dpscale.cli import bench as commands
+from dpscale.lab.bench import convergence
 from dpscale.lab.bench.convergence import (
     SUMMARY_KEYS,
     ConvergenceConfig,

@@ -5,9 +5,12 @@ Everything here works from a `ConvergenceResult` alone, so `dpscale report` re-r
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING
 
+from dpscale.lab.bench import convergence
+from dpscale.lab.bench.bench import Bench, Figures, values
 from dpscale.lab.bench.convergence import (
     ConvergenceResult,
     _nan,
@@ -162,3 +165,37 @@ def write_report(result: ConvergenceResult, report: ReportDir) -> None:
             Section("Loss curves", [image, "CSV: convergence.csv (loss per step per world size)."]),
         ],
     )
+
+
+def _text(result: ConvergenceResult) -> list[str]:
+    lines = [format_table(result)]
+    if result.config.compression != "none":
+        ref = result.reference.world_size
+        lines.append(
+            f"compression: {result.config.compression} at every world size but {ref} (uncompressed reference)"
+        )
+    return [*lines, largest_gap_text(result)]
+
+
+BENCH = Bench(
+    command="convergence",
+    argv=("bench", "convergence"),
+    help="loss curves at several world sizes with the same global batch; "
+    "--mode weak: time to a target as the batch grows with N",
+    Config=convergence.ConvergenceConfig,
+    run=lambda config: convergence.run(config),
+    from_dict=ConvergenceResult.from_dict,
+    write_report=write_report,
+    # rows matched on world_size -> final_loss, test_accuracy
+    compare=Figures(
+        ("world_size",),
+        (),
+        ("final_loss", "test_accuracy"),
+        lambda r: r["runs"],
+        lambda r: (values(r["config"].get("workload")), values(f"global {r['config'].get('global_batch')}")),
+    ),
+    text=_text,
+    json_line=lambda result: json.dumps(result.summary()),
+    # exit 1 when a world size departs from the reference beyond the tolerance
+    exit_code=lambda result: 0 if all(r.within_tolerance for r in result.runs) else 1,
+)

@@ -5,10 +5,13 @@ Everything here works from a `ScalingResult` alone, so `dpscale report` re-rende
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from dpscale.errors import import_extra
+from dpscale.lab.bench import scaling
+from dpscale.lab.bench.bench import Bench, Figures, points, values
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
 from dpscale.lab.bench.scaling import ScalingConfig, ScalingPoint, ScalingResult
 from dpscale.lab.bench.scaling_rank import STEPS_PER_ROUND
@@ -238,3 +241,40 @@ def write_report(result: ScalingResult, report: ReportDir) -> None:
         ],
         warnings=trust,
     )
+
+
+def _setup(results: dict | list) -> tuple[set[str], set[str]]:
+    """The models measured and the batches used, for `dpscale report A B`."""
+    pts = points(results)
+    batch = values(
+        *(
+            f"global {p.get('global_batch')}"
+            if p.get("mode") == "strong"
+            else f"{p.get('per_worker_batch')}/worker"
+            for p in pts
+        )
+    )
+    return values(*(p.get("model") for p in pts)), batch
+
+
+BENCH = Bench(
+    command="scaling",
+    argv=("bench", "scaling"),
+    help="throughput and scaling efficiency: dpscale vs torch DDP vs no synchronization",
+    Config=ScalingConfig,
+    run=lambda config: scaling.run(config),
+    from_dict=ScalingResult.from_dict,
+    write_report=write_report,
+    # rows matched on engine, world_size (+ transport, model, mode, per_worker_batch while those
+    # are needed to tell a report's points apart) -> samples_per_s, efficiency
+    compare=Figures(
+        ("engine", "world_size"),
+        ("transport", "model", "mode", "per_worker_batch"),
+        ("samples_per_s", "efficiency"),
+        points,
+        _setup,
+    ),
+    text=lambda result: [format_table(result)],
+    json_line=lambda result: json.dumps([asdict(p) for p in result.points], allow_nan=False),
+    warnings=warnings,
+)

@@ -16,15 +16,13 @@ mean, so the check passes; point `--model module:callable` at your own model and
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from dpscale.engine import DistributedDataParallel
 from dpscale.errors import ConfigError
-from dpscale.flags import add_dataclass_arguments, dataclass_kwargs, flag_spec
+from dpscale.flags import flag_spec
 from dpscale.lab.multirank import run_ranks
 from dpscale.lab.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 
@@ -208,17 +206,3 @@ class EquivalenceCheckConfig:
     """Samples per optimizer step."""
     steps: int = 3
     """Optimizer steps compared."""
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(p, EquivalenceCheckConfig)
-    p.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    c = EquivalenceCheckConfig(**dataclass_kwargs(args, EquivalenceCheckConfig))
-    r = run(c.model, c.world_size, c.accumulation_steps, c.global_batch, c.steps)
-    print(format_result(r))
-    if args.json:
-        print(json.dumps(r.to_dict()))
-    return 0 if r.ok else 1

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from dpscale.errors import import_extra
+from dpscale.lab.bench.bench import Figures
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
 from dpscale.lab.predict.cluster import Cluster, Link, MeasuredAllReduce
 from dpscale.lab.predict.degrade import ScaleTerms
@@ -254,3 +255,16 @@ __all__ = [
     "results_from_doc",
     "write_report",
 ]
+
+
+def _setup(results: dict) -> tuple[set[str], set[str]]:
+    """The model predicted and its batch, for `dpscale report A B`."""
+    profile, config = results["profile"], results["config"]
+    batch = config.get("per_worker_batch") or profile.get("per_worker_batch")
+    return {str(profile.get("model"))}, {f"{batch}/worker"}
+
+
+# rows matched on world_size -> step_ms, samples_per_s, efficiency
+FIGURES = Figures(
+    ("world_size",), (), ("step_ms", "samples_per_s", "efficiency"), lambda r: r["predictions"], _setup
+)
