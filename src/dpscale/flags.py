@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import sys
 import textwrap
 import types
 import typing
@@ -30,14 +31,34 @@ def flag_spec(
     group: str | None = None,
     metavar: str | None = None,
     choices: tuple[str, ...] | None = None,
+    deprecated: tuple[str, ...] = (),
 ) -> dict:
     """Field metadata for `add_dataclass_arguments`: `field(default=..., metadata=flag_spec(parse=...))`.
 
     `group` is the title of the argument group the flag is listed under in --help; `metavar` the
     value's name there (default: the field's name in capitals); `choices` the only values argparse
-    accepts (--help lists them; the config's own check still guards the API)."""
-    spec = {"name": name, "aliases": aliases, "parse": parse, "help": help}
+    accepts (--help lists them; the config's own check still guards the API); `deprecated` old
+    spellings of the flag, still accepted, each use said once on stderr."""
+    spec = {"name": name, "aliases": aliases, "parse": parse, "help": help, "deprecated": deprecated}
     return {_KEY: {**spec, "group": group, "metavar": metavar, "choices": choices}}
+
+
+class _StoreFlag(argparse.Action):
+    """argparse's plain store, saying once per command line on stderr that an old spelling
+    (`deprecated`) was used, naming the one to use."""
+
+    def __init__(self, *args, deprecated: tuple[str, ...] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.deprecated = deprecated
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string in self.deprecated:
+            said = namespace.__dict__.setdefault("_deprecated_said", set())
+            if option_string not in said:
+                said.add(option_string)
+                new = self.option_strings[0]
+                print(f"{parser.prog}: {option_string} is deprecated; use {new}", file=sys.stderr, flush=True)
+        setattr(namespace, self.dest, values)
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -91,11 +112,17 @@ def _default_text(f: dataclasses.Field) -> str:
     return f" (default: {value})"
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    skip: tuple[str, ...] = (),
+    aliases: dict[str, tuple[str, ...]] | None = None,
+) -> None:
     """Add a flag for each field; unset flags stay None so the dataclass default applies.
 
     A field without a default is a required flag (argparse refuses the command without it); a
-    field with `flag_spec(group=...)` is listed under that argument group."""
+    field with `flag_spec(group=...)` is listed under that argument group. `aliases` gives a
+    field more spellings in this command only (`dpscale run` takes torchrun's)."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -112,13 +139,16 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
         if "default" not in help_text:  # a text that names its default knows it better than the field
             help_text += _default_text(f)
         help_text = help_text.replace("%", "%%")  # argparse %-formats help
-        names = (flag_name(f), *meta.get("aliases", ()))
+        deprecated = meta.get("deprecated", ())
+        names = (flag_name(f), *meta.get("aliases", ()), *(aliases or {}).get(f.name, ()), *deprecated)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if kind is bool:
             action = add(*names, dest=f.name, action="store_true", default=None, help=help_text)
         else:
             action = add(
                 *names,
+                action=_StoreFlag,
+                deprecated=deprecated,
                 dest=f.name,
                 type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
                 default=None,

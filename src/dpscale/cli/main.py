@@ -139,19 +139,23 @@ def _add_run(sub) -> None:
         description="Run SCRIPT on N local workers as `torchrun --standalone` would, with dpscale's "
         "engine standing in for torch.nn.parallel.DistributedDataParallel (the script is not changed).",
     )
+    from dpscale.cli.module import ModuleFlag
     from dpscale.launch.run import RunConfig
 
-    add_dataclass_arguments(p, RunConfig)
+    add_dataclass_arguments(p, RunConfig, aliases={"nproc": ("--nproc-per-node",)})  # torchrun's spelling
+    add_dataclass_arguments(p, ModuleFlag)
     p.add_argument("script", metavar="SCRIPT", help="your training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from dpscale.cli.module import module_file
     from dpscale.launch.run import RunConfig, run_script
 
     config = RunConfig(**dataclass_kwargs(args, RunConfig))
-    return run_script(args.script, args.args, nproc=config.nproc, engine=config.engine)
+    script = module_file(args.script) if args.module else args.script
+    return run_script(script, args.args, nproc=config.nproc, engine=config.engine)
 
 
 def build_parser() -> argparse.ArgumentParser:

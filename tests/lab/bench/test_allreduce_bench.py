@@ -177,9 +177,9 @@ def test_size_and_list_parsing():
     "argv, flag",
     [
         (["--sizes", "12Q"], "--sizes"),
-        (["--world-sizes", "0"], "--world-sizes"),
-        (["--world-sizes", "1,two"], "--world-sizes"),
-        (["--world-sizes", "2,2"], "--world-sizes"),
+        (["--world-sizes", "0"], "--nproc"),
+        (["--world-sizes", "1,two"], "--nproc"),
+        (["--world-sizes", "2,2"], "--nproc"),
         (["--transport", "carrier-pigeon"], "--transport"),
         (["--iters", "0"], "--iters"),
     ],

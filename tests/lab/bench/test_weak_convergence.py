@@ -83,7 +83,7 @@ def test_lr_rules_and_evaluation_points():
         (["--mode", "weak", "--target-loss", "1", "--target-metric", "accuracy=0.9"], "--target-loss"),
         (["--mode", "weak", "--target-metric", "accuracy"], "--target-metric"),
         (["--mode", "weak", "--target-metric", "bleu=3"], "--target-metric"),
-        (["--mode", "weak", "--target-loss", "1", "--world-sizes", "2,4"], "--world-sizes"),
+        (["--mode", "weak", "--target-loss", "1", "--world-sizes", "2,4"], "--nproc"),
         (["--mode", "weak", "--target-loss", "1", "--lr-rule", "cubic"], "--lr-rule"),
         (["--mode", "weak", "--target-loss", "1", "--lr-rule", "adascale", "--engine", "torch"], "--lr-rule"),
         (

@@ -77,7 +77,11 @@ class ScalingConfig(HostFlags):
     """Strong mode only (required): split G/N over N workers."""
     world_sizes: list[int] = field(
         default_factory=lambda: [1, 2],
-        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
+        metadata=flag_spec(
+            name="--nproc",
+            deprecated=("--world-sizes",),
+            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
+        ),
     )
     """Comma-separated worker counts, one launch each."""
     engines: list[str] = field(
@@ -103,13 +107,13 @@ class ScalingConfig(HostFlags):
             )
         if self.mode not in MODES:
             raise ConfigError(f"--mode: {self.mode!r} is not a mode; choose weak or strong")
-        for flag, values in (("--world-sizes", self.world_sizes), ("--engines", self.engines)):
+        for flag, values in (("--nproc", self.world_sizes), ("--engines", self.engines)):
             if not values or len(set(values)) != len(values):
                 raise ConfigError(f"{flag}: give a non-empty list without repeats, got {values}")
         parse_name_list(",".join(self.engines), flag="--engines", choices=list(BENCH_ENGINES))
         if any(n < 1 for n in self.world_sizes):
-            raise ConfigError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
-        self.check_hosts(self.world_sizes, flag="--world-sizes")
+            raise ConfigError(f"--nproc: every world size must be >= 1, got {self.world_sizes}")
+        self.check_hosts(self.world_sizes)
         if self.mode == "weak":
             if self.global_batch is not None:
                 raise ConfigError(

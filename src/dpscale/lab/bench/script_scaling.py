@@ -70,7 +70,8 @@ class ScaleConfig(HostFlags):
     engines: list[str] = field(
         default_factory=lambda: ["dpscale"],
         metadata=flag_spec(
-            name="--engine", parse=lambda s: parse_name_list(s, flag="--engine", choices=list(RUN_ENGINES))
+            deprecated=("--engine",),
+            parse=lambda s: parse_name_list(s, flag="--engines", choices=list(RUN_ENGINES)),
         ),
     )
     """Comma-separated engines from dpscale, torch."""

@@ -66,7 +66,11 @@ class StudyConfig:
     (--quick uses the first only)."""
     world_sizes: tuple[int, ...] = field(
         default=(1, 2),
-        metadata=flag_spec(parse=lambda s: tuple(parse_int_list(s, flag="--world-sizes", minimum=1))),
+        metadata=flag_spec(
+            name="--nproc",
+            deprecated=("--world-sizes",),
+            parse=lambda s: tuple(parse_int_list(s, flag="--nproc", minimum=1)),
+        ),
     )
     """Worker counts to compare."""
     report_dir: str = "reports"

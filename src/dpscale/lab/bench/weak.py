@@ -98,7 +98,7 @@ class WeakConfig(TrainingRunsConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if 1 not in self.world_sizes or len(set(self.world_sizes)) != len(self.world_sizes):
-            raise ConfigError(f"--world-sizes: need distinct values including 1, got {self.world_sizes}")
+            raise ConfigError(f"--nproc: need distinct values including 1, got {self.world_sizes}")
         if self.engine not in TRAIN_ENGINES:
             raise ConfigError(
                 f"--engine: {self.engine!r} cannot train; choose one of {', '.join(TRAIN_ENGINES)}"

@@ -138,14 +138,14 @@ def run(
     if not is_task_spec(spec):
         raise ConfigError(f"--model: {spec!r} is not {TASK_CONVENTION}")
     for flag, v in (
-        ("--world-size", world_size),
+        ("--nproc", world_size),
         ("--accumulation-steps", accumulation_steps),
         ("--global-batch", global_batch),
         ("--steps", steps),
     ):
         if v < 1:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
-    for flag, parts in (("--world-size", world_size), ("--accumulation-steps", accumulation_steps)):
+    for flag, parts in (("--nproc", world_size), ("--accumulation-steps", accumulation_steps)):
         if global_batch % parts:
             raise ConfigError(f"--global-batch {global_batch} must be divisible by {flag} {parts}")
     load_recipe(spec, check=True)  # fails here, once, for a task that cannot load or breaks the contract
@@ -198,7 +198,7 @@ class EquivalenceCheckConfig:
         metadata=flag_spec(aliases=("--workload",), help=TASK_CONVENTION),
     )
     """The model to check."""
-    world_size: int = 2
+    world_size: int = field(default=2, metadata=flag_spec(name="--nproc", deprecated=("--world-size",)))
     """Ranks of the data-parallel run."""
     accumulation_steps: int = 2
     """Micro-batches per step and rank."""
