@@ -18,8 +18,10 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 _KEY = "dpscale.flag"
+_Config = TypeVar("_Config")
 
 
 def flag_spec(
@@ -63,15 +65,17 @@ class _StoreFlag(argparse.Action):
 
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring, also those of fields inherited from dataclass bases."""
-    docs = {}
+    docs: dict[str, str] = {}
     for base in reversed(cls.__mro__[1:]):
         if dataclasses.is_dataclass(base):
             docs |= field_docs(base)
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    assert isinstance(tree.body[0], ast.ClassDef)
     body = tree.body[0].body
     for node, nxt in zip(body, body[1:], strict=False):
         if (
             isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
             and isinstance(nxt, ast.Expr)
             and isinstance(nxt.value, ast.Constant)
         ):
@@ -158,7 +162,7 @@ def add_dataclass_arguments(
                 help=help_text,
             )
         # which field the flag sets: tests/test_flags.py finds hand-written flags by its absence
-        action.config_field = f"{cls.__name__}.{f.name}"
+        action.config_field = f"{cls.__name__}.{f.name}"  # type: ignore[attr-defined]
 
 
 def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:
@@ -189,7 +193,7 @@ def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
     rebuilt by hand without `unchecked_config`) counts as its default.
     """
     argv: list[str] = []
-    for f in dataclasses.fields(config):
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]  # any config dataclass
         if f.name in skip:
             continue
         if f.default is not dataclasses.MISSING:
@@ -210,13 +214,13 @@ def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
     return argv
 
 
-def unchecked_config(cls: type, values: dict) -> object:
+def unchecked_config(cls: type[_Config], values: dict) -> _Config:
     """The config a report recorded (`asdict` of it), rebuilt without running its checks: an old
     report need not fit today's rules (its data set rebuilt, its user model importable, its
     transport registered). Fields it lacks take their defaults; a list becomes a tuple where the
     field's default is one, as `config_file_kwargs` reads them."""
-    config = object.__new__(cls)
-    for f in dataclasses.fields(cls):
+    config: Any = object.__new__(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # any config dataclass
         if f.default is not dataclasses.MISSING:
             config.__dict__[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -242,29 +246,29 @@ def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
     from dpscale.errors import ConfigError
 
     try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        with open(path, "rb") as file:
+            raw = tomllib.load(file)
     except OSError as e:
         raise ConfigError(f"{flag}: cannot read {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{flag}: {path} is not valid TOML: {e}") from None
-    by_key = {}
+    by_key: dict[str, dataclasses.Field] = {}
     for f in dataclasses.fields(cls):
         by_key[f.name] = by_key[flag_name(f).removeprefix("--")] = f
     out = {}
     for key, value in raw.items():
-        f = by_key.get(key) or by_key.get(key.replace("-", "_"))
-        if f is None:
+        found = by_key.get(key) or by_key.get(key.replace("-", "_"))
+        if found is None:
             # in --help's order: ungrouped fields first (inherited ones may be grouped)
             listed = sorted(
                 dataclasses.fields(cls), key=lambda f: bool((f.metadata.get(_KEY) or {}).get("group"))
             )
             known = ", ".join(flag_name(f).removeprefix("--") for f in listed)
             raise ConfigError(f"{flag}: {path} sets {key!r}, which is not one of its keys: {known}")
-        parse = (f.metadata.get(_KEY) or {}).get("parse")
+        parse = (found.metadata.get(_KEY) or {}).get("parse")
         if isinstance(value, str) and parse:
             value = parse(value)
-        elif isinstance(value, list) and isinstance(f.default, tuple):
+        elif isinstance(value, list) and isinstance(found.default, tuple):
             value = tuple(value)
-        out[f.name] = value
+        out[found.name] = value
     return out

@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,7 +94,11 @@ class AllReduceConfig:
     """Timed iterations per point (default: adaptive, about 0.3 s a point)."""
 
     def __post_init__(self) -> None:
-        for flag, values in (("--transport", self.transports), ("--nproc", self.world_sizes)):
+        lists: tuple[tuple[str, list[Any]], ...] = (
+            ("--transport", self.transports),
+            ("--nproc", self.world_sizes),
+        )
+        for flag, values in lists:
             if not values:
                 raise ConfigError(f"{flag}: the list is empty; give at least one value")
             dupes = sorted({v for v in values if values.count(v) > 1})

@@ -80,6 +80,7 @@ def warnings(result: AllReduceResult) -> list[str]:
 
 def _band(p: AllReducePoint, value: str) -> tuple[float, float]:
     """`value`'s range over the p10-p90 iterations: a time's p10 is a bandwidth's p90 (bytes / time)."""
+    assert p.time_us_p10 is not None and p.time_us_p90 is not None  # _plot bands only points with both
     if value == "time_us":
         return p.time_us_p10, p.time_us_p90
     y = getattr(p, value)

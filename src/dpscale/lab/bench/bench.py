@@ -41,9 +41,9 @@ class Figures:
     key_columns: tuple[str, ...]  # always part of the row key
     extra_key_columns: tuple[str, ...]  # added, in order, while a report has two rows with one key
     metrics: tuple[str, ...]
-    rows: Callable[[dict | list], list[dict]]  # results (report.json) -> flat rows
+    rows: Callable[[Any], list[dict]]  # results (report.json) -> flat rows
     # results -> (the models measured, the batches used), each a set of words; empty: not applicable
-    setup: Callable[[dict | list], tuple[set[str], set[str]]] = lambda results: (set(), set())
+    setup: Callable[[Any], tuple[set[str], set[str]]] = lambda results: (set(), set())
 
 
 def _hardware(system: dict | None) -> str | None:

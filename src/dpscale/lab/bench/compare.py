@@ -126,8 +126,10 @@ def _key_columns(figures: Figures, row_sets: Sequence[list[dict]]) -> list[str]:
 
 
 def _ratio(value: object, base: object) -> float | None:
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, base))
-    return value / base if numbers and base != 0 else None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, base)):
+        return None
+    assert isinstance(value, int | float) and isinstance(base, int | float)
+    return value / base if base != 0 else None
 
 
 def compare(directories: Sequence[str | Path]) -> Comparison:

@@ -152,6 +152,7 @@ class ConvergenceConfig(TrainingRunsConfig):
 
     @property
     def steps(self) -> int:
+        assert self.samples is not None and self.global_batch is not None  # set by __post_init__
         return self.samples // self.global_batch
 
     def accumulation_steps(self, world_size: int) -> int:

@@ -56,6 +56,7 @@ from dpscale.lab.bench.scaling_rank import rank_measure
 from dpscale.lab.multirank import run_ranks
 from dpscale.lab.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 from dpscale.launch.hosts import HostFlags, job_nodes, run_ranks_across_hosts
+from dpscale.launch.nodes import Nodes
 from dpscale.log import get_logger
 from dpscale.workloads import WORKLOADS
 
@@ -119,10 +120,10 @@ class ScalingConfig(HostFlags):
                 raise ConfigError(
                     "--global-batch: only for --mode strong; weak mode fixes --per-worker-batch"
                 )
-            if self.per_worker_batch is None:
-                object.__setattr__(self, "per_worker_batch", DEFAULT_PER_WORKER_BATCH)
-            if self.per_worker_batch < 1:
-                raise ConfigError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
+            per_worker = DEFAULT_PER_WORKER_BATCH if self.per_worker_batch is None else self.per_worker_batch
+            object.__setattr__(self, "per_worker_batch", per_worker)
+            if per_worker < 1:
+                raise ConfigError(f"--per-worker-batch: must be >= 1, got {per_worker}")
         else:
             if self.per_worker_batch is not None:
                 raise ConfigError(
@@ -148,7 +149,9 @@ class ScalingConfig(HostFlags):
     def batches(self, world_size: int) -> tuple[int, int]:
         """(per-worker batch, global batch) at `world_size`."""
         if self.mode == "weak":
+            assert self.per_worker_batch is not None  # __post_init__ sets it in weak mode
             return self.per_worker_batch, self.per_worker_batch * world_size
+        assert self.global_batch is not None  # __post_init__ requires it in strong mode
         return self.global_batch // world_size, self.global_batch
 
 
@@ -239,6 +242,7 @@ def run(config: ScalingConfig) -> ScalingResult:
         job = job_nodes(nodes, n, "scaling")
         if job is False:  # the one-worker baseline runs on the store's host only
             continue
+        assert job is None or isinstance(job, Nodes)
         here = n if job is None else n // job.max_nodes  # this host's workers
         if here * config.threads_per_worker > cores:
             logger.warning(

@@ -239,6 +239,7 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
             job = job_nodes(nodes, n, engine)
             if job is False:  # the one-worker baseline runs on the store's host only
                 continue
+            assert job is None or isinstance(job, Nodes)
             ranks = _measure_one(config, n, engine, logs, job)
             points.append(_point(n, engine, ranks, config))
             if n == 1 and engine == "dpscale":

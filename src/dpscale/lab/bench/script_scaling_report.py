@@ -59,7 +59,7 @@ def plot(result: ScaleResult):
         with_eff = [p for p in pts if p.efficiency is not None]
         eff.plot(
             [p.world_size for p in with_eff],
-            [100 * p.efficiency for p in with_eff],
+            [100 * eff for eff in (p.efficiency for p in with_eff) if eff is not None],  # all of them
             marker="o",
             lw=2,
             color=color,

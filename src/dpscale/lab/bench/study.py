@@ -243,8 +243,9 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
         images.append(Image(f"{sub}/scaling_efficiency.png", f"scaling efficiency, {res.config.model}"))
     _part(report, "convergence", convergence_report.BENCH, result.convergence, quick)
     images.append(Image("convergence/convergence.png", "loss vs samples seen per world size"))
-    for res in result.weak:
-        sub = _part(report, f"weak-{res.config.workload}-{res.config.engine}", weak_report.BENCH, res, quick)
+    for weak_res in result.weak:
+        name = f"weak-{weak_res.config.workload}-{weak_res.config.engine}"
+        sub = _part(report, name, weak_report.BENCH, weak_res, quick)
         images.append(Image(f"{sub}/weak_speedup.png", f"time-to-target speed-up, {sub}"))
     doc = result.to_dict()
     report.write_json(doc, config=doc["config"])

@@ -34,7 +34,7 @@ _HEADERS = {
     "time_to_target_speedup": "ttt_x",
     "gns_at_target": "noise_scale",
 }
-_FORMATS = dict(
+_FORMATS: dict[str, str] = dict(
     lr=".4g",
     step_ms=".2f",
     spread=".0%",

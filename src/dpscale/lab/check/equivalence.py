@@ -17,6 +17,7 @@ mean, so the check passes; point `--model module:callable` at your own model and
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import torch
 
@@ -63,7 +64,7 @@ def _batches(recipe, steps: int, global_batch: int) -> list[tuple[object, object
 
 
 def _flat(model: torch.nn.Module, grads: bool = False) -> torch.Tensor:
-    ps = [p.grad if grads else p for p in model.parameters() if p.requires_grad]
+    ps = [cast(torch.Tensor, p.grad) if grads else p for p in model.parameters() if p.requires_grad]
     return torch.cat([t.detach().reshape(-1).double() for t in ps])
 
 
@@ -96,6 +97,7 @@ def _train(
             first_grad = _flat(model, grads=True)
         opt.step()
         history.append(_flat(model))
+    assert first_grad is not None  # steps >= 1 (run checks it)
     return history, first_grad
 
 

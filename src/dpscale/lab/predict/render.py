@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from dpscale.errors import import_extra
 from dpscale.lab.bench.bench import Figures
-from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
+from dpscale.lab.bench.report import CellFormat, Image, ReportDir, Section, Table, new_figure, text_table
 from dpscale.lab.predict.cluster import Cluster, Link, MeasuredAllReduce
 from dpscale.lab.predict.degrade import ScaleTerms
 from dpscale.lab.predict.model import JSON_KEYS, PredictConfig, Prediction
@@ -27,13 +27,13 @@ if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
     from matplotlib.figure import Figure
 
 
-def _rate(samples_per_s: object) -> str:
+def _rate(samples_per_s: float) -> str:
     """Samples/s as a plain number: 2,421,000 beside 2,560 (".4g" wrote 2.421e+06 there)."""
     v = float(samples_per_s)
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
-_COLUMNS = {  # key: (header, format)
+_COLUMNS: dict[str, tuple[str, CellFormat]] = {  # key: (header, format)
     "world_size": ("N", "d"),
     "nodes": ("nodes", "d"),
     "step_ms": ("step ms", ".2f"),
