@@ -51,7 +51,7 @@ def test_a_hand_written_flag_is_found():
 
 
 def test_a_choice_field_is_checked_by_argparse_and_by_its_config(capsys):
-    from dpscale.lab.bench.commands import ConvergenceMode
+    from dpscale.cli.bench import ConvergenceMode
 
     with pytest.raises(SystemExit) as e:
         main(["bench", "convergence", "--mode", "strong"])
@@ -214,3 +214,77 @@ def test_a_reports_config_is_rebuilt_without_its_checks_and_with_todays_defaults
     config = unchecked_config(Recorded, {"sizes": [4, 8], "names": ["b"]})
     assert (config.sizes, config.added_later, config.names) == ((4, 8), 7, ["b"])
     assert dataclasses.asdict(config) == {"sizes": (4, 8), "added_later": 7, "names": ["b"]}
+
+
+# ---- one vocabulary: --nproc and --engines everywhere; old spellings work with a deprecation line
+
+
+def _vocabulary_cases():
+    from dpscale.cli.module import ModuleFlag
+    from dpscale.lab.bench import allreduce, convergence, engines, scaling, script_scaling, study
+    from dpscale.lab.check.equivalence import EquivalenceCheckConfig
+
+    return [
+        (["bench", "allreduce"], allreduce.AllReduceConfig, "--nproc", "--world-sizes", "1,2"),
+        (["bench", "scaling"], scaling.ScalingConfig, "--nproc", "--world-sizes", "1,2"),
+        (["bench", "convergence"], convergence.ConvergenceConfig, "--nproc", "--world-sizes", "1,2"),
+        (["bench", "engine"], engines.EngineBenchConfig, "--nproc", "--world-size", "3"),
+        (["study"], study.StudyConfig, "--nproc", "--world-sizes", "1,2"),
+        (["check", "equivalence"], EquivalenceCheckConfig, "--nproc", "--world-size", "3"),
+        (["scale"], script_scaling.ScaleConfig, "--engines", "--engine", "dpscale,torch"),
+        (["run"], RunConfig, "--nproc", "--nproc-per-node", "2"),
+        (["run"], ModuleFlag, "--module", "-m", None),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_new_and_old_spellings_give_the_same_config_and_the_old_one_says_so_once(case, capsys):
+    command, cls, new, old, value = _vocabulary_cases()[case]
+    after = ["train.py"] if command == ["run"] else []
+
+    def parse(*flags: str) -> dict:
+        args = build_parser().parse_args([*command, *flags, *after])
+        return dataclass_kwargs(args, cls)
+
+    given = [value] if value is not None else []
+    new_fields = parse(new, *given)
+    assert new_fields and capsys.readouterr().err == ""
+    assert parse(old, *given, old, *given) == new_fields  # given twice: said once
+    err = capsys.readouterr().err
+    if command == ["run"]:  # torchrun's own spellings are not deprecated
+        assert err == ""
+    else:
+        assert err.splitlines() == [f"dpscale {' '.join(command)}: {old} is deprecated; use {new}"]
+
+
+def test_run_takes_a_module_as_torchrun_does(tmp_path, monkeypatch):
+    from dpscale.cli.module import module_file
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__main__.py").write_text("print('main')\n")
+    (tmp_path / "train_mod.py").write_text("print('train')\n")
+    monkeypatch.chdir(tmp_path)
+    assert module_file("train_mod") == str(tmp_path / "train_mod.py")
+    assert module_file("pkg") == str(tmp_path / "pkg" / "__main__.py")
+    with pytest.raises(ConfigError, match="-m: no module 'nowhere_at_all'"):
+        module_file("nowhere_at_all")
+
+
+def test_run_passes_the_module_file_and_torchrun_nproc_to_the_launcher(tmp_path, monkeypatch):
+    (tmp_path / "train_mod.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    def fake_run_script(script, args, *, nproc, engine):
+        seen.update(script=script, args=args, nproc=nproc, engine=engine)
+        return 0
+
+    monkeypatch.setattr("dpscale.launch.run.run_script", fake_run_script)
+    assert main(["run", "--nproc-per-node", "2", "-m", "train_mod", "--lr", "1"]) == 0
+    assert seen == {
+        "script": str(tmp_path / "train_mod.py"),
+        "args": ["--lr", "1"],
+        "nproc": 2,
+        "engine": "dpscale",
+    }

@@ -13,12 +13,15 @@ import ast
 import dataclasses
 import inspect
 import math
+import sys
 import textwrap
 import types
 import typing
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 _KEY = "dpscale.flag"
+_Config = TypeVar("_Config")
 
 
 def flag_spec(
@@ -30,27 +33,49 @@ def flag_spec(
     group: str | None = None,
     metavar: str | None = None,
     choices: tuple[str, ...] | None = None,
+    deprecated: tuple[str, ...] = (),
 ) -> dict:
     """Field metadata for `add_dataclass_arguments`: `field(default=..., metadata=flag_spec(parse=...))`.
 
     `group` is the title of the argument group the flag is listed under in --help; `metavar` the
     value's name there (default: the field's name in capitals); `choices` the only values argparse
-    accepts (--help lists them; the config's own check still guards the API)."""
-    spec = {"name": name, "aliases": aliases, "parse": parse, "help": help}
+    accepts (--help lists them; the config's own check still guards the API); `deprecated` old
+    spellings of the flag, still accepted, each use said once on stderr."""
+    spec = {"name": name, "aliases": aliases, "parse": parse, "help": help, "deprecated": deprecated}
     return {_KEY: {**spec, "group": group, "metavar": metavar, "choices": choices}}
+
+
+class _StoreFlag(argparse.Action):
+    """argparse's plain store, saying once per command line on stderr that an old spelling
+    (`deprecated`) was used, naming the one to use."""
+
+    def __init__(self, *args, deprecated: tuple[str, ...] = (), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.deprecated = deprecated
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string in self.deprecated:
+            said = namespace.__dict__.setdefault("_deprecated_said", set())
+            if option_string not in said:
+                said.add(option_string)
+                new = self.option_strings[0]
+                print(f"{parser.prog}: {option_string} is deprecated; use {new}", file=sys.stderr, flush=True)
+        setattr(namespace, self.dest, values)
 
 
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring, also those of fields inherited from dataclass bases."""
-    docs = {}
+    docs: dict[str, str] = {}
     for base in reversed(cls.__mro__[1:]):
         if dataclasses.is_dataclass(base):
             docs |= field_docs(base)
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    assert isinstance(tree.body[0], ast.ClassDef)
     body = tree.body[0].body
     for node, nxt in zip(body, body[1:], strict=False):
         if (
             isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
             and isinstance(nxt, ast.Expr)
             and isinstance(nxt.value, ast.Constant)
         ):
@@ -91,11 +116,17 @@ def _default_text(f: dataclasses.Field) -> str:
     return f" (default: {value})"
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    skip: tuple[str, ...] = (),
+    aliases: dict[str, tuple[str, ...]] | None = None,
+) -> None:
     """Add a flag for each field; unset flags stay None so the dataclass default applies.
 
     A field without a default is a required flag (argparse refuses the command without it); a
-    field with `flag_spec(group=...)` is listed under that argument group."""
+    field with `flag_spec(group=...)` is listed under that argument group. `aliases` gives a
+    field more spellings in this command only (`dpscale run` takes torchrun's)."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -112,13 +143,16 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
         if "default" not in help_text:  # a text that names its default knows it better than the field
             help_text += _default_text(f)
         help_text = help_text.replace("%", "%%")  # argparse %-formats help
-        names = (flag_name(f), *meta.get("aliases", ()))
+        deprecated = meta.get("deprecated", ())
+        names = (flag_name(f), *meta.get("aliases", ()), *(aliases or {}).get(f.name, ()), *deprecated)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if kind is bool:
             action = add(*names, dest=f.name, action="store_true", default=None, help=help_text)
         else:
             action = add(
                 *names,
+                action=_StoreFlag,
+                deprecated=deprecated,
                 dest=f.name,
                 type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
                 default=None,
@@ -128,7 +162,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, skip: tu
                 help=help_text,
             )
         # which field the flag sets: tests/test_flags.py finds hand-written flags by its absence
-        action.config_field = f"{cls.__name__}.{f.name}"
+        action.config_field = f"{cls.__name__}.{f.name}"  # type: ignore[attr-defined]
 
 
 def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:
@@ -143,6 +177,13 @@ def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:
     return kwargs
 
 
+def config_kwargs(args: argparse.Namespace, cls: type) -> dict:
+    """The config's fields from --config FILE.toml (when the command has that flag), then from the
+    flags given (a flag wins)."""
+    path = getattr(args, "config", None)
+    return (config_file_kwargs(path, cls) if path else {}) | dataclass_kwargs(args, cls)
+
+
 def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
     """The flags that rebuild `config` (the inverse of `dataclass_kwargs`), for a report's command line.
 
@@ -152,7 +193,7 @@ def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
     rebuilt by hand without `unchecked_config`) counts as its default.
     """
     argv: list[str] = []
-    for f in dataclasses.fields(config):
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]  # any config dataclass
         if f.name in skip:
             continue
         if f.default is not dataclasses.MISSING:
@@ -173,13 +214,13 @@ def config_argv(config: object, skip: tuple[str, ...] = ()) -> list[str]:
     return argv
 
 
-def unchecked_config(cls: type, values: dict) -> object:
+def unchecked_config(cls: type[_Config], values: dict) -> _Config:
     """The config a report recorded (`asdict` of it), rebuilt without running its checks: an old
     report need not fit today's rules (its data set rebuilt, its user model importable, its
     transport registered). Fields it lacks take their defaults; a list becomes a tuple where the
     field's default is one, as `config_file_kwargs` reads them."""
-    config = object.__new__(cls)
-    for f in dataclasses.fields(cls):
+    config: Any = object.__new__(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]  # any config dataclass
         if f.default is not dataclasses.MISSING:
             config.__dict__[f.name] = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -205,29 +246,29 @@ def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
     from dpscale.errors import ConfigError
 
     try:
-        with open(path, "rb") as f:
-            raw = tomllib.load(f)
+        with open(path, "rb") as file:
+            raw = tomllib.load(file)
     except OSError as e:
         raise ConfigError(f"{flag}: cannot read {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{flag}: {path} is not valid TOML: {e}") from None
-    by_key = {}
+    by_key: dict[str, dataclasses.Field] = {}
     for f in dataclasses.fields(cls):
         by_key[f.name] = by_key[flag_name(f).removeprefix("--")] = f
     out = {}
     for key, value in raw.items():
-        f = by_key.get(key) or by_key.get(key.replace("-", "_"))
-        if f is None:
+        found = by_key.get(key) or by_key.get(key.replace("-", "_"))
+        if found is None:
             # in --help's order: ungrouped fields first (inherited ones may be grouped)
             listed = sorted(
                 dataclasses.fields(cls), key=lambda f: bool((f.metadata.get(_KEY) or {}).get("group"))
             )
             known = ", ".join(flag_name(f).removeprefix("--") for f in listed)
             raise ConfigError(f"{flag}: {path} sets {key!r}, which is not one of its keys: {known}")
-        parse = (f.metadata.get(_KEY) or {}).get("parse")
+        parse = (found.metadata.get(_KEY) or {}).get("parse")
         if isinstance(value, str) and parse:
             value = parse(value)
-        elif isinstance(value, list) and isinstance(f.default, tuple):
+        elif isinstance(value, list) and isinstance(found.default, tuple):
             value = tuple(value)
-        out[f.name] = value
+        out[found.name] = value
     return out

@@ -178,7 +178,7 @@ def test_resume_when_every_checkpoint_is_damaged_is_one_line_naming_them(tmp_pat
     "args, measure",
     [
         (["bench", "allreduce", "--sizes", "4", "--report-dir", "FILE"], "lab.bench.allreduce.run"),
-        (["bench", "scaling", "--world-sizes", "1", "--report-dir", "FILE/sub"], "lab.bench.scaling.run"),
+        (["bench", "scaling", "--nproc", "1", "--report-dir", "FILE/sub"], "lab.bench.scaling.run"),
         (["bench", "convergence", "--report-dir", "FILE"], "lab.bench.convergence.run"),
         (["bench", "engine", "--models", "digits", "--report-dir", "FILE"], "lab.bench.engines.run"),
         (["study", "--quick", "--report-dir", "FILE"], "lab.bench.study.run"),

@@ -86,22 +86,31 @@ def _command(sub, name: str, text: str, add_arguments, run) -> None:
 
 
 def _add_lab(sub) -> None:
-    from dpscale.lab.bench.commands import COMMANDS
+    from dpscale.cli import bench, report
+    from dpscale.lab.bench import script_scaling_report
 
-    bench = sub.add_parser("bench", help="measure: all-reduce, scaling, convergence, engines side by side")
-    names = [c.name for c in COMMANDS if c.group == "bench"]
-    bsub = bench.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(names) + "}")
-    for c in COMMANDS:
-        _command(bsub if c.group == "bench" else sub, c.name, c.help, c.add_arguments, c.run)
+    bench.register(sub)
+    _command(
+        sub,
+        "study",
+        "the main job: all-reduce, weak scaling and convergence, one report",
+        report.add_study_arguments,
+        report.run_study,
+    )
+    _command(
+        sub,
+        "report",
+        "re-render one report directory, or compare several (A/B)",
+        report.add_report_arguments,
+        report.run_report,
+    )
+    _command(sub, "scale", script_scaling_report.BENCH.help, bench.add_scale_arguments, bench.run_scale)
 
 
 def _add_check(sub) -> None:
-    from dpscale.lab.check import equivalence, unused
+    from dpscale.cli import check
 
-    p = sub.add_parser("check", help="checks: data-parallel equivalence of your loss, unused parameters")
-    csub = p.add_subparsers(dest="check", required=True, metavar="{equivalence,unused}")
-    for name, module in (("equivalence", equivalence), ("unused", unused)):
-        _command(csub, name, module.__doc__.splitlines()[0], module.add_arguments, module.run_from_args)
+    check.register(sub)
 
 
 def _add_predict(sub) -> None:
@@ -130,19 +139,23 @@ def _add_run(sub) -> None:
         description="Run SCRIPT on N local workers as `torchrun --standalone` would, with dpscale's "
         "engine standing in for torch.nn.parallel.DistributedDataParallel (the script is not changed).",
     )
+    from dpscale.cli.module import ModuleFlag
     from dpscale.launch.run import RunConfig
 
-    add_dataclass_arguments(p, RunConfig)
+    add_dataclass_arguments(p, RunConfig, aliases={"nproc": ("--nproc-per-node",)})  # torchrun's spelling
+    add_dataclass_arguments(p, ModuleFlag)
     p.add_argument("script", metavar="SCRIPT", help="your training script")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments")
     p.set_defaults(func=_cmd_run)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from dpscale.cli.module import module_file
     from dpscale.launch.run import RunConfig, run_script
 
     config = RunConfig(**dataclass_kwargs(args, RunConfig))
-    return run_script(args.script, args.args, nproc=config.nproc, engine=config.engine)
+    script = module_file(args.script) if args.module else args.script
+    return run_script(script, args.args, nproc=config.nproc, engine=config.engine)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,7 +42,7 @@ class MultiRankError(RuntimeError):
     """One or more ranks failed or timed out; the message holds every rank's report."""
 
 
-def _context() -> mp.context.BaseContext:
+def _context() -> mp.context.ForkServerContext:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))
     return ctx

@@ -11,8 +11,9 @@ spawned ranks, where each loads its own copy.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ class Recipe:
         """`batch` items of train_data drawn with replacement by `g`, collated as the trainer does."""
         data = self.task.train_data
         return self.task.collate(
-            [data[i] for i in torch.randint(0, len(data), (batch,), generator=g).tolist()]
+            [data[i] for i in torch.randint(0, len(cast(Sized, data)), (batch,), generator=g).tolist()]
         )
 
     def take(self, x: Any, y: Any, part: slice) -> tuple[Any, Any]:
@@ -47,6 +48,7 @@ class Recipe:
 
     def loss(self, output: Any, target: Any) -> torch.Tensor:
         """The task's per-sample losses, summed."""
+        assert self.task.loss is not None  # Task.__post_init__ requires a callable loss
         return per_sample("Task.loss", self.task.loss(output, target), _count(target, output)).sum()
 
 

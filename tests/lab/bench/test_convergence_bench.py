@@ -11,7 +11,8 @@ import types
 
 import pytest
 
-from dpscale.lab.bench import commands, convergence
+from dpscale.cli import bench as commands
+from dpscale.lab.bench import convergence
 from dpscale.lab.bench.convergence import (
     SUMMARY_KEYS,
     ConvergenceConfig,
@@ -198,9 +199,9 @@ def test_a_departing_run_gets_its_verdict_and_a_failing_exit_code(tmp_path, monk
     "argv, flag",
     [
         (["--workload", "nope"], "--workload"),
-        (["--world-sizes", "0"], "--world-sizes"),
-        (["--world-sizes", "1,1"], "--world-sizes"),
-        (["--world-sizes", "2,3"], "--world-sizes"),
+        (["--world-sizes", "0"], "--nproc"),
+        (["--world-sizes", "1,1"], "--nproc"),
+        (["--world-sizes", "2,3"], "--nproc"),
         (["--world-sizes", "1,2", "--global-batch", "63"], "--global-batch"),
         (["--samples", "100"], "--samples"),
         (["--samples", "640", "--seed", "-1"], "--seed"),

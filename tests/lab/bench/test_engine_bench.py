@@ -2,8 +2,8 @@
 
 import pytest
 
+from dpscale.cli import bench as bench_cli
 from dpscale.engine.factory import parse_engines
-from dpscale.lab.bench import commands
 from dpscale.lab.bench import engines as engine
 
 
@@ -32,10 +32,10 @@ def test_a_task_spec_that_cannot_load_fails_before_anything_runs(tmp_path, monke
     import argparse
 
     parser = argparse.ArgumentParser()
-    commands.add_engine_arguments(parser)
+    bench_cli.add_engine_arguments(parser)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="^--models: cannot load 'nowhere:make'"):
-        commands.run_engine(parser.parse_args(["--models", "nowhere:make"]))
+        bench_cli.run_engine(parser.parse_args(["--models", "nowhere:make"]))
 
 
 def test_the_terminal_table_goes_through_the_one_renderer():

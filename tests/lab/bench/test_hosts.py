@@ -25,5 +25,5 @@ def test_bench_scaling_takes_the_host_flags_and_their_help():
     config = ScalingConfig(world_sizes=[1, 2, 4], nnodes=2, rdzv_endpoint="10.0.0.1:29400", rdzv_id="m")
     assert config.nodes().max_nodes == 2
     assert field_docs(ScalingConfig)["nnodes"].startswith("hosts, a fixed number")  # inherited docs
-    with pytest.raises(ConfigError, match="--world-sizes: world sizes \\[3\\] do not split evenly"):
+    with pytest.raises(ConfigError, match="--nproc: world sizes \\[3\\] do not split evenly"):
         ScalingConfig(world_sizes=[1, 3], nnodes=2, rdzv_endpoint="10.0.0.1:29400", rdzv_id="m")

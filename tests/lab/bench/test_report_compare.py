@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from dpscale.lab.bench import allreduce, allreduce_report, commands, comparable, compare, rerender
+from dpscale.cli import report as report_cli
+from dpscale.lab.bench import allreduce, allreduce_report, benches, compare, rerender
 from dpscale.lab.bench.allreduce import AllReduceConfig
 from dpscale.lab.bench.convergence import ConvergenceResult
 from dpscale.lab.bench.convergence_report import write_report as write_convergence
@@ -17,8 +18,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    commands.add_report_arguments(parser)
-    return commands.run_report(parser.parse_args(argv))
+    report_cli.add_report_arguments(parser)
+    return report_cli.run_report(parser.parse_args(argv))
 
 
 @pytest.fixture(scope="module")
@@ -233,6 +234,6 @@ def test_compared_values_read_as_plain_numbers_at_any_size():
 
 
 def test_every_renderer_entry_reads_results_and_writes_a_report():
-    assert set(rerender.RENDERERS) == set(comparable.FIGURES)  # every comparable command re-renders too
+    assert set(rerender.RENDERERS) == set(benches.FIGURES)  # every comparable command re-renders too
     for command, (from_dict, write_report) in rerender.RENDERERS.items():
         assert callable(from_dict) and callable(write_report), command

@@ -16,26 +16,28 @@ from pathlib import Path
 
 import pytest
 
+from dpscale.cli import bench as bench_cli
 from dpscale.cli import predict as predict_cli
+from dpscale.cli import report as report_cli
 from dpscale.cli.main import build_parser
-from dpscale.lab.bench import commands, comparable, compare, report, rerender, study, trust
+from dpscale.lab.bench import benches, compare, report, rerender, study, trust
 
 STUDY_V0 = json.loads((Path(__file__).parent / "data" / "study-quick-v0.json").read_text())
 PARTS = {"allreduce": "allreduce", "scaling-mlp": "scaling", "convergence": "convergence"}
 # how each bench's flags become its config (the CLI's own functions)
 CONFIG_OF = {
-    "allreduce": commands.allreduce_config,
-    "scaling": commands.scaling_config,
-    "convergence": commands.convergence_config,
+    "allreduce": bench_cli.allreduce_config,
+    "scaling": bench_cli.scaling_config,
+    "convergence": bench_cli.convergence_config,
 }
 
 
 def _report_cli(argv: list[str]) -> tuple[int, str]:
     parser = argparse.ArgumentParser()
-    commands.add_report_arguments(parser)
+    report_cli.add_report_arguments(parser)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = commands.run_report(parser.parse_args(argv))
+        rc = report_cli.run_report(parser.parse_args(argv))
     return rc, out.getvalue()
 
 
@@ -148,7 +150,7 @@ def test_a_predict_report_rerenders_byte_for_byte_with_a_measured_cluster(tmp_pa
 
 def test_every_report_command_rerenders_and_compares():
     assert {"allreduce", "scaling", "convergence", "scale", "study", "predict"} <= set(rerender.RENDERERS)
-    assert set(rerender.RENDERERS) == set(comparable.FIGURES)
+    assert set(rerender.RENDERERS) == set(benches.FIGURES)
 
 
 # ---- comparing: study with study, refusing or warning where the setups differ --------------------
@@ -353,7 +355,7 @@ def test_the_study_takes_its_config_from_a_toml_file(tmp_path):
     path = tmp_path / "study.toml"
     path.write_text('quick = true\nmodels = ["mlp"]\nworld-sizes = "1,2,4"\n')
     args = build_parser().parse_args(["study", "--config", str(path)])
-    assert commands.study_config(args) == study.StudyConfig(
+    assert report_cli.study_config(args) == study.StudyConfig(
         quick=True, models=("mlp",), world_sizes=(1, 2, 4)
     )
 
@@ -364,12 +366,12 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_key(tmp_path):
     with pytest.raises(
         ValueError, match=r"^--config: .*bad.toml sets 'stepz', which is not one of its keys: model"
     ):
-        commands.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
+        bench_cli.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
     path.write_text("steps = [\n")
     with pytest.raises(ValueError, match=r"^--config: .*bad.toml is not valid TOML"):
-        commands.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
+        bench_cli.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
     with pytest.raises(ValueError, match=r"^--config: cannot read .*nowhere.toml"):
-        commands.scaling_config(
+        bench_cli.scaling_config(
             build_parser().parse_args(["bench", "scaling", "--config", str(tmp_path / "nowhere.toml")])
         )
 

@@ -14,7 +14,8 @@ import types
 
 import pytest
 
-from dpscale.lab.bench import commands, scaling
+from dpscale.cli import bench as bench_cli
+from dpscale.lab.bench import scaling
 from dpscale.lab.bench.report import ReportDir
 from dpscale.lab.bench.scaling import (
     POINT_KEYS,
@@ -54,7 +55,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    commands.add_scaling_arguments(parser)
+    bench_cli.add_scaling_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -70,7 +71,7 @@ def cli_run(tmp_path_factory):
             # One core here, so world size 2 must warn; the ranks see the real machine.
             mp.setattr(scaling, "usable_cores", lambda: 1)
             mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "scaling", *flags])
-            rc = commands.run_scaling(_parse(flags))
+            rc = bench_cli.run_scaling(_parse(flags))
     (report_dir,) = base.iterdir()
     return types.SimpleNamespace(rc=rc, stdout=out.getvalue(), stderr=err.getvalue(), report_dir=report_dir)
 
@@ -224,8 +225,8 @@ def test_strong_mode_splits_the_global_batch_and_user_models_load(tmp_path, monk
         (["--mode", "strong", "--global-batch", "64", "--world-sizes", "1,3"], "--global-batch"),
         (["--mode", "strong", "--global-batch", "64", "--per-worker-batch", "8"], "--per-worker-batch"),
         (["--per-worker-batch", "0"], "--per-worker-batch"),
-        (["--world-sizes", "0"], "--world-sizes"),
-        (["--world-sizes", "2,2"], "--world-sizes"),
+        (["--world-sizes", "0"], "--nproc"),
+        (["--world-sizes", "2,2"], "--nproc"),
         (["--engines", "horovod"], "--engines"),
         (["--steps", "0"], "--steps"),
         (["--warmup", "-1"], "--warmup"),
@@ -234,7 +235,7 @@ def test_strong_mode_splits_the_global_batch_and_user_models_load(tmp_path, monk
 )
 def test_bad_flags_raise_one_line_value_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        commands.scaling_config(_parse(argv))
+        bench_cli.scaling_config(_parse(argv))
     assert str(err.value).startswith(flag) and "\n" not in str(err.value)
 
 

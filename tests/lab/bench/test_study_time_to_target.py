@@ -4,7 +4,7 @@ import argparse
 import types
 from dataclasses import asdict
 
-from dpscale.lab.bench import commands
+from dpscale.cli import bench as bench_cli
 from dpscale.lab.bench.study import WEAK_COMMAND, StudyConfig, part_argv
 from dpscale.lab.bench.study_summary import NOT_TRAINED, _row, missing_text, summary_rows
 from dpscale.lab.bench.weak import WeakConfig, WeakResult, WeakRun
@@ -87,5 +87,5 @@ def test_a_weak_part_records_the_command_that_reruns_it():
     argv = part_argv(WEAK_COMMAND, config)
     assert argv[:5] == ["dpscale", "bench", "convergence", "--mode", "weak"]
     parser = argparse.ArgumentParser()
-    commands.add_convergence_arguments(parser)
-    assert asdict(commands.weak_config(parser.parse_args(argv[3:]))) == asdict(config)
+    bench_cli.add_convergence_arguments(parser)
+    assert asdict(bench_cli.weak_config(parser.parse_args(argv[3:]))) == asdict(config)

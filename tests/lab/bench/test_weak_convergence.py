@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dpscale.lab.bench import commands, compare, rerender, study, weak, weak_report
+from dpscale.cli import bench as bench_cli
+from dpscale.lab.bench import compare, rerender, study, weak, weak_report
 from dpscale.lab.bench import report as report_module
 from dpscale.lab.bench.report import ReportDir
 from dpscale.lab.bench.weak import SUMMARY_KEYS, WeakConfig, WeakResult, WeakRun
@@ -21,7 +22,7 @@ from dpscale.train.adaptive.adascale import AdaScaleGain, adascale_gain
 
 def _parse(argv):
     parser = argparse.ArgumentParser()
-    commands.add_convergence_arguments(parser)
+    bench_cli.add_convergence_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -29,7 +30,7 @@ def _run_cli(flags):
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "convergence", *flags])
-        rc = commands.run_convergence(_parse(flags))
+        rc = bench_cli.run_convergence(_parse(flags))
     return types.SimpleNamespace(rc=rc, stdout=out.getvalue())
 
 
@@ -82,7 +83,7 @@ def test_lr_rules_and_evaluation_points():
         (["--mode", "weak", "--target-loss", "1", "--target-metric", "accuracy=0.9"], "--target-loss"),
         (["--mode", "weak", "--target-metric", "accuracy"], "--target-metric"),
         (["--mode", "weak", "--target-metric", "bleu=3"], "--target-metric"),
-        (["--mode", "weak", "--target-loss", "1", "--world-sizes", "2,4"], "--world-sizes"),
+        (["--mode", "weak", "--target-loss", "1", "--world-sizes", "2,4"], "--nproc"),
         (["--mode", "weak", "--target-loss", "1", "--lr-rule", "cubic"], "--lr-rule"),
         (["--mode", "weak", "--target-loss", "1", "--lr-rule", "adascale", "--engine", "torch"], "--lr-rule"),
         (
@@ -94,13 +95,13 @@ def test_lr_rules_and_evaluation_points():
 )
 def test_bad_weak_flags_are_one_line_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        commands.weak_config(_parse(argv))
+        bench_cli.weak_config(_parse(argv))
     assert str(err.value).startswith(flag) and "\n" not in str(err.value)
 
 
 def test_weak_flags_are_refused_in_same_batch_mode():
     with pytest.raises(ValueError, match=r"^--lr-rule: not a flag of --mode same-batch"):
-        commands.convergence_config(_parse(["--lr-rule", "sqrt", "--samples", "640"]))
+        bench_cli.convergence_config(_parse(["--lr-rule", "sqrt", "--samples", "640"]))
 
 
 # ---- results and the report (hand-built, no training) ---------------------------------------------

@@ -29,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,7 +73,11 @@ class AllReduceConfig:
     """Transports to sweep, names in TRANSPORTS (the API's default: gloo)."""
     world_sizes: list[int] = field(
         default_factory=lambda: [1, 2],
-        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
+        metadata=flag_spec(
+            name="--nproc",
+            deprecated=("--world-sizes",),
+            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
+        ),
     )
     """Comma-separated rank counts, one sweep each."""
     sizes_bytes: list[int] = field(
@@ -89,7 +94,11 @@ class AllReduceConfig:
     """Timed iterations per point (default: adaptive, about 0.3 s a point)."""
 
     def __post_init__(self) -> None:
-        for flag, values in (("--transport", self.transports), ("--world-sizes", self.world_sizes)):
+        lists: tuple[tuple[str, list[Any]], ...] = (
+            ("--transport", self.transports),
+            ("--nproc", self.world_sizes),
+        )
+        for flag, values in lists:
             if not values:
                 raise ConfigError(f"{flag}: the list is empty; give at least one value")
             dupes = sorted({v for v in values if values.count(v) > 1})
@@ -97,7 +106,7 @@ class AllReduceConfig:
                 raise ConfigError(f"{flag}: {', '.join(map(str, dupes))} listed more than once")
         parse_name_list(",".join(self.transports), flag="--transport", choices=list(TRANSPORTS))
         if any(n < 1 for n in self.world_sizes):
-            raise ConfigError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
+            raise ConfigError(f"--nproc: every world size must be >= 1, got {self.world_sizes}")
         for t in self.transports:
             for n in self.world_sizes:
                 if why := TRANSPORTS[t].unavailable(n):

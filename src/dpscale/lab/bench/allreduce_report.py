@@ -5,10 +5,12 @@ Everything here works from an `AllReduceResult` alone, so `dpscale report` re-re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from dpscale.lab.bench import allreduce, transports
 from dpscale.lab.bench.allreduce import (
     BUSBW_CONVENTION,
     MAX_ITERS,
@@ -21,6 +23,7 @@ from dpscale.lab.bench.allreduce import (
     _series,
 )
 from dpscale.lab.bench.args import format_size
+from dpscale.lab.bench.bench import Bench, Figures, points
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, size_axis, text_table
 from dpscale.lab.bench.trust import timing_warnings
 
@@ -77,6 +80,7 @@ def warnings(result: AllReduceResult) -> list[str]:
 
 def _band(p: AllReducePoint, value: str) -> tuple[float, float]:
     """`value`'s range over the p10-p90 iterations: a time's p10 is a bandwidth's p90 (bytes / time)."""
+    assert p.time_us_p10 is not None and p.time_us_p90 is not None  # _plot bands only points with both
     if value == "time_us":
         return p.time_us_p10, p.time_us_p90
     y = getattr(p, value)
@@ -162,3 +166,20 @@ def write_report(result: AllReduceResult, report: ReportDir) -> None:
         ],
         warnings=warnings(result),
     )
+
+
+BENCH = Bench(
+    command="allreduce",
+    argv=("bench", "allreduce"),
+    help="all-reduce time and bandwidth vs message size, world size and transport",
+    Config=allreduce.AllReduceConfig,
+    run=lambda config: allreduce.run(config),
+    from_dict=AllReduceResult.from_dict,
+    write_report=write_report,
+    # rows matched on transport, world_size, bytes -> time_us, busbw_GBps
+    compare=Figures(("transport", "world_size", "bytes"), (), ("time_us", "busbw_GBps"), points),
+    text=lambda result: [format_table(result), BUSBW_CONVENTION, format_fits(result)],
+    json_line=lambda result: json.dumps([p.to_dict() for p in result.points]),
+    warnings=warnings,
+    defaults=lambda: {"transports": transports.available_transports()},  # not just gloo, as the API's
+)

@@ -1,4 +1,4 @@
-"""Parse the list- and size-valued flags that every bench shares (`--sizes 4K,16M`, `--world-sizes 1,2`).
+"""Parse the list- and size-valued flags that every bench shares (`--sizes 4K,16M`, `--nproc 1,2`).
 
 Flags arrive as plain strings and are parsed here rather than through argparse's `type=`, so a bad
 value raises a one-line ValueError naming the flag; the CLI turns that into exit code 2. Sizes are

@@ -4,8 +4,8 @@ Two or more directories: an A/B table of each bench's headline figures. The firs
 every ratio is (that report's value) / (A's value). A comparison reads report.json as plain JSON, so
 it needs no bench module and works on reports from other machines and older versions.
 
-Rows are matched on key columns, per command (comparable.py's table); reports of different setups are
-compared with a warning each, or refused when they share no model.
+Rows are matched on key columns, per command (each bench's `compare`, benches.py); reports of
+different setups are compared with a warning each, or refused when they share no model.
 
 A comparison prints the table and writes compare-<UTC>/ under the first directory's parent (or
 --out DIR) with report.md, compare.csv (the table) and compare.json (`Comparison.to_dict()`):
@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dpscale.errors import ConfigError
-from dpscale.lab.bench.comparable import FIGURES, Figures, check_setups
+from dpscale.lab.bench.bench import Figures, check_setups
+from dpscale.lab.bench.benches import FIGURES
 from dpscale.lab.bench.report import markdown_table, text_table
 from dpscale.lab.bench.sysinfo import describe_system
 from dpscale.paths import check_writable_dir
@@ -125,8 +126,10 @@ def _key_columns(figures: Figures, row_sets: Sequence[list[dict]]) -> list[str]:
 
 
 def _ratio(value: object, base: object) -> float | None:
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, base))
-    return value / base if numbers and base != 0 else None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, base)):
+        return None
+    assert isinstance(value, int | float) and isinstance(base, int | float)
+    return value / base if base != 0 else None
 
 
 def compare(directories: Sequence[str | Path]) -> Comparison:

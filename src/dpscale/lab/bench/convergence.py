@@ -80,7 +80,11 @@ class TrainingRunsConfig:
     """A built-in workload."""
     world_sizes: list[int] = field(
         default_factory=lambda: [1, 2],
-        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
+        metadata=flag_spec(
+            name="--nproc",
+            deprecated=("--world-sizes",),
+            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
+        ),
     )
     """Comma-separated world sizes N (same-batch: each dividing the largest; weak: 1 among them)."""
     seed: int = 0
@@ -113,14 +117,14 @@ class ConvergenceConfig(TrainingRunsConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.world_sizes:
-            raise ConfigError("--world-sizes: the list is empty; give at least one world size, e.g. 1,2")
+            raise ConfigError("--nproc: the list is empty; give at least one world size, e.g. 1,2")
         if any(w < 1 for w in self.world_sizes) or len(set(self.world_sizes)) != len(self.world_sizes):
-            raise ConfigError(f"--world-sizes: need distinct values >= 1, got {self.world_sizes}")
+            raise ConfigError(f"--nproc: need distinct values >= 1, got {self.world_sizes}")
         largest = max(self.world_sizes)
         if uneven := [w for w in self.world_sizes if largest % w]:
             divisors = ",".join(str(d) for d in range(1, largest + 1) if largest % d == 0)
             raise ConfigError(
-                f"--world-sizes: {', '.join(map(str, uneven))} does not divide the largest world size "
+                f"--nproc: {', '.join(map(str, uneven))} does not divide the largest world size "
                 f"{largest}, so it cannot take the same micro-batches with whole accumulation steps; "
                 f"use divisors of {largest} ({divisors})"
             )
@@ -148,6 +152,7 @@ class ConvergenceConfig(TrainingRunsConfig):
 
     @property
     def steps(self) -> int:
+        assert self.samples is not None and self.global_batch is not None  # set by __post_init__
         return self.samples // self.global_batch
 
     def accumulation_steps(self, world_size: int) -> int:

@@ -5,9 +5,12 @@ Everything here works from a `ConvergenceResult` alone, so `dpscale report` re-r
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING
 
+from dpscale.lab.bench import convergence
+from dpscale.lab.bench.bench import Bench, Figures, values
 from dpscale.lab.bench.convergence import (
     ConvergenceResult,
     _nan,
@@ -17,9 +20,10 @@ from dpscale.lab.bench.convergence import (
     smoothing_window,
     verdict,
 )
-from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
+from dpscale.lab.bench.report import CellFormat, Image, ReportDir, Section, Table, new_figure, text_table
 
 if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 
@@ -46,7 +50,9 @@ def _pct(fraction: float) -> str:
     return f"{100 * fraction:.3g}%"
 
 
-_FORMATS = dict(final_loss=".4f", test_accuracy=".2%", max_gap=".3g", max_rel_gap=_pct, wall_s=".1f")
+_FORMATS: dict[str, CellFormat] = dict(
+    final_loss=".4f", test_accuracy=".2%", max_gap=".3g", max_rel_gap=_pct, wall_s=".1f"
+)
 # the terminal table's columns and headers (the report's table has them all)
 _TERMINAL = ["world_size", "accumulation_steps", "micro_batch", "steps", "final_loss", "test_accuracy",
              "max_gap", "max_rel_gap", "wall_s", "verdict"]  # fmt: skip
@@ -61,6 +67,7 @@ def format_table(result: ConvergenceResult) -> str:
 
 def method_text(result: ConvergenceResult) -> str:
     c, steps = result.config, result.config.steps
+    assert c.global_batch is not None  # set by ConvergenceConfig.__post_init__
     return (
         f"Workload {c.workload}, global batch {c.global_batch}, {steps} steps ({steps * c.global_batch} "
         f"samples), seed {c.seed}; world size W accumulates max(W)/W micro-batches of "
@@ -85,10 +92,11 @@ def largest_gap_text(result: ConvergenceResult) -> str:
         return "Only one world size ran: there is nothing to compare."
     if any(r.max_rel_gap is None for r in others):
         return "At least one run has a non-finite loss in the compared steps: it departs."
-    worst = max(others, key=lambda r: r.max_rel_gap)
+    gaps_by_run = [(r.max_rel_gap, r) for r in others if r.max_rel_gap is not None]  # all, checked above
+    worst_gap, worst = max(gaps_by_run, key=lambda gap_run: gap_run[0])
     return (
         f"Largest gap: world size {worst.world_size} vs {result.reference.world_size}: "
-        f"{worst.max_gap:.3g} absolute, {_pct(worst.max_rel_gap)} relative "
+        f"{worst.max_gap:.3g} absolute, {_pct(worst_gap)} relative "
         f"(tolerance {_pct(result.config.tolerance)})."
     )
 
@@ -110,8 +118,9 @@ def plot_curves(result: ConvergenceResult) -> Figure:
             rel = [100 * rel if rel > 0 else math.nan for _, rel in gaps(ref.losses, r.losses, window)]
             any_gap |= any(math.isfinite(y) for y in rel)
             bottom.plot(r.samples_seen, rel, style, color=line.get_color(), label=label)
-    for ax, label in ((top, "compared"), (bottom, None)):
-        ax.axvspan(ref.samples_seen[start], ref.samples_seen[-1], color="0.9", zorder=0, label=label)
+    labels: tuple[tuple[Axes, str | None], ...] = ((top, "compared"), (bottom, None))
+    for ax, span_label in labels:
+        ax.axvspan(ref.samples_seen[start], ref.samples_seen[-1], color="0.9", zorder=0, label=span_label)
         ax.grid(True, alpha=0.35)
     if all(v is not None and v > 0 for r in result.runs for v in r.losses):
         top.set_yscale("log")  # the late, small losses are where runs part; a log axis shows them
@@ -162,3 +171,37 @@ def write_report(result: ConvergenceResult, report: ReportDir) -> None:
             Section("Loss curves", [image, "CSV: convergence.csv (loss per step per world size)."]),
         ],
     )
+
+
+def _text(result: ConvergenceResult) -> list[str]:
+    lines = [format_table(result)]
+    if result.config.compression != "none":
+        ref = result.reference.world_size
+        lines.append(
+            f"compression: {result.config.compression} at every world size but {ref} (uncompressed reference)"
+        )
+    return [*lines, largest_gap_text(result)]
+
+
+BENCH = Bench(
+    command="convergence",
+    argv=("bench", "convergence"),
+    help="loss curves at several world sizes with the same global batch; "
+    "--mode weak: time to a target as the batch grows with N",
+    Config=convergence.ConvergenceConfig,
+    run=lambda config: convergence.run(config),
+    from_dict=ConvergenceResult.from_dict,
+    write_report=write_report,
+    # rows matched on world_size -> final_loss, test_accuracy
+    compare=Figures(
+        ("world_size",),
+        (),
+        ("final_loss", "test_accuracy"),
+        lambda r: r["runs"],
+        lambda r: (values(r["config"].get("workload")), values(f"global {r['config'].get('global_batch')}")),
+    ),
+    text=_text,
+    json_line=lambda result: json.dumps(result.summary()),
+    # exit 1 when a world size departs from the reference beyond the tolerance
+    exit_code=lambda result: 0 if all(r.within_tolerance for r in result.runs) else 1,
+)

@@ -34,7 +34,7 @@ class EngineBenchConfig:
         default_factory=lambda: ["mlp", "transformer"], metadata=flag_spec(parse=_names)
     )
     """Comma-separated built-in workloads or module:callable specs returning a dpscale.Task."""
-    world_size: int = 2
+    world_size: int = field(default=2, metadata=flag_spec(name="--nproc", deprecated=("--world-size",)))
     """Workers."""
     per_worker_batch: int = 64
     """Samples per worker and step."""
@@ -54,7 +54,7 @@ class EngineBenchConfig:
             load_recipe(m, "--models", check=True)  # unknown or broken ones fail before anything starts
         parse_engines(",".join(self.engines), BENCH_ENGINES)
         for flag, value in (
-            ("--world-size", self.world_size),
+            ("--nproc", self.world_size),
             ("--per-worker-batch", self.per_worker_batch),
             ("--steps", self.steps),
         ):

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dpscale.errors import ConfigError, import_extra
 from dpscale.lab.bench.args import format_size
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # matplotlib is the lab extra's: imported when a plot is draw
     from matplotlib.figure import Figure
 
 # A column format is a format spec (".2f") or a function of the cell's value.
-CellFormat = str | Callable[[object], str]
+CellFormat = str | Callable[[Any], str]
 # The text of a missing (None) cell, from its row and column: "-" (not applicable) by default; a
 # table can tell "not applicable" from "not measured" with it.
 MissingText = Callable[[Mapping[str, object], str], str]

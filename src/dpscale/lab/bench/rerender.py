@@ -1,9 +1,9 @@
 """`dpscale report DIR`: write a report's report.md, plots and CSV again from its report.json.
 
-After a change to the rendering, or to restore deleted files. `RENDERERS` is the explicit table of
-which function reads a command's results and which renders them; it covers every report dpscale
-writes: the benches' kinds (kinds.py; `bench engine` writes a scaling report), `scale`, `predict`
-and `study`, whose parts are re-rendered with it (and each on its own).
+After a change to the rendering, or to restore deleted files. `RENDERERS` (benches.py) says which
+function reads a command's results and which renders them; it covers every report dpscale writes:
+the benches' (`bench engine` writes a scaling report), `scale`, `predict` and `study`, whose parts
+are re-rendered with it (and each on its own).
 
 The report keeps the command line it was made with. Reports written before the parts of a study
 recorded runnable commands (`'(part of dpscale study)'`, a command named after the folder, such as
@@ -12,25 +12,14 @@ recorded runnable commands (`'(part of dpscale study)'`, a command named after t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from dpscale.errors import ConfigError
-from dpscale.lab.bench import kinds, study
+from dpscale.lab.bench import study
+from dpscale.lab.bench.benches import RENDERERS
 from dpscale.lab.bench.compare import load_report
 from dpscale.lab.bench.report import ReportDir
-from dpscale.lab.predict import render as predict_render
 
-# command -> (results JSON -> result object, renderer of that object into a ReportDir): every
-# bench's kind (kinds.py), and the reports made of them (study) or outside the benches (predict)
-RENDERERS: dict[str, tuple[Callable[[dict], object], Callable[[object, ReportDir], None]]] = {
-    **{command: (kind.from_dict, kind.write_report) for command, kind in kinds.KINDS.items()},
-    "study": (study.StudyResult.from_dict, study.write_report),
-    "predict": (
-        predict_render.results_from_doc,
-        lambda results, report: predict_render.write_report(report, *results),
-    ),
-}
 _OLD_PART_ARGUMENT = "(part of dpscale study)"
 
 

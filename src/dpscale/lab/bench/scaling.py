@@ -56,6 +56,7 @@ from dpscale.lab.bench.scaling_rank import rank_measure
 from dpscale.lab.multirank import run_ranks
 from dpscale.lab.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 from dpscale.launch.hosts import HostFlags, job_nodes, run_ranks_across_hosts
+from dpscale.launch.nodes import Nodes
 from dpscale.log import get_logger
 from dpscale.workloads import WORKLOADS
 
@@ -77,7 +78,11 @@ class ScalingConfig(HostFlags):
     """Strong mode only (required): split G/N over N workers."""
     world_sizes: list[int] = field(
         default_factory=lambda: [1, 2],
-        metadata=flag_spec(parse=lambda s: parse_int_list(s, flag="--world-sizes", minimum=1)),
+        metadata=flag_spec(
+            name="--nproc",
+            deprecated=("--world-sizes",),
+            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
+        ),
     )
     """Comma-separated worker counts, one launch each."""
     engines: list[str] = field(
@@ -103,22 +108,22 @@ class ScalingConfig(HostFlags):
             )
         if self.mode not in MODES:
             raise ConfigError(f"--mode: {self.mode!r} is not a mode; choose weak or strong")
-        for flag, values in (("--world-sizes", self.world_sizes), ("--engines", self.engines)):
+        for flag, values in (("--nproc", self.world_sizes), ("--engines", self.engines)):
             if not values or len(set(values)) != len(values):
                 raise ConfigError(f"{flag}: give a non-empty list without repeats, got {values}")
         parse_name_list(",".join(self.engines), flag="--engines", choices=list(BENCH_ENGINES))
         if any(n < 1 for n in self.world_sizes):
-            raise ConfigError(f"--world-sizes: every world size must be >= 1, got {self.world_sizes}")
-        self.check_hosts(self.world_sizes, flag="--world-sizes")
+            raise ConfigError(f"--nproc: every world size must be >= 1, got {self.world_sizes}")
+        self.check_hosts(self.world_sizes)
         if self.mode == "weak":
             if self.global_batch is not None:
                 raise ConfigError(
                     "--global-batch: only for --mode strong; weak mode fixes --per-worker-batch"
                 )
-            if self.per_worker_batch is None:
-                object.__setattr__(self, "per_worker_batch", DEFAULT_PER_WORKER_BATCH)
-            if self.per_worker_batch < 1:
-                raise ConfigError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
+            per_worker = DEFAULT_PER_WORKER_BATCH if self.per_worker_batch is None else self.per_worker_batch
+            object.__setattr__(self, "per_worker_batch", per_worker)
+            if per_worker < 1:
+                raise ConfigError(f"--per-worker-batch: must be >= 1, got {per_worker}")
         else:
             if self.per_worker_batch is not None:
                 raise ConfigError(
@@ -144,7 +149,9 @@ class ScalingConfig(HostFlags):
     def batches(self, world_size: int) -> tuple[int, int]:
         """(per-worker batch, global batch) at `world_size`."""
         if self.mode == "weak":
+            assert self.per_worker_batch is not None  # __post_init__ sets it in weak mode
             return self.per_worker_batch, self.per_worker_batch * world_size
+        assert self.global_batch is not None  # __post_init__ requires it in strong mode
         return self.global_batch // world_size, self.global_batch
 
 
@@ -235,6 +242,7 @@ def run(config: ScalingConfig) -> ScalingResult:
         job = job_nodes(nodes, n, "scaling")
         if job is False:  # the one-worker baseline runs on the store's host only
             continue
+        assert job is None or isinstance(job, Nodes)
         here = n if job is None else n // job.max_nodes  # this host's workers
         if here * config.threads_per_worker > cores:
             logger.warning(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -90,7 +91,7 @@ def rank_measure(
     for e in engines:
         if isinstance(runs[e][0], nn.parallel.DistributedDataParallel):
             # torch's logging data then describes every step, not the first 10 and each 100th
-            runs[e][0]._set_ddp_runtime_logging_sample_rate(1)
+            cast(Any, runs[e][0])._set_ddp_runtime_logging_sample_rate(1)
         for _ in range(warmup):
             step(e)
     rounds = run_rounds(engines, step, fixed_round_sizes(steps, STEPS_PER_ROUND))

@@ -5,10 +5,13 @@ Everything here works from a `ScalingResult` alone, so `dpscale report` re-rende
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from dpscale.errors import import_extra
+from dpscale.lab.bench import scaling
+from dpscale.lab.bench.bench import Bench, Figures, points, values
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
 from dpscale.lab.bench.scaling import ScalingConfig, ScalingPoint, ScalingResult
 from dpscale.lab.bench.scaling_rank import STEPS_PER_ROUND
@@ -94,10 +97,11 @@ def _label(engine: str, pts: list[ScalingPoint]) -> str:
 def _spread_bars(pts: list[ScalingPoint], value: list[float]) -> list[list[float]] | None:
     """Error bars of `value` (proportional to throughput) from the p10 and p90 step times:
     [below, above] for matplotlib's yerr, or None when the report kept no p10."""
-    if any(p.step_ms_p10 is None for p in pts):
+    p10s = [p.step_ms_p10 for p in pts if p.step_ms_p10 is not None]
+    if len(p10s) < len(pts):
         return None
     below = [v - v * p.step_ms / p.step_ms_p90 for p, v in zip(pts, value, strict=True)]
-    above = [v * p.step_ms / p.step_ms_p10 - v for p, v in zip(pts, value, strict=True)]
+    above = [v * p.step_ms / p10 - v for p, p10, v in zip(pts, p10s, value, strict=True)]
     return [below, above]
 
 
@@ -152,12 +156,12 @@ def plot_efficiency(result: ScalingResult) -> Figure:
     ax = _workers_axis(fig, result, "scaling efficiency (% of linear)", "Scaling efficiency vs workers")
     ax.axhline(100, color="gray", ls="--", lw=1, label="ideal (100%)")
     top = 110.0
-    labels: dict[int, list[tuple[float, str, str]]] = {}  # N -> (y, text, colour) per engine
+    labels: dict[int, list[tuple[float, str, str | None]]] = {}  # N -> (y, text, colour) per engine
     for e, pts in _engine_series(result.points).items():
         pts = [p for p in pts if p.efficiency is not None]
         if not pts:
             continue
-        ys = [100 * p.efficiency for p in pts]
+        ys = [100 * eff for eff in (p.efficiency for p in pts) if eff is not None]  # all: filtered above
         bars = _spread_bars(pts, ys)
         highs = [y + above for y, above in zip(ys, bars[1], strict=True)] if bars else ys
         top = max(top, *(y * 1.1 for y in ys), *(h * 1.05 for h in highs))
@@ -238,3 +242,40 @@ def write_report(result: ScalingResult, report: ReportDir) -> None:
         ],
         warnings=trust,
     )
+
+
+def _setup(results: dict | list) -> tuple[set[str], set[str]]:
+    """The models measured and the batches used, for `dpscale report A B`."""
+    pts = points(results)
+    batch = values(
+        *(
+            f"global {p.get('global_batch')}"
+            if p.get("mode") == "strong"
+            else f"{p.get('per_worker_batch')}/worker"
+            for p in pts
+        )
+    )
+    return values(*(p.get("model") for p in pts)), batch
+
+
+BENCH = Bench(
+    command="scaling",
+    argv=("bench", "scaling"),
+    help="throughput and scaling efficiency: dpscale vs torch DDP vs no synchronization",
+    Config=ScalingConfig,
+    run=lambda config: scaling.run(config),
+    from_dict=ScalingResult.from_dict,
+    write_report=write_report,
+    # rows matched on engine, world_size (+ transport, model, mode, per_worker_batch while those
+    # are needed to tell a report's points apart) -> samples_per_s, efficiency
+    compare=Figures(
+        ("engine", "world_size"),
+        ("transport", "model", "mode", "per_worker_batch"),
+        ("samples_per_s", "efficiency"),
+        points,
+        _setup,
+    ),
+    text=lambda result: [format_table(result)],
+    json_line=lambda result: json.dumps([asdict(p) for p in result.points], allow_nan=False),
+    warnings=warnings,
+)

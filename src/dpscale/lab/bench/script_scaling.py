@@ -70,7 +70,8 @@ class ScaleConfig(HostFlags):
     engines: list[str] = field(
         default_factory=lambda: ["dpscale"],
         metadata=flag_spec(
-            name="--engine", parse=lambda s: parse_name_list(s, flag="--engine", choices=list(RUN_ENGINES))
+            deprecated=("--engine",),
+            parse=lambda s: parse_name_list(s, flag="--engines", choices=list(RUN_ENGINES)),
         ),
     )
     """Comma-separated engines from dpscale, torch."""
@@ -238,6 +239,7 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
             job = job_nodes(nodes, n, engine)
             if job is False:  # the one-worker baseline runs on the store's host only
                 continue
+            assert job is None or isinstance(job, Nodes)
             ranks = _measure_one(config, n, engine, logs, job)
             points.append(_point(n, engine, ranks, config))
             if n == 1 and engine == "dpscale":

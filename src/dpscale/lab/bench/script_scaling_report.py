@@ -10,8 +10,10 @@ import shlex
 from dataclasses import asdict
 from pathlib import Path
 
+from dpscale.lab.bench import script_scaling
+from dpscale.lab.bench.bench import Bench, Figures, points, values
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
-from dpscale.lab.bench.script_scaling import ScaleResult
+from dpscale.lab.bench.script_scaling import ScaleConfig, ScaleResult
 from dpscale.lab.bench.trust import timing_warnings
 
 _COLUMNS = {  # point field: (header, format)
@@ -57,7 +59,7 @@ def plot(result: ScaleResult):
         with_eff = [p for p in pts if p.efficiency is not None]
         eff.plot(
             [p.world_size for p in with_eff],
-            [100 * p.efficiency for p in with_eff],
+            [100 * eff for eff in (p.efficiency for p in with_eff) if eff is not None],  # all of them
             marker="o",
             lw=2,
             color=color,
@@ -134,3 +136,27 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
         ],
         warnings=warnings(result),
     )
+
+
+def _setup(results: dict) -> tuple[set[str], set[str]]:
+    """The script measured and the batches used, for `dpscale report A B`."""
+    config = results.get("config") or {}
+    script = " ".join([config.get("script", "?"), *config.get("args", [])])
+    batch = values(*(f"{p['samples_per_step'] / p['world_size']:g}/worker" for p in results["points"]))
+    return {script}, batch
+
+
+BENCH = Bench(  # no study part: its reports keep the user's own command line
+    command="scale",
+    argv=("scale",),
+    help="measure how your own torchrun script scales: step time, samples/s, efficiency, exposed comm",
+    Config=ScaleConfig,
+    run=script_scaling.measure,  # (config, the directory its logs go to): cli/bench.py keeps them
+    from_dict=ScaleResult.from_dict,
+    write_report=write_report,
+    # rows matched on engine, world_size -> samples_per_s, efficiency
+    compare=Figures(("engine", "world_size"), (), ("samples_per_s", "efficiency"), points, _setup),
+    text=lambda result: [format_table(result)],
+    json_line=lambda result: json.dumps(result.rows(), allow_nan=False),
+    warnings=warnings,
+)

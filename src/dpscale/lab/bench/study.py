@@ -16,8 +16,19 @@ from dataclasses import dataclass, field
 from dpscale.engine.factory import TRAIN_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec, unchecked_config
-from dpscale.lab.bench import allreduce, convergence, kinds, scaling, study_summary, weak, weak_report
+from dpscale.lab.bench import (
+    allreduce,
+    allreduce_report,
+    convergence,
+    convergence_report,
+    scaling,
+    scaling_report,
+    study_summary,
+    weak,
+    weak_report,
+)
 from dpscale.lab.bench.args import parse_int_list
+from dpscale.lab.bench.bench import Bench, Figures, values
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table
 from dpscale.lab.bench.study_summary import summary_rows
 from dpscale.lab.bench.trust import timing_warnings
@@ -36,7 +47,7 @@ WEAK_TARGETS: dict[str, tuple[dict, dict]] = {
     "digits": ({"target_metric": "accuracy=0.9"}, {"target_metric": "accuracy=0.8"}),
     "transformer": ({"target_loss": 1.0}, {"target_loss": 2.5}),
 }
-WEAK_COMMAND = kinds.WEAK.command  # the report command of `bench convergence --mode weak`
+WEAK_COMMAND = weak_report.BENCH.command  # the report command of `bench convergence --mode weak`
 QUICK_NOTE = (
     "indicative only: --quick times few steps and small sizes; run `dpscale study` without --quick "
     "for figures to quote"
@@ -55,7 +66,11 @@ class StudyConfig:
     (--quick uses the first only)."""
     world_sizes: tuple[int, ...] = field(
         default=(1, 2),
-        metadata=flag_spec(parse=lambda s: tuple(parse_int_list(s, flag="--world-sizes", minimum=1))),
+        metadata=flag_spec(
+            name="--nproc",
+            deprecated=("--world-sizes",),
+            parse=lambda s: tuple(parse_int_list(s, flag="--nproc", minimum=1)),
+        ),
     )
     """Worker counts to compare."""
     report_dir: str = "reports"
@@ -195,12 +210,19 @@ def format_summary(result: StudyResult) -> str:
     return study_summary.format_summary(result.summary())
 
 
+# the benches a study runs, by report command: each part's report is theirs
+PARTS: dict[str, Bench] = {
+    b.command: b
+    for b in (allreduce_report.BENCH, scaling_report.BENCH, convergence_report.BENCH, weak_report.BENCH)
+}
+
+
 def part_argv(command: str, config: object) -> list[str]:
     """The `dpscale bench COMMAND ...` line that runs one part of a study on its own, exactly."""
-    return kinds.KINDS[command].command_line(config)
+    return PARTS[command].command_line(config)
 
 
-def _part(parent: ReportDir, folder: str, kind: kinds.ReportKind, result, quick: bool) -> str:
+def _part(parent: ReportDir, folder: str, kind: Bench, result, quick: bool) -> str:
     """Write one bench's report into `folder` under the study's; returns the folder's name."""
     path = parent.path / folder
     path.mkdir(exist_ok=True)  # `dpscale report` re-renders the parts in place
@@ -213,16 +235,17 @@ def _part(parent: ReportDir, folder: str, kind: kinds.ReportKind, result, quick:
 def write_report(result: StudyResult, report: ReportDir) -> None:
     """The combined report: each bench in its own subdirectory, the summary on top."""
     quick = bool(result.config.quick)
-    _part(report, "allreduce", kinds.ALLREDUCE, result.allreduce, quick)
+    _part(report, "allreduce", allreduce_report.BENCH, result.allreduce, quick)
     images = [Image("allreduce/allreduce_busbw.png", "all-reduce bus bandwidth vs message size")]
     for res in result.scaling:
         # a task spec's colon cannot name a folder
-        sub = _part(report, f"scaling-{res.config.model.replace(':', '-')}", kinds.SCALING, res, quick)
+        sub = _part(report, f"scaling-{res.config.model.replace(':', '-')}", scaling_report.BENCH, res, quick)
         images.append(Image(f"{sub}/scaling_efficiency.png", f"scaling efficiency, {res.config.model}"))
-    _part(report, "convergence", kinds.CONVERGENCE, result.convergence, quick)
+    _part(report, "convergence", convergence_report.BENCH, result.convergence, quick)
     images.append(Image("convergence/convergence.png", "loss vs samples seen per world size"))
-    for res in result.weak:
-        sub = _part(report, f"weak-{res.config.workload}-{res.config.engine}", kinds.WEAK, res, quick)
+    for weak_res in result.weak:
+        name = f"weak-{weak_res.config.workload}-{weak_res.config.engine}"
+        sub = _part(report, name, weak_report.BENCH, weak_res, quick)
         images.append(Image(f"{sub}/weak_speedup.png", f"time-to-target speed-up, {sub}"))
     doc = result.to_dict()
     report.write_json(doc, config=doc["config"])
@@ -252,3 +275,19 @@ def write_report(result: StudyResult, report: ReportDir) -> None:
         ],
         warnings=result.warnings(),
     )
+
+
+def _setup(results: dict) -> tuple[set[str], set[str]]:
+    """The models measured and the batches used, for `dpscale report A B`."""
+    batch = values(*(f"{r['config'].get('per_worker_batch')}/worker" for r in results.get("scaling", [])))
+    return values(*(r.get("model") for r in results["summary"])), batch
+
+
+# rows matched on model, engine, world_size (+ transport) -> samples_per_s, efficiency (summary rows)
+FIGURES = Figures(
+    ("model", "engine", "world_size"),
+    ("transport",),
+    ("samples_per_s", "efficiency"),
+    lambda r: r["summary"],
+    _setup,
+)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 from dpscale.lab.bench.allreduce import AllReduceResult
 from dpscale.lab.bench.convergence import ConvergenceResult
-from dpscale.lab.bench.report import text_table
+from dpscale.lab.bench.report import CellFormat, text_table
 from dpscale.lab.bench.scaling import ScalingResult
 from dpscale.lab.bench.weak import WeakResult
 from dpscale.train.config import TrainConfig
@@ -113,14 +113,14 @@ def summary_rows(
     for r in convergence.runs:
         key = (convergence.config.workload, engine, r.world_size)
         rows.setdefault(key, _row(*key))["convergence_gap"] = r.max_rel_gap
-    for res in weak:
-        for r in res.runs:
-            key = (res.config.workload, res.config.engine, r.world_size)
+    for weak_res in weak:
+        for run in weak_res.runs:
+            key = (weak_res.config.workload, weak_res.config.engine, run.world_size)
             rows.setdefault(key, _row(*key)).update(
-                time_to_target_s=r.time_to_target_s,
-                statistical_efficiency=res.ratios(r)["statistical_efficiency"],
-                convergence_target=res.target_text,
-                convergence_status="reached" if r.reached else "not reached",
+                time_to_target_s=run.time_to_target_s,
+                statistical_efficiency=weak_res.ratios(run)["statistical_efficiency"],
+                convergence_target=weak_res.target_text,
+                convergence_status="reached" if run.reached else "not reached",
             )
     return list(rows.values())
 
@@ -141,7 +141,7 @@ def _pct(x: float) -> str:
     return f"{x:.1%}"
 
 
-FORMATS = {
+FORMATS: dict[str, CellFormat] = {
     "samples_per_s": ",.0f",
     "efficiency": _pct,
     "spread": lambda x: f"{x:.0%}",

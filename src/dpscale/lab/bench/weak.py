@@ -98,7 +98,7 @@ class WeakConfig(TrainingRunsConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if 1 not in self.world_sizes or len(set(self.world_sizes)) != len(self.world_sizes):
-            raise ConfigError(f"--world-sizes: need distinct values including 1, got {self.world_sizes}")
+            raise ConfigError(f"--nproc: need distinct values including 1, got {self.world_sizes}")
         if self.engine not in TRAIN_ENGINES:
             raise ConfigError(
                 f"--engine: {self.engine!r} cannot train; choose one of {', '.join(TRAIN_ENGINES)}"
@@ -149,11 +149,13 @@ class WeakConfig(TrainingRunsConfig):
             )
 
     def global_batch(self, n: int) -> int:
+        assert self.batch_per_worker is not None  # set by __post_init__
         return n * self.batch_per_worker
 
     def lr_at(self, n: int) -> float:
         """The configured rate at N workers (AdaScale's gain comes on top, step by step)."""
         factor = {"linear": n, "sqrt": math.sqrt(n)}.get(self.lr_rule, 1.0)
+        assert self.lr is not None  # set by __post_init__
         return self.lr * factor
 
     @property
@@ -161,6 +163,7 @@ class WeakConfig(TrainingRunsConfig):
         """(name, value): ("loss", v) to go at or below, else a metric to reach or exceed."""
         if self.target_loss is not None:
             return "loss", self.target_loss
+        assert self.target_metric is not None  # __post_init__ requires one of the two
         return parse_target_metric(self.target_metric)
 
 
@@ -213,10 +216,16 @@ class WeakResult:
         """Statistical efficiency and speed-ups against N=1; None where a run missed the target."""
         ref = self.reference
         both = run.reached and ref.reached
+        samples, ref_samples = run.samples_to_target, ref.samples_to_target
+        time_s, ref_time_s = run.time_to_target_s, ref.time_to_target_s
         return {
-            "statistical_efficiency": ref.samples_to_target / run.samples_to_target if both else None,
+            "statistical_efficiency": ref_samples / samples
+            if both and ref_samples is not None and samples is not None
+            else None,
             "throughput_speedup": run.samples_per_s / ref.samples_per_s,
-            "time_to_target_speedup": ref.time_to_target_s / run.time_to_target_s if both else None,
+            "time_to_target_speedup": ref_time_s / time_s
+            if both and ref_time_s is not None and time_s is not None
+            else None,
         }
 
     def to_dict(self) -> dict:
@@ -293,6 +302,7 @@ def _train_rank(
 def _run_one(config: WeakConfig, n: int) -> WeakRun:
     name, value = config.target
     g = config.global_batch(n)
+    assert config.max_samples is not None  # set by __post_init__
     adascale = config.lr_rule == "adascale"
     with tempfile.TemporaryDirectory(prefix="dpscale-weak-") as metrics_dir:
         train = TrainConfig(
@@ -310,6 +320,7 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
             noise_scale_every=1 if adascale else 8,
         )
         train.resolve_batch(n)
+        assert train.max_steps is not None and train.lr is not None  # both given above
         threads = max(1, usable_cores() // max(config.world_sizes))  # the same compute per rank at every N
         watch = {"name": name, "value": value, "every_samples": config.eval_every_samples}
         out = run_ranks(
@@ -328,16 +339,16 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
     checks = out["checks"]
     last = checks[-1] if checks else None
     reached = last is not None and (last["value"] <= value if name == "loss" else last["value"] >= value)
-    to_target = last["step"] if reached else None
+    to_target = last["step"] if last is not None and reached else None
     return WeakRun(
         world_size=n,
         global_batch=g,
         lr=train.lr,
         reached=reached,
         steps_to_target=to_target,
-        samples_to_target=to_target * g if reached else None,
+        samples_to_target=to_target * g if to_target is not None else None,
         step_ms=step_ms,
-        time_to_target_s=to_target * step_ms / 1e3 if reached else None,
+        time_to_target_s=to_target * step_ms / 1e3 if to_target is not None else None,
         samples_per_s=g / (step_ms / 1e3),
         gns_at_target=steps[-1]["gns"] if steps else None,
         checks=checks,

@@ -5,9 +5,12 @@ Everything here works from a `WeakResult` alone, so `dpscale report` re-renders 
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING
 
+from dpscale.lab.bench import weak
+from dpscale.lab.bench.bench import Bench, Figures, values
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure
 from dpscale.lab.bench.trust import timing_warnings
 from dpscale.lab.bench.weak import WeakResult
@@ -31,7 +34,7 @@ _HEADERS = {
     "time_to_target_speedup": "ttt_x",
     "gns_at_target": "noise_scale",
 }
-_FORMATS = dict(
+_FORMATS: dict[str, str] = dict(
     lr=".4g",
     step_ms=".2f",
     spread=".0%",
@@ -232,3 +235,29 @@ def write_report(result: WeakResult, report: ReportDir) -> None:
         ],
         warnings=warnings(result),
     )
+
+
+BENCH = Bench(  # a mode of `bench convergence`, with a report of its own
+    command="convergence-weak",
+    argv=("bench", "convergence", "--mode", "weak"),
+    help="time to a target as the global batch grows with N",
+    Config=weak.WeakConfig,
+    run=lambda config: weak.run(config),
+    from_dict=WeakResult.from_dict,
+    write_report=write_report,
+    # rows matched on world_size -> time_to_target_s, statistical_efficiency, samples_per_s
+    compare=Figures(
+        ("world_size",),
+        (),
+        ("time_to_target_s", "statistical_efficiency", "samples_per_s"),
+        lambda r: r["runs"],
+        lambda r: (
+            values(r["config"].get("workload")),
+            values(f"{r['config'].get('batch_per_worker')}/worker"),
+        ),
+    ),
+    text=lambda result: [format_table(result), findings_text(result)],
+    json_line=lambda result: json.dumps(result.summary()),
+    warnings=warnings,
+    exit_code=lambda result: 0 if result.reference.reached else 1,  # the ratios need N=1's time
+)

@@ -16,15 +16,14 @@ mean, so the check passes; point `--model module:callable` at your own model and
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import torch
 
 from dpscale.engine import DistributedDataParallel
 from dpscale.errors import ConfigError
-from dpscale.flags import add_dataclass_arguments, dataclass_kwargs, flag_spec
+from dpscale.flags import flag_spec
 from dpscale.lab.multirank import run_ranks
 from dpscale.lab.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 
@@ -65,7 +64,7 @@ def _batches(recipe, steps: int, global_batch: int) -> list[tuple[object, object
 
 
 def _flat(model: torch.nn.Module, grads: bool = False) -> torch.Tensor:
-    ps = [p.grad if grads else p for p in model.parameters() if p.requires_grad]
+    ps = [cast(torch.Tensor, p.grad) if grads else p for p in model.parameters() if p.requires_grad]
     return torch.cat([t.detach().reshape(-1).double() for t in ps])
 
 
@@ -98,6 +97,7 @@ def _train(
             first_grad = _flat(model, grads=True)
         opt.step()
         history.append(_flat(model))
+    assert first_grad is not None  # steps >= 1 (run checks it)
     return history, first_grad
 
 
@@ -140,14 +140,14 @@ def run(
     if not is_task_spec(spec):
         raise ConfigError(f"--model: {spec!r} is not {TASK_CONVENTION}")
     for flag, v in (
-        ("--world-size", world_size),
+        ("--nproc", world_size),
         ("--accumulation-steps", accumulation_steps),
         ("--global-batch", global_batch),
         ("--steps", steps),
     ):
         if v < 1:
             raise ConfigError(f"{flag} must be >= 1, got {v}")
-    for flag, parts in (("--world-size", world_size), ("--accumulation-steps", accumulation_steps)):
+    for flag, parts in (("--nproc", world_size), ("--accumulation-steps", accumulation_steps)):
         if global_batch % parts:
             raise ConfigError(f"--global-batch {global_batch} must be divisible by {flag} {parts}")
     load_recipe(spec, check=True)  # fails here, once, for a task that cannot load or breaks the contract
@@ -200,7 +200,7 @@ class EquivalenceCheckConfig:
         metadata=flag_spec(aliases=("--workload",), help=TASK_CONVENTION),
     )
     """The model to check."""
-    world_size: int = 2
+    world_size: int = field(default=2, metadata=flag_spec(name="--nproc", deprecated=("--world-size",)))
     """Ranks of the data-parallel run."""
     accumulation_steps: int = 2
     """Micro-batches per step and rank."""
@@ -208,17 +208,3 @@ class EquivalenceCheckConfig:
     """Samples per optimizer step."""
     steps: int = 3
     """Optimizer steps compared."""
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(p, EquivalenceCheckConfig)
-    p.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    c = EquivalenceCheckConfig(**dataclass_kwargs(args, EquivalenceCheckConfig))
-    r = run(c.model, c.world_size, c.accumulation_steps, c.global_batch, c.steps)
-    print(format_result(r))
-    if args.json:
-        print(json.dumps(r.to_dict()))
-    return 0 if r.ok else 1

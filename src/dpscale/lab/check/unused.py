@@ -8,14 +8,12 @@ A parameter unused in every step is better frozen (`requires_grad_(False)`), whi
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from dpscale.errors import ConfigError
-from dpscale.flags import add_dataclass_arguments, dataclass_kwargs, flag_spec
+from dpscale.flags import flag_spec
 from dpscale.lab.recipe import TASK_CONVENTION, is_task_spec, load_recipe
 
 
@@ -97,17 +95,3 @@ class UnusedCheckConfig:
     """Steps to watch which parameters get gradients."""
     batch: int = 8
     """Samples per step."""
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(p, UnusedCheckConfig)
-    p.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    c = UnusedCheckConfig(**dataclass_kwargs(args, UnusedCheckConfig))
-    r = run(c.model, c.steps, c.batch)
-    print(format_result(r))
-    if args.json:
-        print(json.dumps(r.to_dict()))
-    return 0

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 
 @dataclass
 class BareModel:
-    workload: object
+    workload: Any  # a Recipe: forward and loss (dpscale.lab.recipe)
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     x: object  # a tensor, tuple or dict (see dpscale.Task)

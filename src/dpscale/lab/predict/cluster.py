@@ -364,6 +364,7 @@ def calibrated(base: Cluster, results: dict, transport: str, *, flag: str = "--c
     intra = base.intra
     if fitted:
         m = max(fitted, key=lambda m: m.world_size)
+        assert m.alpha_us is not None and m.beta_GBps is not None  # fitted ones only
         steps = 2 * (m.world_size - 1)
         intra = Link(
             name=INTRA,

@@ -60,18 +60,18 @@ def load_noise_scale(text: str) -> NoiseScaleSource:
         records = [json.loads(lines[-1])] if lines else []  # a log whose last line is the summary
     if records and "gradient_noise_scale" in records[-1]:  # a train summary
         r = records[-1]
-        value, steps, batch = r["gradient_noise_scale"], r.get("steps"), r.get("global_batch")
+        gns, steps, batch = r["gradient_noise_scale"], r.get("steps"), r.get("global_batch")
     else:
         values = [r["gns"] for r in records if r.get("gns") is not None]
-        value = values[-1] if values else None
+        gns = values[-1] if values else None
         steps = records[-1].get("step") if records else None
         batch = None  # metrics lines do not carry the global batch
-    if value is None or not value > 0:
+    if gns is None or not gns > 0:
         raise ConfigError(
             f"--noise-scale: {text} holds no positive noise scale (the run measured none: one worker "
             "without accumulation, or --no-noise-scale); give the number instead"
         )
-    return NoiseScaleSource(float(value), steps, batch, source=str(path))
+    return NoiseScaleSource(float(gns), steps, batch, source=str(path))
 
 
 def steps_to_target(batch: float, *, s_min: float, noise_scale: float) -> float:

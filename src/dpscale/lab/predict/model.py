@@ -198,6 +198,38 @@ def _input(
     return 0.0, lambda k: one * config.data_workers * k
 
 
+def _engine_overhead(prof: ModelProfile, config: PredictConfig) -> tuple[float, str]:
+    """The engine's measured one-worker overhead, and the transport it was measured on."""
+    overhead_ms = prof.engine_overhead_ms.get(config.engine, 0.0)
+    profiled_on = ENGINE_PROFILE_TRANSPORT
+    if config.engine == "dpscale" and config.sync_transport in SHM_TRANSPORTS:
+        if DPSCALE_ON_SHM in prof.engine_overhead_ms:  # measured without gloo's hand-offs
+            overhead_ms, profiled_on = prof.engine_overhead_ms[DPSCALE_ON_SHM], "shm"
+    return overhead_ms, profiled_on
+
+
+def _variation(
+    prof: ModelProfile, cluster: Cluster, config: PredictConfig
+) -> tuple[float, float, float, float]:
+    """The step-to-step variation, a node's shared noise, interference and congestion per doubling:
+    each given, else measured in the profile, else the cluster's."""
+    terms = config.terms
+    # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
+    cv = terms.compute_cv
+    cv = (prof.compute_cv if prof.compute_cv is not None else cluster.compute_cv) if cv is None else cv
+    # the noise a node's host and network path add (shared by its workers): given, else the cluster's
+    node_cv = cluster.node_cv if terms.node_cv is None else terms.node_cv
+    # interference: given, else the profile's measurement (--co-located), else the cluster's devices'
+    interference = terms.interference
+    if interference is None:
+        interference = prof.interference if prof.interference is not None else cluster.interference
+    if not terms.overlap_interference or not config.overlap:
+        interference = 0.0
+    per_doubling = terms.congestion_per_doubling
+    per_doubling = cluster.congestion_per_doubling if per_doubling is None else per_doubling
+    return cv, node_cv, interference, per_doubling
+
+
 def predict(
     profile: ModelProfile,
     cluster: Cluster,
@@ -212,30 +244,14 @@ def predict(
     """
     prof = profile.at_batch(config.per_worker_batch or profile.per_worker_batch)
     batch = prof.per_worker_batch
-    overhead_ms = prof.engine_overhead_ms.get(config.engine, 0.0)
-    profiled_on = ENGINE_PROFILE_TRANSPORT
-    if config.engine == "dpscale" and config.sync_transport in SHM_TRANSPORTS:
-        if DPSCALE_ON_SHM in prof.engine_overhead_ms:  # measured without gloo's hand-offs
-            overhead_ms, profiled_on = prof.engine_overhead_ms[DPSCALE_ON_SHM], "shm"
+    overhead_ms, profiled_on = _engine_overhead(prof, config)
     terms = config.terms
     loading_ms, input_rate = _input(prof, cluster, config)
     # one worker, nothing to communicate, no contention (but fed by one host like any other)
     baseline_ms = max(prof.compute_ms + overhead_ms + loading_ms, terms.input_ms(1, batch, input_rate(1)))
     buckets = prof.buckets(config.bucket_mb, config.first_bucket())
     out = []
-    # the step-to-step variation: given, else the profile's measurement, else the cluster's devices'
-    cv = terms.compute_cv
-    cv = (prof.compute_cv if prof.compute_cv is not None else cluster.compute_cv) if cv is None else cv
-    # the noise a node's host and network path add (shared by its workers): given, else the cluster's
-    node_cv = cluster.node_cv if terms.node_cv is None else terms.node_cv
-    # interference: given, else the profile's measurement (--co-located), else the cluster's devices'
-    interference = terms.interference
-    if interference is None:
-        interference = prof.interference if prof.interference is not None else cluster.interference
-    if not terms.overlap_interference or not config.overlap:
-        interference = 0.0
-    per_doubling = terms.congestion_per_doubling
-    per_doubling = cluster.congestion_per_doubling if per_doubling is None else per_doubling
+    cv, node_cv, interference, per_doubling = _variation(prof, cluster, config)
     # CPU workers on one host share its cores and memory; a node's GPUs each compute on their own,
     # so a CPU profile's contention says nothing about them (--contention still applies)
     measured_contention = {} if prof.device == "cpu" and cluster.gpu else prof.contention

@@ -217,7 +217,8 @@ def robust_cv(values: list[float]) -> float:
 
 
 def _even_buckets(total_bytes: int, backward_ms: float, cap: int, first_cap: int) -> list[ReadyBucket]:
-    buckets, done = [], 0
+    buckets: list[ReadyBucket] = []
+    done = 0
     while done < total_bytes:
         size = min(first_cap if not buckets else cap, total_bytes - done)
         done += size

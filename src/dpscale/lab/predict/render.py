@@ -15,7 +15,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from dpscale.errors import import_extra
-from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
+from dpscale.lab.bench.bench import Figures
+from dpscale.lab.bench.report import CellFormat, Image, ReportDir, Section, Table, new_figure, text_table
 from dpscale.lab.predict.cluster import Cluster, Link, MeasuredAllReduce
 from dpscale.lab.predict.degrade import ScaleTerms
 from dpscale.lab.predict.model import JSON_KEYS, PredictConfig, Prediction
@@ -26,13 +27,13 @@ if TYPE_CHECKING:  # matplotlib: the lab extra, imported when a plot is drawn
     from matplotlib.figure import Figure
 
 
-def _rate(samples_per_s: object) -> str:
+def _rate(samples_per_s: float) -> str:
     """Samples/s as a plain number: 2,421,000 beside 2,560 (".4g" wrote 2.421e+06 there)."""
     v = float(samples_per_s)
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
-_COLUMNS = {  # key: (header, format)
+_COLUMNS: dict[str, tuple[str, CellFormat]] = {  # key: (header, format)
     "world_size": ("N", "d"),
     "nodes": ("nodes", "d"),
     "step_ms": ("step ms", ".2f"),
@@ -254,3 +255,16 @@ __all__ = [
     "results_from_doc",
     "write_report",
 ]
+
+
+def _setup(results: dict) -> tuple[set[str], set[str]]:
+    """The model predicted and its batch, for `dpscale report A B`."""
+    profile, config = results["profile"], results["config"]
+    batch = config.get("per_worker_batch") or profile.get("per_worker_batch")
+    return {str(profile.get("model"))}, {f"{batch}/worker"}
+
+
+# rows matched on world_size -> step_ms, samples_per_s, efficiency
+FIGURES = Figures(
+    ("world_size",), (), ("step_ms", "samples_per_s", "efficiency"), lambda r: r["predictions"], _setup
+)
