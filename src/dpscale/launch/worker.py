@@ -35,6 +35,7 @@ from dpscale.comm.attempt import attempt_id, gloo_interface_hint, is_restart, pu
 from dpscale.engine.collective_log import CollectiveError
 from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
+from dpscale.launch import torch_private
 from dpscale.launch.nodes import rendezvous_warning
 from dpscale.launch.process_life import EXIT_DIVERGED, die_with_parent, exit_now
 from dpscale.launch.protocol import (
@@ -98,7 +99,7 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
     store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     # where this rank runs, for errors that name a silent rank (read through the same store)
-    publish_host(dist.distributed_c10d._get_default_store(), rank, master)
+    publish_host(torch_private.default_store(), rank, master)
 
 
 @dataclass(frozen=True, kw_only=True)
