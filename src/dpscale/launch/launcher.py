@@ -26,6 +26,7 @@ import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,9 @@ from dpscale.train.config import TrainConfig
 from dpscale.train.device import backend_for, resolve_device
 from dpscale.train.result import TrainResult
 from dpscale.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 logger = get_logger(__name__)
 
@@ -125,8 +129,8 @@ def launch(
         )
     # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
     # so a second job is refused there and the other hosts of one job do not refuse each other
-    lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())
-    with dir_lock.hold(cfg.checkpoint_dir) if lock else contextlib.nullcontext():
+    lock = cfg.checkpoint_dir if nodes is None or nodes.serves_store() else None
+    with dir_lock.hold(lock) if lock else contextlib.nullcontext():
         if note := resume_note(cfg):
             logger.info("%s", note)
         check_resume_point(cfg)
@@ -167,9 +171,10 @@ def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: in
             # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
             cfg = replace(cfg, resume=bool(cfg.checkpoint_dir))
             smaller = (m for m in range(n - 1, min_nproc - 1, -1) if _can_start(cfg, m))
-            n = next(smaller, None)
-            if n is None:
+            fewer = next(smaller, None)
+            if fewer is None:
                 raise LaunchError(failure) from None
+            n = fewer
             logger.warning("%s; launching again with %s", failure.splitlines()[0], workers(n))
 
 
@@ -212,6 +217,7 @@ def _launch_elastic(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    where: dict[str, Any]
     if nodes is None:  # one host: stores on 127.0.0.1 only
         where = dict(
             min_nodes=1,
@@ -285,7 +291,7 @@ def _read_result(path: str) -> TrainResult | None:
         return None
 
 
-def _describe_failure(e: Exception, nproc: int, max_restarts: int, failures_dir: str) -> str:
+def _describe_failure(e: ChildFailedError, nproc: int, max_restarts: int, failures_dir: str) -> str:
     """First line: what failed, naming the rank to look at; then the first failing worker's traceback.
 
     A rank that hung is what to look at, not the rank that timed out waiting for it (which fails
@@ -298,9 +304,10 @@ def _describe_failure(e: Exception, nproc: int, max_restarts: int, failures_dir:
         rank, failure = e.get_first_failure()
     except Exception:  # the agent's error record is best effort; never hide the failure behind it
         return f"training with {nproc} workers failed after {attempts}: {e}"
-    record = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
-    record = record if isinstance(record, dict) else {}
-    extra = record.get("extraInfo") if isinstance(record.get("extraInfo"), dict) else {}
+    message = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    record = message if isinstance(message, dict) else {}
+    info = record.get("extraInfo")
+    extra = info if isinstance(info, dict) else {}
     trace = str(extra.get("py_callstack") or "")
     written = WorkerFailure.read(failures_dir, rank, failure.pid)
     hung = written.silent_ranks if written is not None else []

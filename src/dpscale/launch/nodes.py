@@ -214,7 +214,7 @@ def rendezvous_warning(addr: str | None) -> str | None:
     try:
         # every address the name resolves to: "localhost" may also resolve to a public one
         addresses = {info[4][0] for info in socket.getaddrinfo(addr, None)}
-        loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+        loopback = all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addresses)
     except (OSError, ValueError):
         loopback = False
     if loopback:

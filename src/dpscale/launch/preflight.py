@@ -13,8 +13,9 @@ never create: a run refused here has written nothing.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Sized
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -54,11 +55,13 @@ def preflight(cfg: TrainConfig, task: Task, given: Collection[str] = ()) -> None
             f"{'it' if len(ignored) == 1 else 'them'}, or drop Task.optimizer so that the flags "
             "choose the optimizer"
         )
+    assert cfg.global_batch is not None  # TrainConfig resolves it (auto: the start batch)
+    samples = len(cast(Sized, task.train_data))  # probe() checked that it has a length
     # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
-    if cfg.tail in ("drop", "pad") and len(task.train_data) < cfg.global_batch:
+    if cfg.tail in ("drop", "pad") and samples < cfg.global_batch:
         raise ConfigError(
-            f"train_data has {len(task.train_data)} samples, fewer than one global batch of "
-            f"{cfg.global_batch}; use --global-batch {len(task.train_data)} or less, or --tail keep"
+            f"train_data has {samples} samples, fewer than one global batch of "
+            f"{cfg.global_batch}; use --global-batch {samples} or less, or --tail keep"
         )
 
 
@@ -88,6 +91,7 @@ def check_resume_point(cfg: TrainConfig) -> None:
     if loaded is None:
         return
     saved = TrainState.from_state_dict(loaded.payload["trainer"], loaded.path / "trainer.pt")
+    assert cfg.global_batch is not None  # TrainConfig resolves it
     check_resumable(
         saved,
         global_batch=cfg.global_batch,

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # how often the watchdog looks at its parent: the worker is gone within this after the launcher
@@ -70,7 +71,7 @@ class StopRequest:
     def __init__(self, on_request=None, on_second=None) -> None:
         """`on_request(name)` runs on the first signal; `on_second(signum)` on another (default: die)."""
         self.signum: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, or SIG_DFL ...
         self._on_request = on_request
         self._on_second = on_second
 

@@ -104,7 +104,7 @@ def torchrun_node_args(nodes: Nodes) -> list[str]:
         args.append(f"--local-addr={nodes.local_addr}")
     if nodes.node_rank is not None:  # torch's static rendezvous: the host of rank 0 serves the store
         args += ["--rdzv-backend=static", f"--node-rank={nodes.node_rank}"]
-        conf = dict(nodes.rdzv_conf)
+        conf: dict[str, object] = dict(nodes.rdzv_conf)
     else:  # is_host decided by the address, not torch's guess from the host name (nodes.py)
         args.append(f"--rdzv-backend={MULTI_HOST_BACKEND}")
         conf = {k: int(v) if isinstance(v, bool) else v for k, v in nodes.rdzv_configs().items()}

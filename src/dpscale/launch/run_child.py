@@ -22,6 +22,7 @@ import os
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 from dpscale.comm.attempt import gloo_interface_hint
 from dpscale.comm.select import host_id
@@ -41,7 +42,7 @@ def stand_in(engine: str, telemetry_dir: str | None, limit: int | None) -> type:
 
     if telemetry_dir is None:
         return DistributedDataParallel if engine == "dpscale" else nn.parallel.DistributedDataParallel
-    base = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
+    base: Any = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
 
     class Measured(base):
         def __init__(self, *args, **kwargs):
@@ -87,7 +88,7 @@ def _write_doc(path: Path, doc: dict) -> None:
 def _stop(ddp, directory: str) -> None:
     import torch.distributed as dist
 
-    docs = [None] * ddp._where[1]
+    docs: list[Any] = [None] * ddp._where[1]
     dist.all_gather_object(docs, _record(ddp, final=True), group=ddp.process_group)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         for doc in docs:
@@ -106,8 +107,8 @@ def install(engine: str, telemetry_dir: str | None = None, limit: int | None = N
     import torch.nn.parallel.distributed as distributed
 
     cls = stand_in(engine, telemetry_dir, limit)
-    parallel.DistributedDataParallel = cls
-    distributed.DistributedDataParallel = cls
+    parallel.DistributedDataParallel = cls  # type: ignore[misc,assignment]  # the point: scripts get the stand-in
+    distributed.DistributedDataParallel = cls  # type: ignore[misc,assignment]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -82,12 +82,16 @@ def set_join_timeout(handler: Any, seconds: float) -> None:
     read through torch's public `settings`; torch has no public way to change them."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
 
-    settings = handler.settings
-    if not (hasattr(handler, "_settings") and dataclasses.is_dataclass(settings)):
+    settings: Any = handler.settings
+    if not (hasattr(handler, "_settings") and _is_dataclass_instance(settings)):
         raise _missing("shortening the wait for hosts that rejoin", "DynamicRendezvousHandler._settings")
     t = settings.timeout
     bounded = RendezvousTimeout(datetime.timedelta(seconds=seconds), t.last_call, t.close, t.heartbeat)
     handler._settings = dataclasses.replace(settings, timeout=bounded)
+
+
+def _is_dataclass_instance(obj: object) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)
 
 
 @functools.cache

@@ -95,8 +95,10 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
                 ifname,
                 master,
             )
-    store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
+    agent_store = dist.TCPStore(
+        master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
+    store = dist.PrefixStore(f"dpscale/{attempt_id()}", agent_store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     # where this rank runs, for errors that name a silent rank (read through the same store)
     publish_host(torch_private.default_store(), rank, master)
