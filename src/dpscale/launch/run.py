@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpscale.engine.factory import RUN_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.launch.nodes import Nodes
+from dpscale.launch.process_life import guarded_module
 from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
 from dpscale.launch.run_child import ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
 
@@ -76,9 +76,8 @@ def run_script(
             env[name] = str(value)
     if threads is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads))
-    cmd = [
-        sys.executable,
-        "-m",
+    # torchrun's agent ends with this process, and its workers with the agent (process_life.py)
+    cmd = guarded_module(
         "torch.distributed.run",
         *(["--standalone"] if nodes is None else torchrun_node_args(nodes)),
         f"--nproc-per-node={nproc}",
@@ -89,7 +88,7 @@ def run_script(
         "dpscale.launch.run_child",
         script,
         *args,
-    ]
+    )
     if log_path is None:
         return subprocess.run(cmd, env=env).returncode
     with open(log_path, "w") as log:

@@ -26,6 +26,7 @@ from typing import Any
 
 from dpscale.comm.attempt import gloo_interface_hint
 from dpscale.comm.select import host_id
+from dpscale.launch.process_life import die_with_parent
 
 ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         sys.exit("usage: python -m dpscale.launch.run_child SCRIPT [ARGS...]")
+    die_with_parent(os.getppid())  # torchrun's agent: a rank never outlives it
     script = os.path.abspath(argv[0])
     limit = os.environ.get(LIMIT_ENV)
     engine, telemetry_dir = os.environ.get(ENGINE_ENV, "dpscale"), os.environ.get(TELEMETRY_ENV)
