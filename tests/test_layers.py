@@ -153,7 +153,7 @@ def test_the_cycle_finder_finds_cycles(graph, expected):
 def test_the_import_reader_sees_imports_inside_functions(tmp_path):
     modules = _modules()
     path = PACKAGE / "launch" / "worker.py"
-    assert "dpscale.launch.launcher" in _imports("dpscale.launch.worker", path, modules)
+    assert "dpscale.launch.protocol" in _imports("dpscale.launch.worker", path, modules)
     lazy = tmp_path / "lazy.py"
     lazy.write_text("def f():\n    from ..cli import main\n")
     assert _imports("dpscale.train.lazy", lazy, modules) == {"dpscale.cli.main"}

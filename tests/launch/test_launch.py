@@ -4,7 +4,8 @@ from dataclasses import replace
 
 import pytest
 
-from dpscale.launch.launcher import _can_start, _splits, launch, parse_nproc, rendezvous_warning
+from dpscale.launch.launcher import _can_start, _splits, launch, parse_nproc
+from dpscale.launch.nodes import rendezvous_warning
 from dpscale.train.config import TrainConfig
 
 

@@ -57,6 +57,37 @@ def test_a_child_that_calls_die_with_parent_ends_when_its_parent_is_killed(tmp_p
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_an_agent_started_through_guarded_module_ends_with_the_command_that_started_it(tmp_path, sig):
+    # what `dpscale run`, `scale` and the benches across hosts do with torchrun's agent
+    pid_file = tmp_path / "agent.pid"
+    (tmp_path / "sleeper.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    code = (
+        "import subprocess, time; from dpscale.launch.process_life import guarded_module; "
+        "subprocess.Popen(guarded_module('sleeper'), start_new_session=True); time.sleep(600)"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    command = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        agent = int(pid_file.read_text())
+        command.send_signal(sig)
+        command.wait()
+        deadline = time.monotonic() + 5
+        while _alive(agent) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(agent), "the agent outlived the command that started it"
+    finally:
+        command.kill()
+        if pid_file.exists() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_the_first_signal_is_a_request_and_the_second_is_passed_on():
     seen = []
     stop = StopRequest(on_request=seen.append, on_second=seen.append).install()

@@ -41,7 +41,8 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from dpscale.launch.launcher import LaunchError, RunStopped, launch
-    from dpscale.launch.preflight import preflight
+    from dpscale.launch.preflight import check_config, preflight
+    from dpscale.train.trainer import resolve_task
 
     launch_opts = LaunchOptions(**dataclass_kwargs(args, LaunchOptions))
     fields = config_file_kwargs(launch_opts.config, TrainConfig) if launch_opts.config else {}
@@ -55,7 +56,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**fields)
     min_nproc, nproc = launch_opts.nproc_range
     nodes = launch_opts.nodes()
-    preflight(cfg, [nproc, min_nproc], given=set(fields))
+    check_config(cfg, [nproc, min_nproc])
+    preflight(cfg, resolve_task(cfg), given=set(fields))
     try:
         result = launch(
             cfg,

@@ -53,7 +53,14 @@ class CollectiveMismatchError(RuntimeError):
 
 
 class CollectiveError(RuntimeError):
-    """A collective timed out or lost a peer; says which ranks answered and what this one issued."""
+    """A collective timed out or lost a peer; says which ranks answered and what this one issued.
+
+    `silent_ranks`: the ranks that did not report in time (dead or hung), for the launcher's summary.
+    """
+
+    def __init__(self, message: str, silent_ranks: list[int] | None = None):
+        super().__init__(message)
+        self.silent_ranks = list(silent_ranks or [])
 
 
 @dataclass(frozen=True)
@@ -145,16 +152,18 @@ def explain_failures(log: CollectiveLog, wait_s: float) -> Iterator[None]:
     except Exception as e:
         if not is_comm_failure(e):
             raise
-        raise CollectiveError(_explain(e, log, wait_s)) from e
+        message, silent = _explain(e, log, wait_s)
+        raise CollectiveError(message, silent) from e
 
 
-def _explain(exc: Exception, log: CollectiveLog, wait_s: float) -> str:
+def _explain(exc: Exception, log: CollectiveLog, wait_s: float) -> tuple[str, list[int]]:
     me = dist.get_rank(log.group)
     first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     lines = [f"rank {me}: a collective failed ({type(exc).__name__}: {first_line[:300]})"]
     last = log.records()[-1] if log.records() else None
     mine = asdict(last) if last else None
     answers = _ask_peers(log, mine, wait_s)
+    missing: list[int] = []
     if answers is None:
         lines.append("could not ask the other ranks (no store); see their own logs")
     elif not answers.reached:
@@ -176,23 +185,12 @@ def _explain(exc: Exception, log: CollectiveLog, wait_s: float) -> str:
                 other = str(CollectiveRecord(**rep)) if rep else "nothing"
                 lines.append(f"rank {r} also failed; it last issued {other}")
     lines.append(f"this rank last issued (oldest first): {log.describe()}")
-    return "\n".join(lines)
+    return "\n".join(lines), missing
 
 
 def _store_host() -> str:
     # where the workers' store is, as the agent (or torchrun) told this worker
     return f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-
-
-def silent_ranks(text: str) -> list[int]:
-    """The ranks a CollectiveError's text (from `_explain`) names as not reporting: the ones that hung."""
-    m = _SILENT.search(text)
-    return [int(r) for r in re.findall(r"rank (\d+)", m[1])] if m else []
-
-
-_SILENT = re.compile(
-    r"^((?:rank \d+(?: on host [^,]+ \([^)]*\))?(?:, )?)+) did not report within", re.MULTILINE
-)
 
 
 def _ask_peers(log: CollectiveLog, mine: dict | None, wait_s: float) -> _PeerAnswers | None:

@@ -26,6 +26,7 @@ from typing import Any
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.launch.nodes import Nodes, nodes_from_flags
+from dpscale.launch.process_life import die_with_parent, guarded_module
 from dpscale.launch.run import torchrun_node_args
 
 GROUP = "across hosts (the same command on every host)"  # their --help section, after the bench's own
@@ -93,8 +94,16 @@ def run_ranks_across_hosts(
     with tempfile.TemporaryDirectory(prefix="dpscale-hosts-") as workdir:
         job = Path(workdir)
         (job / "job.pkl").write_bytes(pickle.dumps((fn, args, threads, max(5.0, timeout_s - 10.0))))
-        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_node_args(nodes)]
-        cmd += [f"--nproc-per-node={world_size // nodes.max_nodes}", "-m", "dpscale.launch.hosts", workdir]
+        per_host = f"--nproc-per-node={world_size // nodes.max_nodes}"
+        # the agent ends with this process, its workers with the agent (process_life.py)
+        cmd = guarded_module(
+            "torch.distributed.run",
+            *torchrun_node_args(nodes),
+            per_host,
+            "-m",
+            "dpscale.launch.hosts",
+            workdir,
+        )
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -115,6 +124,7 @@ def main(workdir: str) -> None:
 
     from dpscale.comm.attempt import gloo_interface_hint
 
+    die_with_parent(os.getppid())  # torchrun's agent
     fn, args, threads, pg_timeout_s = pickle.loads((Path(workdir) / "job.pkl").read_bytes())
     torch.set_num_threads(threads)
     # a host whose name resolves to loopback would make gloo advertise 127.0.0.1 to the others

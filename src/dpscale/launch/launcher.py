@@ -18,46 +18,47 @@ with the next smaller size whose workers split the global batch, resuming from t
 from __future__ import annotations
 
 import contextlib
-import ipaddress
-import json
 import os
 import signal
-import socket
 import sys
 import tempfile
 import threading
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from dpscale.cores import usable_cores
-from dpscale.engine.collective_log import silent_ranks
 from dpscale.errors import ConfigError
 from dpscale.launch import dir_lock, rendezvous
 from dpscale.launch.nodes import Nodes, parse_min_max
 from dpscale.launch.preflight import check_before_start, check_resume_point, resume_note
 from dpscale.launch.process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
+from dpscale.launch.protocol import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, LaunchSpec, WorkerFailure, read_record
 from dpscale.log import get_logger, workers
 from dpscale.train.config import TrainConfig
 from dpscale.train.device import backend_for, resolve_device
 from dpscale.train.result import TrainResult
 from dpscale.train.trainer import Trainer
 
+if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 logger = get_logger(__name__)
 
-# how the launcher hands a worker its task: the environment variable names a JSON file with the
-# config and thread count; rank 0 writes its result next to it
-LAUNCH_SPEC_ENV = "DPSCALE_LAUNCH_SPEC"
-LAUNCHER_PID_ENV = "DPSCALE_LAUNCHER_PID"
 # after a second SIGTERM/SIGINT, how long the agent lets workers end before SIGKILL
 _SHUTDOWN_S = 5
 
 
 class LaunchError(RuntimeError):
     """Every attempt failed; the message names the failing rank and holds its traceback."""
+
+
+class _AttemptsFailed(Exception):
+    """Every restart at one world size failed; the message is the failure summary."""
 
 
 class RunStopped(Exception):
@@ -82,25 +83,6 @@ def stopped_exit_code(stopped_by: str) -> int:
 def default_threads(nproc: int) -> int:
     """Intra-op threads per worker: the cores this process may use, split evenly."""
     return max(1, usable_cores() // nproc)
-
-
-def rendezvous_warning(addr: str | None) -> str | None:
-    """A warning if workers meet at a non-loopback address, else None."""
-    if not addr:
-        return None
-    try:
-        # every address the name resolves to: "localhost" may also resolve to a public one
-        addresses = {info[4][0] for info in socket.getaddrinfo(addr, None)}
-        loopback = all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
-    except (OSError, ValueError):
-        loopback = False
-    if loopback:
-        return None
-    return (
-        f"dpscale: warning: workers rendezvous at {addr}, which is not a loopback address. torch's "
-        "rendezvous store has no authentication: anyone who can reach it can join or disrupt the job. "
-        "Run multi-host jobs on a trusted network only (docs/fault-tolerance.md)."
-    )
 
 
 def parse_nproc(text: str) -> tuple[int, int]:
@@ -147,8 +129,8 @@ def launch(
         )
     # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
     # so a second job is refused there and the other hosts of one job do not refuse each other
-    lock = cfg.checkpoint_dir and (nodes is None or nodes.serves_store())
-    with dir_lock.hold(cfg.checkpoint_dir) if lock else contextlib.nullcontext():
+    lock = cfg.checkpoint_dir if nodes is None or nodes.serves_store() else None
+    with dir_lock.hold(lock) if lock else contextlib.nullcontext():
         if note := resume_note(cfg):
             logger.info("%s", note)
         check_resume_point(cfg)
@@ -158,13 +140,12 @@ def launch(
 
 
 def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes):
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
     try:
         return _finished(_launch_elastic(cfg, nproc, max_restarts, threads, nodes))
-    except ChildFailedError as e:
-        raise LaunchError(_describe_failure(e, nproc, max_restarts)) from None
+    except _AttemptsFailed as e:
+        raise LaunchError(str(e)) from None
     except rendezvous.HostsLost as e:  # this host is cut off: the message names whom it lost
         raise LaunchError(f"{e}; this host's workers were stopped") from None
     except rendezvous.HostsDidNotRejoin as e:  # after a restart, the lost hosts never came back
@@ -181,20 +162,19 @@ def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int,
 def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: int, threads: int | None):
     if nproc == 1 and max_restarts == 0:
         return _finished(_run_in_process(cfg, threads or default_threads(1)))
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-
     n = nproc
     while True:
         try:
             return _finished(_launch_elastic(cfg, n, max_restarts, threads or default_threads(n)))
-        except ChildFailedError as e:
-            failure = _describe_failure(e, n, max_restarts)
+        except _AttemptsFailed as e:
+            failure = str(e)
             # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
             cfg = replace(cfg, resume=bool(cfg.checkpoint_dir))
             smaller = (m for m in range(n - 1, min_nproc - 1, -1) if _can_start(cfg, m))
-            n = next(smaller, None)
-            if n is None:
+            fewer = next(smaller, None)
+            if fewer is None:
                 raise LaunchError(failure) from None
+            n = fewer
             logger.warning("%s; launching again with %s", failure.splitlines()[0], workers(n))
 
 
@@ -234,8 +214,10 @@ def _launch_elastic(
     cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes | None = None
 ) -> TrainResult:
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    where: dict[str, Any]
     if nodes is None:  # one host: stores on 127.0.0.1 only
         where = dict(
             min_nodes=1,
@@ -267,24 +249,18 @@ def _launch_elastic(
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     with tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
-        files = {name: str(Path(tmp) / name) for name in ("spec.json", "result.json", "stop")}
-        Path(files["spec.json"]).write_text(
-            json.dumps(
-                {
-                    "config": cfg.to_dict(),
-                    "threads": threads,
-                    "result": files["result.json"],
-                    "stop": files["stop"],
-                }
-            )
-        )
-        stop = StopRequest(on_request=Path(files["stop"]).write_text, on_second=_abort)
+        spec = LaunchSpec.in_dir(tmp, config=cfg.to_dict(), threads=threads)
+        spec_path = Path(tmp) / "spec.json"
+        spec.write(spec_path)
+        stop = StopRequest(on_request=Path(spec.stop).write_text, on_second=_abort)
         if threading.current_thread() is threading.main_thread():
             stop.install()
-        os.environ[LAUNCH_SPEC_ENV] = files["spec.json"]
+        os.environ[LAUNCH_SPEC_ENV] = str(spec_path)
         os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
         try:
             elastic_launch(launch_cfg, sys.executable)("-m", "dpscale.launch.worker")
+        except ChildFailedError as e:  # the failure records live in `tmp`: read them before it goes
+            raise _AttemptsFailed(_describe_failure(e, nproc, max_restarts, spec.failures)) from None
         except SignalException as e:  # a second signal (or SIGHUP, SIGQUIT): the workers were ended
             name = signal.Signals(e.sigval).name
             raise RunStopped(
@@ -294,7 +270,7 @@ def _launch_elastic(
             stop.restore()
             for key in (LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV):
                 os.environ.pop(key, None)
-        result = _read_result(Path(files["result.json"]))
+        result = _read_result(spec.result)
     if result is None:
         raise LaunchError(f"training with {nproc} workers ended without a result from rank 0")
     return result
@@ -307,19 +283,20 @@ def _abort(signum: int) -> None:
     raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
-def _read_result(path: Path) -> TrainResult | None:
+def _read_result(path: str) -> TrainResult | None:
+    record = read_record(path)
     try:
-        return TrainResult(**json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError):
+        return TrainResult(**record) if record is not None else None
+    except TypeError:
         return None
 
 
-def _describe_failure(e: Exception, nproc: int, max_restarts: int) -> str:
+def _describe_failure(e: ChildFailedError, nproc: int, max_restarts: int, failures_dir: str) -> str:
     """First line: what failed, naming the rank to look at; then the first failing worker's traceback.
 
     A rank that hung is what to look at, not the rank that timed out waiting for it (which fails
-    first); the timed-out rank's CollectiveError names it. A worker killed by a signal leaves no
-    error record (torch's file holds "<NONE>"), only its exit code.
+    first); the timed-out rank's failure record (protocol.WorkerFailure) names it. A worker killed
+    by a signal leaves no error record (torch's file holds "<NONE>"), only its exit code.
     """
     attempts = f"{max_restarts + 1} attempt{'s' if max_restarts else ''}"
     head = f"training with {nproc} workers failed after {attempts} (--max-restarts {max_restarts}); "
@@ -327,11 +304,13 @@ def _describe_failure(e: Exception, nproc: int, max_restarts: int) -> str:
         rank, failure = e.get_first_failure()
     except Exception:  # the agent's error record is best effort; never hide the failure behind it
         return f"training with {nproc} workers failed after {attempts}: {e}"
-    record = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
-    record = record if isinstance(record, dict) else {}
-    extra = record.get("extraInfo") if isinstance(record.get("extraInfo"), dict) else {}
+    message = failure.error_file_data.get("message") if isinstance(failure.error_file_data, dict) else None
+    record = message if isinstance(message, dict) else {}
+    info = record.get("extraInfo")
+    extra = info if isinstance(info, dict) else {}
     trace = str(extra.get("py_callstack") or "")
-    hung = silent_ranks(f"{record.get('message', '')}\n{trace}")
+    written = WorkerFailure.read(failures_dir, rank, failure.pid)
+    hung = written.silent_ranks if written is not None else []
     if hung:
         who = ", ".join(f"rank {r}" for r in hung)
         head += f"{who} hung: rank {rank} timed out waiting for it in a collective"

@@ -19,6 +19,7 @@ import socket
 import threading
 
 from dpscale.comm.attempt import within
+from dpscale.launch import torch_private
 
 PROBE_S = 2.0
 """How long a probe waits for each host: a connect across a working link is answered in far less
@@ -81,12 +82,10 @@ class HostTable:
             self.hostnames = {addr: name.decode() for addr, name in zip(self.peers, names, strict=True)}
 
     def record(self, handler) -> None:
-        """After a completed round: who took part (torch's DynamicRendezvousHandler, private state;
-        pinned torch range, tests/launch/test_lost_hosts.py fails if a release moves it)."""
-        state = handler._state_holder.state
-        self.this_host = handler._this_node.addr
-        self.peers = sorted({node.addr for node in state.participants} - {self.this_host})
-        self.round = state.round
+        """After a completed round: who took part (torch's DynamicRendezvousHandler, private state
+        read through torch_private.py; tests/launch/test_lost_hosts.py fails if a release moves it)."""
+        self.this_host, members, self.round = torch_private.round_members(handler)
+        self.peers = sorted(set(members) - {self.this_host})
         self._back = set()
 
     def observe(self, state) -> None:

@@ -11,6 +11,7 @@ does not resolve to that address (containers, network namespaces); a bind test d
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import socket
 from dataclasses import dataclass, field
@@ -204,3 +205,22 @@ def carries_address(host: str) -> bool:
         except OSError:
             continue
     return False
+
+
+def rendezvous_warning(addr: str | None) -> str | None:
+    """A warning if workers meet at a non-loopback address, else None."""
+    if not addr:
+        return None
+    try:
+        # every address the name resolves to: "localhost" may also resolve to a public one
+        addresses = {info[4][0] for info in socket.getaddrinfo(addr, None)}
+        loopback = all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in addresses)
+    except (OSError, ValueError):
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"dpscale: warning: workers rendezvous at {addr}, which is not a loopback address. torch's "
+        "rendezvous store has no authentication: anyone who can reach it can join or disrupt the job. "
+        "Run multi-host jobs on a trusted network only (docs/fault-tolerance.md)."
+    )

@@ -1,9 +1,10 @@
 """Checks of a training run that can be made before any worker starts, so bad input costs one line
 and exit code 2 instead of a traceback from every worker, or a failure after training.
 
-`preflight` (the CLI's): the task is loaded and probed (its model built, a couple of items of each
-dataset run through the model, loss and metrics), its training set compared with the global batch,
-and the device checked for the largest world size the run may use. `check_before_start` (the
+`check_config` (the CLI's): the batch splits and the device exists for every world size the run may
+use. `preflight` (the CLI's, given the task the config names): the task is probed (its model built,
+a couple of items of each dataset run through the model, loss and metrics) and its training set
+compared with the global batch. `check_before_start` (the
 launcher's, for API callers too): the file system and the transport; `check_resume_point` (the
 launcher's, under the directory's lock): the checkpoint a `--resume` would continue. They look,
 never create: a run refused here has written nothing.
@@ -12,8 +13,9 @@ never create: a run refused here has written nothing.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Sized
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -24,22 +26,26 @@ from dpscale.train.checkpoint.resume import check_resumable
 from dpscale.train.config import TrainConfig
 from dpscale.train.device import resolve_device
 from dpscale.train.state import TrainState
-from dpscale.train.trainer import resolve_task
-from dpscale.workloads.task import probe
+from dpscale.workloads.task import Task, probe
 
 # the config's optimizer, which a task's own (Task.optimizer) replaces
 OPTIMIZER_FIELDS = ("optimizer", "lr", "momentum", "weight_decay")
 
 
-def preflight(cfg: TrainConfig, world_sizes: list[int], given: Collection[str] = ()) -> None:
-    """ValueError (one line, naming what to change) for anything that would fail in the workers,
-    or be ignored: `given` names the fields the user set (flags, --config), not the defaults."""
+def check_config(cfg: TrainConfig, world_sizes: list[int]) -> None:
+    """ValueError (one line) for a config that cannot run at these world sizes on this host: the
+    batch does not split, the device is missing, a directory or the transport is unusable."""
     for n in sorted(set(world_sizes), reverse=True):
         cfg.resolve_batch(n)
         if cfg.device != "cpu":
             resolve_device(cfg.device, local_rank=n - 1)
     check_before_start(cfg)
-    task = resolve_task(cfg)
+
+
+def preflight(cfg: TrainConfig, task: Task, given: Collection[str] = ()) -> None:
+    """ValueError (one line, naming what to change) for anything in `task` that would fail in the
+    workers, or be ignored: `given` names the fields the user set (flags, --config), not the
+    defaults. Run `check_config` first: it is cheaper than building the task."""
     probe(task)
     ignored = [f"--{name.replace('_', '-')}" for name in OPTIMIZER_FIELDS if name in given]
     if task.optimizer is not None and ignored:
@@ -49,11 +55,13 @@ def preflight(cfg: TrainConfig, world_sizes: list[int], given: Collection[str] =
             f"{'it' if len(ignored) == 1 else 'them'}, or drop Task.optimizer so that the flags "
             "choose the optimizer"
         )
+    assert cfg.global_batch is not None  # TrainConfig resolves it (auto: the start batch)
+    samples = len(cast(Sized, task.train_data))  # probe() checked that it has a length
     # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
-    if cfg.tail in ("drop", "pad") and len(task.train_data) < cfg.global_batch:
+    if cfg.tail in ("drop", "pad") and samples < cfg.global_batch:
         raise ConfigError(
-            f"train_data has {len(task.train_data)} samples, fewer than one global batch of "
-            f"{cfg.global_batch}; use --global-batch {len(task.train_data)} or less, or --tail keep"
+            f"train_data has {samples} samples, fewer than one global batch of "
+            f"{cfg.global_batch}; use --global-batch {samples} or less, or --tail keep"
         )
 
 
@@ -83,6 +91,7 @@ def check_resume_point(cfg: TrainConfig) -> None:
     if loaded is None:
         return
     saved = TrainState.from_state_dict(loaded.payload["trainer"], loaded.path / "trainer.pt")
+    assert cfg.global_batch is not None  # TrainConfig resolves it
     check_resumable(
         saved,
         global_batch=cfg.global_batch,

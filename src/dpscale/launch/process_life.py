@@ -1,9 +1,15 @@
-"""How a training worker process lives and ends: with its launcher, on request, and without a crash at exit.
+"""How the processes dpscale starts live and end: with their launcher, on request, without a crash at exit.
 
 - `die_with_parent`: a worker must not outlive the launcher that started it (a `kill -9` of
   `dpscale train` would otherwise leave workers training and writing checkpoints that a later
   `--resume` reads while they change). Linux's PR_SET_PDEATHSIG has the kernel kill the worker
   when its parent dies; a watchdog thread that sees the parent change covers systems without it.
+  Every process that runs ranks calls it: `dpscale train`'s workers, `dpscale run`/`scale`'s
+  (run_child.py), the ranks across hosts (hosts.py) and the lab's (lab/multirank.py).
+- `guarded_module`: the one way dpscale starts a child agent (torchrun, for `dpscale run`,
+  `scale` and the benches across hosts): `python -m dpscale.launch.process_life PID MODULE ARGS`
+  runs `python -m MODULE ARGS` after `die_with_parent(PID)`, so the agent ends with the command
+  that started it, whatever the signal, and its workers end with the agent.
 - `StopRequest`: SIGTERM (what a preempting scheduler sends) and SIGINT (Ctrl-C) to the launcher
   become a request that the training loop honours at the next step boundary, after a checkpoint,
   instead of an exception in the middle of a collective. A second signal ends the run at once.
@@ -18,10 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import os
+import runpy
 import signal
 import sys
 import threading
 import time
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # how often the watchdog looks at its parent: the worker is gone within this after the launcher
@@ -70,7 +78,7 @@ class StopRequest:
     def __init__(self, on_request=None, on_second=None) -> None:
         """`on_request(name)` runs on the first signal; `on_second(signum)` on another (default: die)."""
         self.signum: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: a handler, or SIG_DFL ...
         self._on_request = on_request
         self._on_second = on_second
 
@@ -118,3 +126,19 @@ def exit_now(code: int | None) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def guarded_module(module: str, *args: str) -> list[str]:
+    """The command line that runs `python -m module args` as a child that dies with this process."""
+    return [sys.executable, "-m", "dpscale.launch.process_life", str(os.getpid()), module, *args]
+
+
+def _run_guarded(argv: list[str]) -> None:
+    parent, module, *args = argv
+    die_with_parent(int(parent))
+    sys.argv = [module, *args]  # runpy replaces argv[0] with the module's path, as `python -m` does
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    _run_guarded(sys.argv[1:])

@@ -7,7 +7,7 @@ sockets bound to 127.0.0.1, and hands them to torch (`master_listen_fd`):
 
 - the rendezvous store (torch's c10d rendezvous backend holds its state there), and
 - the agent store the workers' process group meets in (TORCHELASTIC_USE_AGENT_STORE), which
-  torch's handler would create on a port of its own; `_create_tcp_store_server` is replaced.
+  torch's handler would create on a port of its own, on every interface (torch_private.py).
 
 A multi-host job (`dpscale train --nnodes`, or torchrun on each host with the `dpscale-c10d`
 backend: torch's c10d, registered for torchrun through the `torchrun.handlers` entry point,
@@ -22,7 +22,6 @@ waits for the hosts to rejoin only as long as `rejoin_timeout` says (nodes.py), 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import pickle
@@ -39,6 +38,7 @@ from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCP
 
 from dpscale.comm.attempt import ROUND_ENV, bounded, source_address
 from dpscale.errors import ConfigError
+from dpscale.launch import torch_private
 from dpscale.launch.lost_hosts import PROBE_S, HostTable
 from dpscale.launch.nodes import REJOIN_TIMEOUT, carries_address
 
@@ -127,11 +127,12 @@ class _StaticRendezvous(StaticTCPRendezvous):
         return STATIC_BACKEND
 
     def next_rendezvous(self):
-        if self._store is None and self.rank == 0:
+        if torch_private.static_store(self) is None and self.rank == 0:
             # what torch's handler creates here, on every interface; returns once every host's
             # agent connected (or raises after the timeout)
             timeout_s = self.timeout.total_seconds()
-            self._store = bound_store(self.master_addr, self.master_port, timeout_s, self.world_size)
+            store = bound_store(self.master_addr, self.master_port, timeout_s, self.world_size)
+            torch_private.set_static_store(self, store)
         return super().next_rendezvous()
 
 
@@ -151,7 +152,7 @@ class _Backend(C10dRendezvousBackend):
         return BACKEND
 
 
-class _MultiHostBackend(C10dRendezvousBackend):
+class _MultiHostBackend(torch_private.StoreCallsBackend):
     """torch's c10d backend whose every store call ends within `read_timeout_s`.
 
     torch's TCPStore client waits in a plain `recv` for most replies; across hosts, when the link
@@ -183,10 +184,9 @@ class _MultiHostBackend(C10dRendezvousBackend):
             self._hosts.observe(pickle.loads(result[0]))  # noqa: S301 -- what torch's own holder loads
         return result
 
-    def _call_store(self, store_op: str, *args, **kwargs):
-        call = super()._call_store
+    def on_store_call(self, call):
         try:
-            return bounded(self._read_timeout_s, lambda: call(store_op, *args, **kwargs))
+            return bounded(self._read_timeout_s, call)
         except TimeoutError as e:
             no_answer = (
                 f"the rendezvous store at {self._endpoint} did not answer within {self._read_timeout_s:g} s"
@@ -206,9 +206,9 @@ def _create_handler(params):
 
     store = loopback_store()
     handler = create_handler(store, _Backend(store, params.run_id), params)
-    # torch's handler would start the agent store on every interface (private API: pinned torch
-    # range, and tests/faults/test_rendezvous_binding.py fails if a release changes it)
-    handler._create_tcp_store_server = lambda addr, port: loopback_store(port)
+    # torch's handler would start the agent store on every interface (tests/faults/
+    # test_rendezvous_binding.py fails if a release changes how)
+    torch_private.replace_agent_store_server(handler, lambda addr, port: loopback_store(port))
     return export_round(handler)
 
 
@@ -219,9 +219,8 @@ def export_round(handler):
 
     def next_rendezvous():
         info = join()
-        # private state of torch's DynamicRendezvousHandler (pinned torch range;
-        # tests/launch/test_rendezvous_round.py fails if a release moves it)
-        os.environ[ROUND_ENV] = str(handler._state_holder.state.round)
+        # tests/launch/test_rendezvous_round.py fails if a release moves it
+        os.environ[ROUND_ENV] = str(torch_private.rendezvous_round(handler))
         return info
 
     handler.next_rendezvous = next_rendezvous
@@ -251,8 +250,8 @@ def create_multi_host_handler(params):
     hosts.publish_name(store, params.run_id, params.local_addr, timeout_s)
     backend = _MultiHostBackend(store, params.run_id, timeout_s, f"{host}:{port}", hosts)
     handler = create_handler(store, backend, params)
-    # private API, as for the single-host handler (tests/launch/test_rendezvous_binding_multi_host.py)
-    handler._create_tcp_store_server = lambda addr, port: bound_store(addr, port, timeout_s)
+    # as for the single-host handler (tests/launch/test_rendezvous_binding_multi_host.py)
+    torch_private.replace_agent_store_server(handler, lambda addr, port: bound_store(addr, port, timeout_s))
     names = (store, params.run_id, timeout_s)
     return export_round(_track_hosts(handler, hosts, params.get_as_int(REJOIN_TIMEOUT), names))
 
@@ -262,8 +261,6 @@ def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None, names:
     published, read through `names` = (store, run_id, timeout_s)) and, from then on, wait at most
     `rejoin_timeout_s` (when given) for the hosts to come back after a failure; a wait that ends
     unmet names the hosts that did not rejoin. Returns the handler."""
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousTimeout
-
     join = handler.next_rendezvous
 
     def next_rendezvous():
@@ -273,11 +270,11 @@ def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None, names:
             if hosts.round is None:  # the first round: torch's message (who never came is unknown)
                 raise
             missing = hosts.not_rejoined()
-            seconds = handler._settings.timeout.join.total_seconds()
+            seconds = handler.settings.timeout.join.total_seconds()
             raise HostsDidNotRejoin(
                 f"{hosts.describe(missing) if missing else 'lost hosts'}: the job waited {seconds:g} s "
                 f"for {'it' if len(missing) == 1 else 'them'} to rejoin after a failure and needs at "
-                f"least {handler._settings.min_nodes} hosts (--nnodes)"
+                f"least {handler.settings.min_nodes} hosts (--nnodes)"
             ) from e
         except HostsLost:
             raise
@@ -298,13 +295,8 @@ def _track_hosts(handler, hosts: HostTable, rejoin_timeout_s: int | None, names:
             hosts.read_names(*names)
         if rejoin_timeout_s is not None:
             # the first round waits torch's join timeout (hosts started by hand); a rejoin after a
-            # failure only as long as the hosts that are still there need (nodes.py says how long).
-            # Private state, as in export_round.
-            t = handler._settings.timeout
-            bounded = RendezvousTimeout(
-                datetime.timedelta(seconds=rejoin_timeout_s), t.last_call, t.close, t.heartbeat
-            )
-            handler._settings = dataclasses.replace(handler._settings, timeout=bounded)
+            # failure only as long as the hosts that are still there need (nodes.py says how long)
+            torch_private.set_join_timeout(handler, rejoin_timeout_s)
         return info
 
     handler.next_rendezvous = next_rendezvous

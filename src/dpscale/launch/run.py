@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpscale.engine.factory import RUN_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.launch.nodes import Nodes
+from dpscale.launch.process_life import guarded_module
 from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
 from dpscale.launch.run_child import ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
 
@@ -76,9 +76,8 @@ def run_script(
             env[name] = str(value)
     if threads is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads))
-    cmd = [
-        sys.executable,
-        "-m",
+    # torchrun's agent ends with this process, and its workers with the agent (process_life.py)
+    cmd = guarded_module(
         "torch.distributed.run",
         *(["--standalone"] if nodes is None else torchrun_node_args(nodes)),
         f"--nproc-per-node={nproc}",
@@ -89,7 +88,7 @@ def run_script(
         "dpscale.launch.run_child",
         script,
         *args,
-    ]
+    )
     if log_path is None:
         return subprocess.run(cmd, env=env).returncode
     with open(log_path, "w") as log:
@@ -104,7 +103,7 @@ def torchrun_node_args(nodes: Nodes) -> list[str]:
         args.append(f"--local-addr={nodes.local_addr}")
     if nodes.node_rank is not None:  # torch's static rendezvous: the host of rank 0 serves the store
         args += ["--rdzv-backend=static", f"--node-rank={nodes.node_rank}"]
-        conf = dict(nodes.rdzv_conf)
+        conf: dict[str, object] = dict(nodes.rdzv_conf)
     else:  # is_host decided by the address, not torch's guess from the host name (nodes.py)
         args.append(f"--rdzv-backend={MULTI_HOST_BACKEND}")
         conf = {k: int(v) if isinstance(v, bool) else v for k, v in nodes.rdzv_configs().items()}

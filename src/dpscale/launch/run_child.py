@@ -22,9 +22,11 @@ import os
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 from dpscale.comm.attempt import gloo_interface_hint
 from dpscale.comm.select import host_id
+from dpscale.launch.process_life import die_with_parent
 
 ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
@@ -41,7 +43,7 @@ def stand_in(engine: str, telemetry_dir: str | None, limit: int | None) -> type:
 
     if telemetry_dir is None:
         return DistributedDataParallel if engine == "dpscale" else nn.parallel.DistributedDataParallel
-    base = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
+    base: Any = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
 
     class Measured(base):
         def __init__(self, *args, **kwargs):
@@ -87,7 +89,7 @@ def _write_doc(path: Path, doc: dict) -> None:
 def _stop(ddp, directory: str) -> None:
     import torch.distributed as dist
 
-    docs = [None] * ddp._where[1]
+    docs: list[Any] = [None] * ddp._where[1]
     dist.all_gather_object(docs, _record(ddp, final=True), group=ddp.process_group)
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         for doc in docs:
@@ -106,14 +108,15 @@ def install(engine: str, telemetry_dir: str | None = None, limit: int | None = N
     import torch.nn.parallel.distributed as distributed
 
     cls = stand_in(engine, telemetry_dir, limit)
-    parallel.DistributedDataParallel = cls
-    distributed.DistributedDataParallel = cls
+    parallel.DistributedDataParallel = cls  # type: ignore[misc,assignment]  # the point: scripts get the stand-in
+    distributed.DistributedDataParallel = cls  # type: ignore[misc,assignment]
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         sys.exit("usage: python -m dpscale.launch.run_child SCRIPT [ARGS...]")
+    die_with_parent(os.getppid())  # torchrun's agent: a rank never outlives it
     script = os.path.abspath(argv[0])
     limit = os.environ.get(LIMIT_ENV)
     engine, telemetry_dir = os.environ.get(ENGINE_ENV, "dpscale"), os.environ.get(TELEMETRY_ENV)

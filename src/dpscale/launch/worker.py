@@ -32,10 +32,19 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dpscale.comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
+from dpscale.engine.collective_log import CollectiveError
 from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
-from dpscale.launch.launcher import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, rendezvous_warning
+from dpscale.launch import torch_private
+from dpscale.launch.nodes import rendezvous_warning
 from dpscale.launch.process_life import EXIT_DIVERGED, die_with_parent, exit_now
+from dpscale.launch.protocol import (
+    LAUNCH_SPEC_ENV,
+    LAUNCHER_PID_ENV,
+    LaunchSpec,
+    WorkerFailure,
+    write_atomically,
+)
 from dpscale.log import get_logger
 from dpscale.train.callbacks import callbacks_from_env
 from dpscale.train.config import TrainConfig
@@ -86,11 +95,13 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
                 ifname,
                 master,
             )
-    store = dist.TCPStore(master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout)
-    store = dist.PrefixStore(f"dpscale/{attempt_id()}", store)
+    agent_store = dist.TCPStore(
+        master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+    )
+    store = dist.PrefixStore(f"dpscale/{attempt_id()}", agent_store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
     # where this rank runs, for errors that name a silent rank (read through the same store)
-    publish_host(dist.distributed_c10d._get_default_store(), rank, master)
+    publish_host(torch_private.default_store(), rank, master)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,16 +155,27 @@ def main(argv: list[str] | None = None) -> int:
 def _launched() -> int:
     """Started by `dpscale train`: the config comes from the launcher, rank 0's result goes back to it."""
     die_with_parent(int(os.environ[LAUNCHER_PID_ENV]))
-    spec = json.loads(Path(os.environ[LAUNCH_SPEC_ENV]).read_text())
-    stop_file = Path(spec["stop"])
-    # one stat per step; the file holds the signal's name
-    result = run_worker(spec["config"], spec["threads"], lambda: _read(stop_file))
+    spec = LaunchSpec.read(os.environ[LAUNCH_SPEC_ENV])
+    stop_file = Path(spec.stop)
+    try:
+        # one stat per step; the file holds the signal's name
+        result = run_worker(spec.config, spec.threads, lambda: _read(stop_file))
+    except Exception as e:
+        _write_failure(e, spec.failures)
+        raise
     # the result is the same on every rank; each host's launcher reads its first worker's
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        tmp = Path(spec["result"] + ".tmp")
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, spec["result"])  # the launcher never reads half a result
+        write_atomically(spec.result, result)  # the launcher never reads half a result
     return 0  # a diverged run is reported by the launcher from the result, not by a restart
+
+
+def _write_failure(error: BaseException, directory: str) -> None:
+    """When a collective timed out, name the ranks that did not answer, for the launcher's summary."""
+    while error is not None and not isinstance(error, CollectiveError):
+        error = error.__cause__ or error.__context__  # type: ignore[assignment]
+    if isinstance(error, CollectiveError) and error.silent_ranks:
+        rank = int(os.environ.get("RANK", "0"))
+        WorkerFailure(rank=rank, pid=os.getpid(), silent_ranks=error.silent_ranks).write(directory)
 
 
 def _read(path: Path) -> str | None:
