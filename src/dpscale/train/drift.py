@@ -34,7 +34,9 @@ def checked_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     """Parameters, then buffers, in registration order, without BatchNorm running statistics."""
     skip = set()
     for prefix, sub in module.named_modules():
-        if isinstance(sub, nn.modules.batchnorm._NormBase):
+        # torch's batch and instance norms (their private base class _NormBase) are the modules
+        # with `track_running_stats`; asked by that public attribute, not by the private class
+        if hasattr(sub, "track_running_stats"):
             skip |= {f"{prefix}.running_mean".lstrip("."), f"{prefix}.running_var".lstrip(".")}
     named = list(module.named_parameters()) + list(module.named_buffers())
     return [(n, t) for n, t in named if n not in skip]
