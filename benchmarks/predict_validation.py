@@ -1,4 +1,7 @@
-"""Check `dpscale predict` against measurement, three ways (see docs/performance-model.md).
+"""Check `dpscale predict` against measurement: on this machine and on emulated clusters.
+
+See docs/performance-model.md; the third check there, against published results, is archived:
+benchmarks/archive/predict_published.py.
 
     python benchmarks/predict_validation.py local [--models mlp,transformer] [--steps 30]
         this machine: all-reduce bench (gloo, shm) for calibration, then per model a one-worker
@@ -10,8 +13,6 @@
         the same check for reports you already have (the profile must come from another run)
     python benchmarks/predict_validation.py emulate [--hosts 2] [--rate-gbit 1] [--transport gloo]
         an emulated multi-host cluster (network namespaces, tbf-shaped links; needs root)
-    python benchmarks/predict_validation.py published
-        the published-results table (markdown): parameters fitted on half the cases, error on the other half
 
 Reports go to reports/<UTC>-<name>/ like every bench's.
 """
@@ -27,14 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # predict_lab, beside this script
 
-from predict_lab import (  # noqa: E402
-    emulate,
-    emulate_validate,
-    published,
-    published_cases,
-    published_posthoc,
-    validate,
-)
+from predict_lab import emulate, emulate_validate, validate  # noqa: E402
 
 from dpscale.lab.bench import allreduce, allreduce_report, scaling, scaling_report  # noqa: E402
 from dpscale.lab.bench.report import ReportDir, Section, Table  # noqa: E402
@@ -189,17 +183,6 @@ def run_emulate(args: argparse.Namespace) -> int:
     return 0 if all(r.within_target for r in rows) else 1
 
 
-def run_published(args: argparse.Namespace) -> int:
-    study = published.held_out_study()
-    print(published.format_study(study))
-    for case in published_cases.cases():
-        print(f"\n- {case.name}: {case.source}. {case.notes}")
-    # collected after the held-out results were known: predicted with the training half's fit only
-    print("\ncases collected after the held-out results (published_posthoc.py), with the same fit:\n")
-    print(published_posthoc.format_posthoc(published_posthoc.posthoc_study(study.params)))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report-dir", default="reports")
@@ -225,8 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     emu.add_argument("--per-worker-batch", type=int, default=16)
     emu.add_argument("--steps", type=int, default=4)
     emu.set_defaults(func=run_emulate)
-    pub = sub.add_parser("published", help="the published-results table")
-    pub.set_defaults(func=run_published)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,8 +1,13 @@
-"""What `pip install dpscale` brings and what it leaves to the lab extra; the system facts reports name."""
+"""What `pip install dpscale` brings and what it leaves to the lab extra; the system facts reports name.
+Checked on what is installed and on a wheel built from this tree, not on pyproject.toml's text."""
 
+import importlib.metadata
+import importlib.util
+import shutil
 import subprocess
 import sys
-import tomllib
+import zipfile
+from email.parser import Parser
 from pathlib import Path
 
 import pytest
@@ -13,24 +18,71 @@ from dpscale.lab.bench import report, sysinfo
 from dpscale.workloads import datasets
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+LAB = {"matplotlib", "scikit-learn", "rich"}
+
+
+def _requirements(requires: list[str]) -> tuple[set[str], set[str]]:
+    """(the names every install brings, the names the lab extra adds) from Requires-Dist lines."""
+    reqs = [Requirement(r) for r in requires]
+    base = {r.name for r in reqs if r.marker is None}
+    lab = {r.name for r in reqs if r.marker is not None and r.marker.evaluate({"extra": "lab"})} - base
+    return base, lab
 
 
 def test_the_engine_needs_torch_and_numpy_only_and_the_lab_extra_brings_the_rest():
-    assert sorted(Requirement(r).name for r in PROJECT["dependencies"]) == ["numpy", "torch"]
-    lab = {Requirement(r).name for r in PROJECT["optional-dependencies"]["lab"]}
-    assert lab == {"matplotlib", "scikit-learn", "rich"}
-    assert "lab" in (ROOT / "Makefile").read_text().split("pip install -q -e")[1].splitlines()[0]
+    base, lab = _requirements(importlib.metadata.requires("dpscale"))
+    assert base == {"numpy", "torch"} and lab == LAB
+    # `make` installs the lab extra, so the lab's tests run on what they import
+    for module in ("matplotlib", "sklearn", "rich"):
+        assert importlib.util.find_spec(module) is not None, module
 
 
-def test_the_package_says_it_is_typed():
-    assert (ROOT / "src" / "dpscale" / "py.typed").is_file()
-    assert (
-        "py.typed"
-        in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
-            "dpscale"
-        ]
+def test_the_dpscale_command_and_the_torchrun_handler_resolve_to_the_entry_points():
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="dpscale")
+    from dpscale.cli.main import run
+
+    assert script.load() is run
+    (handler,) = importlib.metadata.entry_points(group="torchrun.handlers", name="dpscale-c10d")
+    from dpscale.launch.torchrun_plugin import torchrun_handler
+
+    assert handler.load() is torchrun_handler
+
+
+@pytest.mark.slow
+def test_the_wheel_is_typed_and_carries_the_command_and_only_torch_and_numpy(tmp_path):
+    # built from a copy, so the build's egg-info and build/ never land in the tree under test
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tree / name)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            ".",
+        ],
+        cwd=tree,
+        check=True,
+        capture_output=True,
+        timeout=240,
     )
+    (wheel,) = tmp_path.glob("dpscale-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        (info,) = {n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA")}
+        metadata = Parser().parsestr(z.read(f"{info}/METADATA").decode())
+        entry_points = z.read(f"{info}/entry_points.txt").decode()
+    assert "dpscale/py.typed" in names
+    assert _requirements(metadata.get_all("Requires-Dist")) == ({"numpy", "torch"}, LAB)
+    assert "dpscale = dpscale.cli.main:run" in entry_points
+    assert "dpscale-c10d = dpscale.launch.torchrun_plugin:torchrun_handler" in entry_points
 
 
 def test_a_missing_lab_package_is_one_line_naming_the_extra(monkeypatch):

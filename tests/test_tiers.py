@@ -1,24 +1,65 @@
-"""The test tiers and their bounds (#18): what CI runs, and what keeps the suite inside its budget."""
+"""The test tiers and their bounds (#18): what CI runs, and what keeps the suite inside its budget.
+Each is checked by what it does: the configuration this very pytest runs under, `.ci/run` with a
+stand-in `make`, and `make test-fast` on two probe tests (tests/support/tier_probes.py)."""
 
-import tomllib
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_every_test_is_bounded_well_inside_cis_budget():
-    ini = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
-    # one hung test must fail with its stacks, not eat the whole 15-minute CI run
-    assert 0 < ini["timeout"] <= 300
-    assert "slow" in " ".join(ini["markers"]) and "--strict-markers" in ini["addopts"]
+def test_every_test_is_bounded_well_inside_cis_budget(pytestconfig):
+    # what pytest-timeout applies to this run (the ini, or --timeout given on the command line):
+    # one hung test must fail with its stacks, not eat the whole CI run
+    assert pytestconfig.pluginmanager.hasplugin("timeout")
+    timeout_s = pytestconfig.getoption("timeout") or pytestconfig.getini("timeout")
+    assert 0 < float(timeout_s) <= 300
+    # the tiers rest on the slow marker: it is declared, and a misspelt marker is an error
+    assert any(line.startswith("slow:") for line in pytestconfig.getini("markers"))
+    assert pytestconfig.getoption("strict_markers")
 
 
-def test_ci_runs_the_whole_suite_and_the_lint():
-    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    assert "make test" in steps and "make lint" in steps
+def _stand_in_make(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A `make` first on PATH that records its arguments and fails for the target in $FAIL_TARGET."""
+    calls = tmp_path / "calls"
+    make = tmp_path / "bin" / "make"
+    make.parent.mkdir()
+    make.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n[ "$1" != "$FAIL_TARGET" ]\n')
+    make.chmod(0o755)
+    return {**os.environ, "PATH": f"{make.parent}:{os.environ['PATH']}"}, calls
 
 
-def test_the_fast_tier_leaves_out_what_starts_processes_and_refuses_the_rest():
-    make = (ROOT / "Makefile").read_text()
-    (recipe,) = [line for line in make.splitlines() if '-m "not slow"' in line]
-    assert "DPSCALE_TEST_NO_SPAWN=1" in recipe  # conftest.py fails a fast test that starts a process
+@pytest.mark.slow
+def test_ci_runs_the_lint_then_the_whole_suite_and_a_lint_error_stops_it(tmp_path):
+    env, calls = _stand_in_make(tmp_path)
+    subprocess.run(["bash", str(ROOT / ".ci" / "run")], env=env, check=True, timeout=60)
+    made = calls.read_text().splitlines()
+    assert made[0] == "lint" and "test" in made, made  # the lint first, then the whole suite (and more)
+    calls.unlink()
+    failed = subprocess.run(
+        ["bash", str(ROOT / ".ci" / "run")], env={**env, "FAIL_TARGET": "lint"}, timeout=60
+    )
+    assert failed.returncode != 0 and calls.read_text().splitlines() == ["lint"]
+
+
+@pytest.mark.slow
+def test_make_test_fast_leaves_out_slow_tests_and_fails_one_that_starts_a_process(tmp_path):
+    stamp = tmp_path / "installed"
+    stamp.touch()  # newer than pyproject.toml and the Makefile: make installs nothing
+    probes = "tests/support/tier_probes.py"
+    p = subprocess.run(
+        ["make", "-s", "test-fast", f"PY={sys.executable}", f"STAMP={stamp}", f"PYTEST_ARGS={probes}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert f"FAILED {probes}::test_probe_a_fast_test_that_starts_a_process" in out, out
+    assert "mark it @pytest.mark.slow" in out, out  # conftest.py's refusal, saying what to do
+    assert "1 failed, 1 deselected" in out and "test_probe_a_slow_test" not in out, out

@@ -61,7 +61,7 @@ def test_json_line_has_one_documented_object_per_world_size(cli_run):
         assert (s["workload"], s["global_batch"], s["steps"], s["samples"]) == ("digits", 64, STEPS, 384)
         assert math.isfinite(s["final_loss"]) and 0 <= s["test_accuracy"] <= 1
         assert s["within_tolerance"] is True
-    assert summary[0]["max_gap"] == 0 and summary[0]["max_rel_gap"] == 0  # the reference itself
+    assert cli_run.doc["results"]["reference_world_size"] == summary[0]["world_size"] == 1
     assert f"report: {cli_run.report_dir}" in cli_run.stdout
 
 
@@ -77,6 +77,43 @@ def test_accumulation_on_one_rank_follows_the_two_rank_curve(cli_run):
         assert b == pytest.approx(a, rel=1e-5)
     assert two["max_rel_gap"] <= 1e-5
     assert two["final_loss"] == pytest.approx(one["final_loss"], rel=1e-5)
+    # the gap reported is W=2's curve against W=1's, as the report's own curves give it
+    gap = compare_curves(one["losses"], two["losses"], tolerance=0.05)
+    assert (two["max_gap"], two["max_rel_gap"]) == (gap.max_gap, gap.max_rel_gap)
+
+
+def test_every_run_but_the_reference_is_compared_with_the_reference_curve(monkeypatch):
+    """`run` with the ranks replaced by fixed curves (no process): each world size's gap is to the
+    smallest world size's curve, so a run that departs from it is flagged and one that follows it
+    is not, whatever the curve is compared with when it is the reference."""
+    ref = _curve(STEPS * 4)
+    curves = {1: ref, 2: [v * 1.01 for v in ref], 4: [v * 1.2 for v in ref]}
+
+    def fake_ranks(fn, world_size, train_kwargs, **kwargs):
+        lines = [
+            json.dumps({"step": t + 1, "samples_seen": 64 * (t + 1), "loss": loss})
+            for t, loss in enumerate(curves[world_size])
+        ]
+        with open(f"{train_kwargs['metrics_dir']}/metrics.jsonl", "w") as f:
+            f.write("\n".join(lines) + "\n")
+        keys = ("accumulation_steps", "micro_batch", "steps", "test_accuracy", "param_sha256")
+        return [
+            {k: 0 for k in keys} | {"samples_per_s": 1.0, "samples_seen": 64 * len(ref), "final_loss": 0.1}
+        ]
+
+    monkeypatch.setattr(convergence, "run_ranks", fake_ranks)
+    config = ConvergenceConfig(world_sizes=[1, 2, 4], global_batch=64, samples=64 * len(ref), tolerance=0.05)
+    result = convergence.run(config)
+    assert [r.world_size for r in result.runs] == [1, 2, 4] and result.reference.world_size == 1
+    for r in result.runs[1:]:
+        expected = compare_curves(ref, curves[r.world_size], tolerance=0.05)
+        assert (r.max_gap, r.max_rel_gap, r.within_tolerance) == (
+            expected.max_gap,
+            expected.max_rel_gap,
+            expected.within_tolerance,
+        )
+    assert result.runs[1].max_rel_gap == pytest.approx(0.01) and result.runs[1].within_tolerance
+    assert result.runs[2].max_rel_gap == pytest.approx(0.2) and not result.runs[2].within_tolerance
 
 
 @pytest.mark.slow

@@ -1,12 +1,9 @@
-"""benchmarks/noise_scale_report.py: medians over seeds, pooled noise scales, the predictions from
+"""benchmarks/archive/noise_scale_report.py: medians over seeds, pooled noise scales, the predictions from
 the runs at B, the fit, the error bands over seeds and the rate tuned per batch (no process)."""
 
+import noise_scale_report as report
 import pytest
-
-from support.benchmark_module import BENCHMARKS, load_benchmark
-from support.noise_scale_runs import seed_runs
-
-report = load_benchmark(BENCHMARKS / "noise_scale_report.py", "noise_scale_report")
+from noise_scale_runs import seed_runs
 
 
 def _runs(steps, noise=50.0, base=8):

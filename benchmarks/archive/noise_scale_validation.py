@@ -1,9 +1,9 @@
 """Does S(B) = S_min (1 + B_noise / B) predict the steps to a target at 2B..16B from runs at B?
 
-    python benchmarks/noise_scale_validation.py [--tasks digits,transformer,own] [--seeds 0-15]
+    python benchmarks/archive/noise_scale_validation.py [--tasks digits,transformer,own] [--seeds 0-15]
                                                 [--multipliers 1,2,4,8,16] [--lr-factors 0.5,1,2]
                                                 [--jobs 2] [--json out.json]
-    python benchmarks/noise_scale_validation.py --render out.json [more.json ...]
+    python benchmarks/archive/noise_scale_validation.py --render out.json [more.json ...]
 
 McCandlish et al. 2018 (eq. 2.11): with the learning rate tuned for each batch, the optimizer steps
 to a given loss follow S(B) = S_min (1 + B_noise / B). Per task and seed this script trains at the
@@ -12,7 +12,7 @@ global batches B, 2B, 4B, 8B and 16B on one worker, each step accumulated from m
 counts the steps until the eval loss first reaches the target. The seed moves the initial weights
 and the data order (the data itself is the same for every seed).
 
-The rules, fixed before any result was seen (benchmarks/noise_scale_report.py applies them):
+The rules, fixed before any result was seen (benchmarks/archive/noise_scale_report.py applies them):
 - per batch, the MEDIAN over the seeds of the steps to target is the measured S(kB) (a seed that
   spends its step budget counts as infinitely many steps; a median that lands on one is a miss);
   the spread is the seeds' min-max;
@@ -27,13 +27,13 @@ and B_noise solved from the medians at B and 2B (a two-run pilot), for 4B..16B; 
 optimizers, the noise scale of the preconditioned gradient tr(P Sigma) / G^T P G with
 P = diag(1 / (sqrt(v_hat) + eps)) from the optimizer's exp_avg_sq (docs/noise-scale.md derives it),
 measured from the same micro-batch and accumulated gradient pair (the micro-batch's gradient is
-recomputed, a forward and backward on B/2 samples per step; benchmarks/noise_scale_adam.py).
+recomputed, a forward and backward on B/2 samples per step; benchmarks/archive/noise_scale_adam.py).
 Two more (added 2026-12-01, 20:19, before any of their values was seen; the same pooling and the
 same 25% rule): (5) the law's own B_noise = tr(H Sigma) / G^T H G (McCandlish et al. eq. 2.7; B_simple
 is it with H = I), the same pair measured in the Hessian's norm, H applied by Hessian-vector
 products on an independent batch of B samples each step of the runs at B; (6) for Adam-family
 optimizers its preconditioned form tr(P H P Sigma) / G^T P H P G, the pair measured on P g
-(benchmarks/noise_scale_hessian.py). They measure the runs at B only (`--hessian-at`), which train
+(benchmarks/archive/noise_scale_hessian.py). They measure the runs at B only (`--hessian-at`), which train
 exactly as without them (the extra passes touch no .grad, no optimizer state, no data order).
 
 The learning rate at kB is the rate at B times AdaScale's gain r = (B_noise/B + 1) / (B_noise/(kB) + 1)
@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from noise_scale_adam import PreconditionedNoise  # benchmarks/, beside this script
+from noise_scale_adam import PreconditionedNoise  # benchmarks/archive/, beside this script
 from noise_scale_hessian import HessianNoise
 from noise_scale_report import drop_split, drop_table, report, table
 
@@ -76,7 +76,7 @@ from dpscale.train.trainer import Trainer
 from dpscale.workloads import WORKLOADS, datasets, models
 from dpscale.workloads.load import load_task
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 COARSE_ABOVE = 2.0  # evaluate every TaskSpec.coarse_every steps while the eval loss is above 2 x target
 
 

@@ -1,5 +1,5 @@
-"""Runs of benchmarks/noise_scale_validation.py as its `_train_seed` returns them, for the tests
-of its arithmetic and options (tests/lab/bench/test_noise_scale_report.py, test_noise_scale_validation.py)."""
+"""Runs of benchmarks/archive/noise_scale_validation.py as its `_train_seed` returns them, for the tests
+of its arithmetic and options (test_noise_scale_report.py, test_noise_scale_validation.py beside it)."""
 
 
 def seed_runs(seed, steps, *, trace=400.0, grad_sq=10.0, adam=None, base=8):

@@ -1,4 +1,4 @@
-"""benchmarks/noise_scale_validation.py's arithmetic, from the runs to the tables (no process):
+"""benchmarks/archive/noise_scale_validation.py's arithmetic, from the runs to the tables (no process):
 per batch the median steps over the seeds and the pooled noise scales (`aggregate`), the rate
 tuned per batch over the factors tried (`tune`), the steps predicted six ways by
 S(B) = S_min (1 + B_noise / B) and their errors (`predictions`), the least-squares fit of every
@@ -134,7 +134,7 @@ def predictions(rows: list[dict]) -> list[dict]:
     `predicted_late` with its late noise scale; `predicted_fit2` from the steps at B and 2B (4B and
     beyond); `predicted_adam` with the noise scale of Adam's preconditioned gradient;
     `predicted_hess` with tr(H Sigma) / G^T H G and `predicted_hess_adam` with its preconditioned
-    form (benchmarks/noise_scale_hessian.py)."""
+    form (benchmarks/archive/noise_scale_hessian.py)."""
     base = next(r for r in rows if r["multiplier"] == 1)
     b, s_b = base["global_batch"], base["steps_to_target"]
 

@@ -1,5 +1,5 @@
 """The noise scale the law S(B) = S_min (1 + B_noise / B) is written in, B_noise = tr(H Sigma) / G^T H G
-(McCandlish et al. 2018, eq. 2.7), for benchmarks/noise_scale_validation.py's fifth and sixth
+(McCandlish et al. 2018, eq. 2.7), for benchmarks/archive/noise_scale_validation.py's fifth and sixth
 predictions. B_simple (what the trainer reports) is this with H = I (their eq. 2.8); where the
 curvature weighs the gradient and the noise differently the two differ, and the law's B_noise is
 the one that sets the best rate and the steps.
@@ -20,7 +20,7 @@ It stays beside the benchmark: two more backward passes and two double backwards
 from __future__ import annotations
 
 import torch
-from noise_scale_adam import adam_preconditioner  # benchmarks/, beside this script
+from noise_scale_adam import adam_preconditioner  # benchmarks/archive/, beside this script
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dpscale.engine.noise_scale import NoiseScaleEstimator

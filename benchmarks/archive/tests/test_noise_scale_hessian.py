@@ -1,15 +1,11 @@
-"""benchmarks/noise_scale_hessian.py: B_noise = tr(H Sigma) / G^T H G against brute force (no process)."""
+"""benchmarks/archive/noise_scale_hessian.py: B_noise = tr(H Sigma) / G^T H G against brute force (no process)."""
 
 import types
 
+import noise_scale_adam as adam
+import noise_scale_hessian as hessian
 import pytest
 import torch
-
-from support.benchmark_module import BENCHMARKS, load_benchmark
-
-# its sibling first, under the name the script imports it by
-adam = load_benchmark(BENCHMARKS / "noise_scale_adam.py", "noise_scale_adam")
-hessian = load_benchmark(BENCHMARKS / "noise_scale_hessian.py", "noise_scale_hessian")
 
 
 def _regression(n: int, dim: int):

@@ -1,5 +1,5 @@
-"""benchmarks/noise_scale_validation.py: the evaluation schedule and the options (no process; its
-arithmetic is tests/lab/bench/test_noise_scale_report.py's, Adam's test_noise_scale_adam.py's)."""
+"""benchmarks/archive/noise_scale_validation.py: the evaluation schedule and the options (no process;
+its arithmetic is test_noise_scale_report.py's, Adam's test_noise_scale_adam.py's)."""
 
 import json
 import math
@@ -7,16 +7,16 @@ import sys
 import types
 
 import pytest
-
-from support.benchmark_module import BENCHMARKS, load_benchmark
-from support.noise_scale_runs import seed_runs
+from noise_scale_runs import seed_runs
 
 
 @pytest.fixture
-def validation(monkeypatch):
-    # with benchmarks/ on sys.path, as `python benchmarks/noise_scale_validation.py` has it: the
-    # script imports its siblings noise_scale_report and noise_scale_adam
-    return load_benchmark(BENCHMARKS / "noise_scale_validation.py", "noise_scale_validation", monkeypatch)
+def validation():
+    # imported as `python benchmarks/archive/noise_scale_validation.py` runs it, with its folder on
+    # sys.path (conftest.py): the script imports its siblings noise_scale_report and noise_scale_adam
+    import noise_scale_validation
+
+    return noise_scale_validation
 
 
 def test_evaluation_is_coarse_far_from_the_target_and_every_step_near_it(validation):

@@ -8,7 +8,7 @@ known are in published_posthoc.py, outside both halves.
 
 from __future__ import annotations
 
-from predict_lab.published_case import PublishedCase
+from published_case import PublishedCase
 
 # NVIDIA's BERT README, 'Pre-training loss results': accumulation steps (phase 1 = seq 128, phase 2 =
 # seq 512) per number of nodes, for the training runs. Whether the throughput rows ran with them is

@@ -4,7 +4,7 @@ held-out error docs/performance-model.md reports (pure computation, no processes
 from dataclasses import replace
 
 import pytest
-from predict_lab.published import (
+from published import (
     FITTED,
     fit,
     fit_input_per_core,
@@ -12,8 +12,8 @@ from predict_lab.published import (
     held_out_study,
     input_per_core_lower_bound,
 )
-from predict_lab.published_case import TARGET_POINTS, WORST_POINTS, reproduce, with_accumulation
-from predict_lab.published_cases import (
+from published_case import TARGET_POINTS, WORST_POINTS, reproduce, with_accumulation
+from published_cases import (
     BERT_LOSS_TABLE_ACCUMULATION,
     FFCV_PYTORCH_LOADER_FROM_RAM,
     cases,
@@ -186,7 +186,7 @@ def test_horovods_benchmarks_ran_64_images_per_gpu_as_the_cases_assume():
 
 
 def test_the_cases_collected_after_the_results_are_kept_apart_and_reported_with_the_training_fit():
-    from predict_lab.published_posthoc import format_posthoc, posthoc_cases, posthoc_study
+    from published_posthoc import format_posthoc, posthoc_cases, posthoc_study
 
     extra = posthoc_cases()
     # kept out of both halves: nothing is fitted on them

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from predict_lab.published import FITTED
-from predict_lab.published_case import FitParams, PublishedCase, Reproduction, reproduce
+from published import FITTED
+from published_case import FitParams, PublishedCase, Reproduction, reproduce
 
 _SOURCE = (
     "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/efficientnet/README.md "

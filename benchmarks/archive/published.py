@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dpscale.lab.predict.degrade import ScaleTerms
-from predict_lab.published_case import (
+from published_case import (
     TARGET_POINTS,
     FitParams,
     PublishedCase,
@@ -23,7 +23,7 @@ from predict_lab.published_case import (
     predict_at,
     reproduce,
 )
-from predict_lab.published_cases import cases, held_out_cases, training_cases
+from published_cases import cases, held_out_cases, training_cases
 
 # What `fit(training_cases())` returns (tests/lab/predict/test_published.py re-fits and compares; the presets'
 # ETH_EFFICIENCY, GPU_COMPUTE_CV and GPU_NODE_CV in dpscale/predict/cluster.py carry the same values)

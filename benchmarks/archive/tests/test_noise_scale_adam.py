@@ -1,13 +1,10 @@
-"""benchmarks/noise_scale_adam.py: Adam's preconditioner and the noise scale in its norm (no process)."""
+"""benchmarks/archive/noise_scale_adam.py: Adam's preconditioner and the noise scale in its norm (no process)."""
 
 import types
 
+import noise_scale_adam as adam
 import pytest
 import torch
-
-from support.benchmark_module import BENCHMARKS, load_benchmark
-
-adam = load_benchmark(BENCHMARKS / "noise_scale_adam.py", "noise_scale_adam")
 
 
 def test_the_adam_preconditioner_is_the_one_adamw_divides_its_step_by():

@@ -1,5 +1,5 @@
 """The noise scale of Adam's preconditioned gradient, tr(P Sigma) / G^T P G, for
-benchmarks/noise_scale_validation.py's fourth prediction (docs/noise-scale.md, "The noise scale of
+benchmarks/archive/noise_scale_validation.py's fourth prediction (docs/noise-scale.md, "The noise scale of
 a preconditioned update", derives it): P = diag(1 / (sqrt(v_hat) + eps)) from the optimizer's
 exp_avg_sq, measured from the same micro-batch and accumulated gradient pair as the plain noise
 scale (the micro-batch's gradient is recomputed, a forward and backward on it per step). It stays

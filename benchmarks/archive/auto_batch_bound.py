@@ -1,10 +1,10 @@
 """How much could any schedule of batches gain on a task? The noise scale along a long run at one
 fixed batch, and the bound it sets on growing the batch.
 
-    python benchmarks/auto_batch_bound.py [--task digits] [--samples 200000] [--every 100]
+    python benchmarks/archive/auto_batch_bound.py [--task digits] [--samples 200000] [--every 100]
                                           [--seed 0] [--json out.json] [--step-ms 1=19.6,...]
-    python benchmarks/auto_batch_bound.py --render out.json [--step-ms ...]
-    python benchmarks/auto_batch_bound.py --task digits --measure gloo [--rate-gbit 0.1]
+    python benchmarks/archive/auto_batch_bound.py --render out.json [--step-ms ...]
+    python benchmarks/archive/auto_batch_bound.py --task digits --measure gloo [--rate-gbit 0.1]
 
 Two workers train the task (benchmarks/auto_batch.py's micro-batch, rate and AdaScale gain) at the
 smallest global batch 2b, far past the targets auto_batch.py uses, measuring the noise scale
@@ -24,7 +24,7 @@ best fixed k at the c most favourable to growth (the lowest ratio over the c tri
 
 `--measure TRANSPORT` prints the step times at k = 1..16 on 2 workers (5 rounds, the k taking
 turns); with `--rate-gbit` the two workers are two emulated hosts (network namespaces, a token
-bucket on each link, predict_lab/netns.py), so the all-reduce crosses a slow link.
+bucket on each link, benchmarks/predict_lab/netns.py), so the all-reduce crosses a slow link.
 """
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from auto_batch import TASKS, build_trainer, oracle_times
-from predict_lab.netns import EmulatedHosts, remove_stale, unavailable
+# archived: auto_batch.py and predict_lab/ stay in benchmarks/, one folder up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from auto_batch import TASKS, build_trainer, oracle_times  # noqa: E402
+from predict_lab.netns import EmulatedHosts, remove_stale, unavailable  # noqa: E402
 
 from dpscale.lab.bench.weak import TargetWatch
 from dpscale.lab.multirank import run_ranks
@@ -122,7 +125,7 @@ def _step_times(
 
 
 def _measure_over_link(task: str, rate_gbit: float, ks: list[int], steps: int) -> dict[int, float]:
-    """`_step_times` on two emulated hosts (network namespaces, predict_lab/netns.py) whose links
+    """`_step_times` on two emulated hosts (network namespaces, benchmarks/predict_lab/netns.py) whose links
     a token bucket caps at `rate_gbit`: the all-reduce crosses a slow link, as between two
     machines, and is the step's fixed cost. Namespaces and processes are removed on exit."""
     if reason := unavailable(NETNS_PREFIX):
