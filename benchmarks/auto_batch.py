@@ -4,13 +4,13 @@
                                      [--json out.json]
 
 Two workers, each with a fixed micro-batch b, train to a target eval loss with the global batch
-2b x k for k = 1, 2, 4, 8 (accumulation), and with the batch grown by train/auto_batch.GrowBatch:
+2b x k for k = 1, 2, 4, 8 (accumulation), and with the batch grown by train/adaptive/auto_batch.GrowBatch:
 `auto` (the default rule: double once the noise scale has reached twice the batch and the step
 times measured so far do not predict the doubled batch slower to the target; halve back when they
 predict the smaller one 10% sooner), `auto (grow at 1x)` and `auto (grow at 0.5x)` (the noise
 scale need only reach the batch, or half of it, before the step times decide). Every variant takes
 AdaScale's learning-rate gain
-relative to 2b (train/adascale.py), so the rate follows the batch in all of them alike, and is
+relative to 2b (train/adaptive/adascale.py), so the rate follows the batch in all of them alike, and is
 evaluated at the same sample counts. Two times to target: the sum of the training steps' measured
 times until the target (evaluations excluded), median over rounds; and steps x the median step
 time at each step's k over every variant's steps in this run, which takes the host's drift

@@ -102,7 +102,7 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
             opt.zero_grad(set_to_none=True)
             work.loss(model(x), y).mean().backward()
             # the Trainer's skip-check norm, taken in every variant; when the engine measured the
-            # local norm, its square is the big-batch norm (train/step.py)
+            # local norm, its square is the big-batch norm (train/trainer.py)
             norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
             float(norm)
             opt.step()

@@ -8,7 +8,7 @@
 McCandlish et al. 2018 (eq. 2.11): with the learning rate tuned for each batch, the optimizer steps
 to a given loss follow S(B) = S_min (1 + B_noise / B). Per task and seed this script trains at the
 global batches B, 2B, 4B, 8B and 16B on one worker, each step accumulated from micro-batches of B/2
-(the first micro-batch against the whole step gives the noise scale, train/noise_scale.py), and
+(the first micro-batch against the whole step gives the noise scale, train/adaptive/noise_meter.py), and
 counts the steps until the eval loss first reaches the target. The seed moves the initial weights
 and the data order (the data itself is the same for every seed).
 
@@ -37,7 +37,7 @@ optimizers its preconditioned form tr(P H P Sigma) / G^T P H P G, the pair measu
 exactly as without them (the extra passes touch no .grad, no optimizer state, no data order).
 
 The learning rate at kB is the rate at B times AdaScale's gain r = (B_noise/B + 1) / (B_noise/(kB) + 1)
-with the (plain) noise scale measured live in that run (train/adascale.py): the paper's optimal rate
+with the (plain) noise scale measured live in that run (train/adaptive/adascale.py): the paper's optimal rate
 eps(B) = eps_max / (1 + B_noise / B) relative to B. `--lr-factors` multiplies that rate by each
 factor at every batch (B included); the report then also gives each task with the rate tuned per
 batch: at each batch the factor with the fewest median steps (a tie to the factor nearest 1), the

@@ -154,7 +154,7 @@ def add_dataclass_arguments(
                 action=_StoreFlag,
                 deprecated=deprecated,
                 dest=f.name,
-                type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli.py)
+                type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli/main.py)
                 default=None,
                 metavar=meta.get("metavar") or (None if meta.get("choices") else f.name.upper()),
                 choices=meta.get("choices"),

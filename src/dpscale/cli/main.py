@@ -209,7 +209,7 @@ def run() -> None:
     `dpscale train` leaves through os._exit once its output is flushed: a process that trained
     keeps torch's gloo threads alive past destroy_process_group (torch._dynamo, imported with the
     optimizer, holds the group), and one of them needing the GIL during interpreter shutdown can
-    abort a run that succeeded (see dpscale/train/process_life.py). Other commands exit normally.
+    abort a run that succeeded (see dpscale/launch/process_life.py). Other commands exit normally.
     """
     code = main()
     if sys.argv[1:2] == ["train"]:

@@ -7,7 +7,7 @@ restarts of this host's agent only. When a worker on host A fails, A's agent cou
 but host B's agent restarts its workers because the group changed and keeps its old count; the
 ranks then wait on different keys until they time out. What every host shares for one attempt
 is the rendezvous round. torch does not hand it to workers, so dpscale's rendezvous handlers
-(train/rendezvous.py) export it as `DPSCALE_RDZV_ROUND` before the agent starts its workers.
+(launch/rendezvous.py) export it as `DPSCALE_RDZV_ROUND` before the agent starts its workers.
 Under another rendezvous backend (plain `torchrun --rdzv-backend c10d`) only the restart count
 is known: correct on one host, not across hosts (docs/fault-tolerance.md says which to use).
 

@@ -1,7 +1,7 @@
 """The lab's measurements across hosts: torchrun's multi-node flags, and ranks started on every host.
 
 `HostFlags` holds the flags `dpscale scale` and `dpscale bench scaling` take to run across hosts,
-with `dpscale train`'s names and meanings (train/nodes.py): the same command on every host, a
+with `dpscale train`'s names and meanings (launch/nodes.py): the same command on every host, a
 fixed number of hosts. Each world size N > 1 is then one torchrun job of H hosts x N/H workers with
 its own rendezvous id; the 1-worker baseline runs on one host, the one serving the rendezvous store.
 
@@ -34,7 +34,7 @@ GROUP = "across hosts (the same command on every host)"  # their --help section,
 
 @dataclass(frozen=True, kw_only=True)
 class HostFlags:
-    """Across hosts: torchrun's flags with `dpscale train`'s names and meanings (train/nodes.py)."""
+    """Across hosts: torchrun's flags with `dpscale train`'s names and meanings (launch/nodes.py)."""
 
     nnodes: int | None = field(default=None, metadata=flag_spec(group=GROUP))
     """hosts, a fixed number (the same command on every host); each world size > 1 is split evenly

@@ -1,7 +1,7 @@
 """Start a user's script on N local workers as `torchrun --standalone` does, through `run_child`.
 
 Across hosts (`nodes`, the same call on every host) torchrun gets the multi-node flags instead of
---standalone: `dpscale-c10d` (train/rendezvous.py; the host that carries the endpoint's address
+--standalone: `dpscale-c10d` (launch/rendezvous.py; the host that carries the endpoint's address
 serves the store, as for `dpscale train`), or torch's static rendezvous with --node-rank.
 
 torchrun (torch.distributed.run) does the rendezvous on this host with a port it picks, sets

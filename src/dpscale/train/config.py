@@ -119,7 +119,7 @@ class TrainConfig:
     """Grow the global batch during training (what --global-batch auto sets): the accumulation steps
     double when the noise scale is at least twice the global batch and the step times measured so
     far do not predict the doubled batch slower to the target (halving back when they do), up to
-    16x the start, and the learning rate takes AdaScale's gain (train/auto_batch.py); needs two
+    16x the start, and the learning rate takes AdaScale's gain (train/adaptive/auto_batch.py); needs two
     gradients per step (two workers, or two micro-batches on one)."""
     noise_scale_every: int = 8
     """Measure the gradient noise scale on every this many steps (each measurement reads every

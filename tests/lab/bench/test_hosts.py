@@ -1,4 +1,4 @@
-"""bench/hosts.py: the lab's multi-host flags, and which host runs which world size."""
+"""launch/hosts.py: the lab's multi-host flags, and which host runs which world size."""
 
 import pytest
 

@@ -1,7 +1,7 @@
 """Scaling bench (`dpscale bench scaling`): throughput and scaling efficiency vs workers, per engine.
 
 For each world size one set of ranks is started; every engine is built there from the same seed and
-the engines take turns in rounds of a few steps (rotating order, as in bench/engine.py), so drift of a
+the engines take turns in rounds of a few steps (rotating order, as in lab/bench/engines.py), so drift of a
 shared machine hits all alike. A step (zero_grad, forward, loss, backward, optimizer step) is timed
 on every rank; its time is the slowest rank's, which is what the next collective waits for.
 
@@ -21,7 +21,7 @@ Figures per (engine, world size N), all from the per-step per-rank times kept in
 
 JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
     {"config": {"model", "mode", "per_worker_batch", "global_batch", "world_sizes", "engines",
-                "steps", "warmup", "threads_per_worker", and bench/hosts.py's HostFlags: "nnodes",
+                "steps", "warmup", "threads_per_worker", and launch/hosts.py's HostFlags: "nnodes",
                 "rdzv_endpoint", "rdzv_id", "local_addr", "rdzv_conf", "node_rank"},
      "points": [{"engine": str, "transport": str, "model": str, "mode": "weak" | "strong",
                  "world_size": int, "per_worker_batch": int, "global_batch": int, "step_ms": float,
@@ -34,7 +34,7 @@ JSON (`ScalingResult.to_dict()`; the `--json` line is the "points" list alone):
                "comm_ms": [float per step] | null, "exposed_comm_ms": [float per step] | null,
                "hosts": int | null (distinct hosts of the ranks; null in older reports)}, ...]}
 Across hosts (`--nnodes H --rdzv-endpoint HOST:PORT --rdzv-id ID ...`, the same command on every
-host; bench/hosts.py) each world size N > 1 is one job of H hosts x N/H workers, and every host gets
+host; launch/hosts.py) each world size N > 1 is one job of H hosts x N/H workers, and every host gets
 every rank's times; N = 1, the baseline of efficiency, runs on the store's host only.
 `transport` is dpscale's transport name, torch's process-group backend, or "none" for local.
 """
@@ -93,7 +93,7 @@ class ScalingConfig(HostFlags):
             f"(default: {','.join(DEFAULT_BENCH_ENGINES)})",
         ),
     )
-    """Engines to compare (engine/registry.py's BENCH_ENGINES)."""
+    """Engines to compare (engine/factory.py's BENCH_ENGINES)."""
     steps: int = 30
     """Timed steps per engine and world size, split in alternating rounds."""
     warmup: int = 3
@@ -234,7 +234,7 @@ class ScalingResult:
 
 def run(config: ScalingConfig) -> ScalingResult:
     """Measure every (engine, world size) of `config`; one set of ranks per world size (across
-    hosts: one job per world size > 1, and N = 1 on the store's host only; bench/hosts.py)."""
+    hosts: one job per world size > 1, and N = 1 on the store's host only; launch/hosts.py)."""
     load_recipe(config.model, check=True)  # a broken task fails here, once, not in every rank
     cores = usable_cores()
     runs, nodes = [], config.nodes()

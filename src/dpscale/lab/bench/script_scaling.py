@@ -4,14 +4,14 @@ For each world size and engine the script runs under `dpscale run` with step tel
 (engine/telemetry.py): every rank records each synchronized step's time (from the step's first
 training forward to the next step's), its samples (dim 0 of the DDP module's first tensor input,
 over its micro-steps) and the exposed communication. The run stops itself after warm-up + steps
-synchronized steps, at the same step on every rank (run/child.py). A step counts at its slowest
+synchronized steps, at the same step on every rank (launch/run_child.py). A step counts at its slowest
 rank; samples are summed over ranks. Every worker gets the same intra-op threads at every world
 size (cores / largest N), so efficiency compares like with like.
 
 Across hosts (`--nnodes H --rdzv-endpoint HOST:PORT --rdzv-id ID`, torchrun's flags as `dpscale
 train` takes them; the same command on every host) each world size N > 1 runs as its own job of
 H hosts x N/H workers, with rendezvous id ID-ENGINE-nN, and every host gets every rank's telemetry
-(gathered inside the job, run/child.py). The 1-worker baseline that efficiency divides by runs on
+(gathered inside the job, launch/run_child.py). The 1-worker baseline that efficiency divides by runs on
 one host: the one that serves the rendezvous store; the other hosts skip it and report no efficiency.
 
 JSON (`ScaleResult.to_dict()`, report.json's "results"):

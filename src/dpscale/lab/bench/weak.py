@@ -10,7 +10,7 @@ the learning-rate rule decides how much of the bigger batch a step uses:
     linear    N x the rate (Goyal et al. 2017, "Accurate, Large Minibatch SGD"), best with warm-up
     sqrt      sqrt(N) x the rate (Krizhevsky 2014, "One weird trick"; Hoffer et al. 2017)
     adascale  the rate times AdaScale's gain r_t in [1, N] from the measured noise scale
-              (Johnson et al. 2020; train/adascale.py), the noise scale measured every step
+              (Johnson et al. 2020; train/adaptive/adascale.py), the noise scale measured every step
 
 Per N: steps and samples to target, time to target = steps x the median training step time of
 that run (evaluations excluded; its p10 and p90 are kept for the trust checks), statistical

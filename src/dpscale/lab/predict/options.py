@@ -3,7 +3,7 @@
 The model (a profile file, a model to profile now, or explicit numbers), the cluster (a preset and
 flags overriding it, or a calibration), the at-scale terms (each can be switched off) and the
 goodput question. Fields that combine (one model source, --nodes or --world-sizes) are checked
-where they are combined, in predict/cli.py, with the flag named.
+where they are combined, in cli/predict.py, with the flag named.
 """
 
 from __future__ import annotations
