@@ -17,6 +17,8 @@ from dpscale import DistributedDataParallel
 from dpscale.lab.multirank import run_ranks
 from support.echo_group import EchoGroup
 
+pytestmark = pytest.mark.compat  # also run on a second torch release (make test-compat)
+
 RTOL, ATOL = 1e-6, 1e-7
 
 

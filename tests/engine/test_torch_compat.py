@@ -17,7 +17,8 @@ from torch.utils.checkpoint import checkpoint
 from dpscale import DistributedDataParallel
 from dpscale.lab.multirank import run_ranks
 
-pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+# slow: starts processes (spawned ranks or the CLI); compat: also run on a second torch release
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def engine_class(name):

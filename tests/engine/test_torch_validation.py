@@ -12,6 +12,8 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from dpscale import DistributedDataParallel
 
+pytestmark = pytest.mark.compat  # also run on a second torch release (make test-compat)
+
 
 def done(result):
     fut = torch.futures.Future()
@@ -258,7 +260,10 @@ def test_inputs_go_to_the_modules_device_through_nested_containers():
 def test_first_bucket_cap_follows_torchs_rule(bucket_cap_mb):
     # torch 2.13: a 1 MiB first bucket only when bucket_cap_mb is left at its default; a cap
     # given explicitly holds for the first bucket too (one collective fewer per step)
-    torch_caps = nn.parallel.distributed._BucketCapacityConfig.create(bucket_cap_mb, None, False)
+    capacity = getattr(nn.parallel.distributed, "_BucketCapacityConfig", None)
+    if capacity is None:  # torch 2.11: always a 1 MiB first bucket; the rule itself is tested below
+        pytest.skip(f"torch {torch.__version__} has no _BucketCapacityConfig to compare with")
+    torch_caps = capacity.create(bucket_cap_mb, None, False)
     model = ddp(bucket_cap_mb=bucket_cap_mb)
     assert int(model.first_bucket_cap_mb * 1024 * 1024) == torch_caps.first_bucket_bytes_cap
     assert model.bucket_bytes_cap == torch_caps.bucket_bytes_cap

@@ -9,7 +9,8 @@ import pytest
 from support.cli_runs import TRAIN_NO_CHECKPOINTS, StderrWatch, kill_tagged, start_cli, tagged
 from support.sockets import listening
 
-pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+# slow: starts processes (spawned ranks or the CLI); compat: also run on a second torch release
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def test_a_single_host_job_listens_on_loopback_only():

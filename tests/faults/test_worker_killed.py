@@ -11,7 +11,8 @@ import pytest
 
 from support.cli_runs import TRAIN, last_json, run_cli
 
-pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+# slow: starts processes (spawned ranks or the CLI); compat: also run on a second torch release
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 
 def test_killed_worker_restarts_and_matches_the_uninterrupted_run(tmp_path, reference):

@@ -16,7 +16,8 @@ from dpscale.engine.telemetry import TelemetryDDP, TorchTelemetryDDP
 from dpscale.lab.multirank import run_ranks
 from dpscale.lab.predict.profile import ModelProfile
 
-pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+# slow: starts processes (spawned ranks or the CLI); compat: also run on a second torch release
+pytestmark = [pytest.mark.slow, pytest.mark.compat]
 
 ROOT = Path(__file__).resolve().parents[2]
 NANOGPT = str(ROOT / "examples" / "nanogpt_style.py")

@@ -145,7 +145,7 @@ class DistributedDataParallel(_TorchDDP):
         self.bucket_cap_mb = bucket_cap_mb
         self.bucket_bytes_cap = int(bucket_cap_mb * MB)
         self.first_bucket_cap_mb = first_bucket_cap_mb
-        self.forward_sync_buffers = args.sync_buffers_in_forward  # torch's broadcast_buffers reads it
+        self.forward_sync_buffers = args.sync_buffers_in_forward  # broadcast_buffers (below) reads it
         self.find_unused_parameters = find_unused_parameters
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = False
@@ -254,6 +254,16 @@ class DistributedDataParallel(_TorchDDP):
             self.require_forward_param_sync = False
             self.reducer.disarm()
         return out
+
+    # torch 2.14 made broadcast_buffers a property over forward_sync_buffers; 2.11 sets a plain
+    # attribute in the constructor dpscale does not run, so the engine answers it itself
+    @property
+    def broadcast_buffers(self) -> bool:
+        return self.forward_sync_buffers
+
+    @broadcast_buffers.setter
+    def broadcast_buffers(self, value: bool) -> None:
+        self.forward_sync_buffers = value
 
     def will_sync_module_buffers(self) -> bool:
         return self.require_forward_param_sync and self.forward_sync_buffers and len(self.modules_buffers) > 0

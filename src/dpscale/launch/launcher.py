@@ -17,6 +17,7 @@ with the next smaller size whose workers split the global batch, resuming from t
 
 from __future__ import annotations
 
+import dataclasses
 import contextlib
 import os
 import signal
@@ -238,6 +239,10 @@ def _launch_elastic(
             rdzv_configs=nodes.rdzv_configs(cfg.collective_timeout_s),
             local_addr=nodes.local_addr,
         )
+    # torch 2.11's LaunchConfig has no shutdown_timeout: there the agent waits its own 30 s
+    # between SIGTERM and SIGKILL of a worker that does not stop
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
+        where["shutdown_timeout"] = _SHUTDOWN_S
     launch_cfg = LaunchConfig(
         **where,
         nproc_per_node=nproc,
@@ -245,7 +250,6 @@ def _launch_elastic(
         monitor_interval=0.1,
         # SIGTERM and SIGINT are ours (StopRequest below); the agent still ends the job on these
         signals_to_handle="SIGHUP,SIGQUIT",
-        shutdown_timeout=_SHUTDOWN_S,
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     with tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
