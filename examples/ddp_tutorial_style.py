@@ -3,7 +3,7 @@ DistributedSampler, DataLoader, torchrun's environment. Plain PyTorch, nothing o
 
     torchrun --standalone --nproc-per-node 2 examples/ddp_tutorial_style.py 20 5
     dpscale run --nproc 2 examples/ddp_tutorial_style.py 20 5
-    dpscale scale --nproc 1,2 --steps 15 --engine dpscale,torch -- examples/ddp_tutorial_style.py 20 5
+    dpscale scale --nproc 1,2 --steps 15 --engines dpscale,torch -- examples/ddp_tutorial_style.py 20 5
 
 Arguments: total epochs, save every N epochs, [--batch_size B].
 """

@@ -2,7 +2,7 @@
 
     dpscale train --task own_task:make --nproc 2 --json        # run from this directory
     dpscale check equivalence --model own_task:make             # W workers == one big batch?
-    dpscale bench scaling --model own_task:make --world-sizes 1,2
+    dpscale bench scaling --model own_task:make --nproc 1,2
 
 The images are generated (no download): 16x16 single-channel pictures of horizontal stripes,
 vertical stripes or a checkerboard, at a random phase, with noise. dpscale seeds torch before
