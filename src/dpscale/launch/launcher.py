@@ -17,8 +17,8 @@ with the next smaller size whose workers split the global batch, resuming from t
 
 from __future__ import annotations
 
-import dataclasses
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
