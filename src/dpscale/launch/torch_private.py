@@ -8,7 +8,7 @@ exists with the shape this code expects. When a torch release moves one, the lau
 one line naming the torch version and the feature (`TorchPrivateError`), instead of an
 AttributeError deep in the agent. Where torch's public surface does the job it is used instead:
 `RendezvousHandler.settings` to read the handler's settings, `TCPStore(master_listen_fd=...)` to
-hand torch a socket bound to one address. tests/launch/test_torch_private.py checks that no
+hand torch a socket bound to one address. tests/launch/test_launch_torch_private.py checks that no
 private torch name is used in launch/ outside this file.
 """
 
