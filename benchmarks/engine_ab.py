@@ -6,7 +6,7 @@
 
 With `--base REF` the variants are `torch` (torch DDP), `base` (dpscale's engine as it is at git
 REF, loaded from `git archive REF src/dpscale` as a package of its own) and `head` (the engine in
-this tree), all three built as the benches build them (engine/registry.wrap: bucket_cap_mb=25,
+this tree), all three built as the benches build them (engine/factory.wrap: bucket_cap_mb=25,
 gradient_as_bucket_view=True), dpscale on `--transport`. `--no-noise-scale` turns dpscale's
 gradient-noise-scale measurement off in base and head (`set_noise_scale_observer(None)`, as the
 Trainer's --no-noise-scale does): the engines then do the work torch's does, nothing more.
@@ -138,7 +138,7 @@ def extract_base(ref: str, into: Path) -> None:
 
 
 def _wrap_base(variant: str, module: nn.Module, transport: str, noise_scale: bool) -> nn.Module:
-    # as engine/registry.wrap builds the engines for the benches
+    # as engine/factory.wrap builds the engines for the benches
     if variant == "torch":
         return nn.parallel.DistributedDataParallel(module, bucket_cap_mb=25.0, gradient_as_bucket_view=True)
     if variant == "base":

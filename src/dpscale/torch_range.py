@@ -2,7 +2,7 @@
 
 pyproject's `torch>=2.11` has no upper bound: a newer torch is the user's to choose, and dpscale's
 private torch surface lives in one module per layer that checks each name on first use
-(engine/compat/torch_private.py, comm/torch_private.py, launch/torch_private.py). So a torch newer
+(engine/compat/torch_private.py, launch/torch_private.py; comm/ needs none). So a torch newer
 than the newest tested release imports with one warning line; an older one than the floor is
 refused here, at import, instead of failing later on whichever private name it lacks.
 docs/torch-versions.md says how each release below was tested.
@@ -19,7 +19,7 @@ OLDEST_SUPPORTED = (2, 11)
 NEWEST_TESTED = (2, 15)
 # Each release the tests ran on, and how (docs/torch-versions.md has the dates and counts).
 TESTED_RELEASES = {
-    "2.11.0": "by hand: the compat tier's engine and launcher tests (9 of 101 fail: bugs, not a cap)",
+    "2.11.0": "by hand: the compat tier's engine and launcher tests (9 of 101 failed: 3 bugs, fixed since)",
     "2.13.0": "CI: the full suite (make test)",
     "2.14.1": "CI: the compat tier (make test-compat)",
     "2.15.0": "by hand: the compat tier's engine and launcher tests (101 passed)",

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 import torch
 
 from dpscale.engine.compat import torch_private
 from dpscale.engine.compat.torch_private import TorchPrivateError, lookup
 from dpscale.engine.grad_pool import GradPool
-
-SRC = Path(__file__).resolve().parents[2] / "src" / "dpscale"
-# the layers held to it here, and the one module in each allowed a private torch name
-LAYERS = {"engine": "engine/compat/torch_private.py", "comm": "comm/torch_private.py"}
 
 
 def test_a_missing_attribute_is_one_line_naming_torch_and_the_feature():
@@ -52,51 +45,3 @@ def test_the_fallbacks_give_torchs_public_behaviour(monkeypatch):
     monkeypatch.setattr(torch_private, "_storage_use_count", lambda: None)
     assert torch_private.storage_use_count(buffer) is None
     assert not pool.free()
-
-
-def private_torch_names(path: Path) -> list[str]:
-    """`file:line: name` for each private torch module or attribute `path` uses."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    roots, found = {"torch"}, []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "torch":
-                    roots.add((alias.asname or alias.name).split(".")[0])
-                    if any(part.startswith("_") for part in alias.name.split(".")):
-                        found.append(f"{path}:{node.lineno}: import {alias.name}")
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
-            module = node.module or ""
-            for alias in node.names:
-                roots.add(alias.asname or alias.name)
-                if alias.name.startswith("_") or any(part.startswith("_") for part in module.split(".")):
-                    found.append(f"{path}:{node.lineno}: from {module} import {alias.name}")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-            root = node.value
-            while isinstance(root, ast.Attribute):
-                root = root.value
-            if isinstance(root, ast.Name) and root.id in roots:
-                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
-    return found
-
-
-def test_the_scanner_sees_private_names(tmp_path):
-    probe = tmp_path / "probe.py"
-    probe.write_text(
-        "import torch\nimport torch.distributed as dist\nfrom torch._C import Future\n"
-        "torch._foreach_copy_\ndist.distributed_c10d._get_default_group()\ntorch.zeros\n"
-    )
-    assert len(private_torch_names(probe)) == 3
-
-
-@pytest.mark.parametrize("layer", sorted(LAYERS))
-def test_no_private_torch_name_outside_the_layers_one_module(layer):
-    allowed = SRC / LAYERS[layer]
-    found = [
-        hit
-        for path in sorted((SRC / layer).rglob("*.py"))
-        if path != allowed
-        for hit in private_torch_names(path)
-    ]
-    assert not found, f"move these into {LAYERS[layer]} (an accessor checked on first use): {found}"

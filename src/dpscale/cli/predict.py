@@ -93,7 +93,7 @@ EXAMPLES = """worked examples:
   dpscale predict ... --preset dgx-a100 --oversubscription 2 --nodes-per-switch 16
   # your model, profiled here (CPU), on this machine's transports
   dpscale profile --model mlp --co-located 2 --out mlp.json
-  dpscale bench allreduce --transport gloo,shm --world-sizes 1,2
+  dpscale bench allreduce --transport gloo,shm --nproc 1,2
   dpscale predict --profile mlp.json --calibrate reports/<UTC>-allreduce --world-sizes 1,2
   # time to a target vs workers and global batch, from a measured noise scale (predict/goodput.py)
   dpscale train --workload digits --nproc 2 --json > run.json

@@ -125,9 +125,10 @@ class DistributedDataParallel(_TorchDDP):
             # more collective per step: on the mlp its 45 KB ahead of 24 MB hide nothing, and its
             # all-reduce cost ~0.6 ms of the backward thread per step (benchmarks/engine_ab.py)
             # (check_torch_args refused any string but "auto")
-            first_bucket_cap_mb = (
-                bucket_cap_mb if isinstance(bucket_cap_mb, (int, float)) else DEFAULT_FIRST_BUCKET_CAP_MB
-            )
+            if bucket_cap_mb is None or bucket_cap_mb == "auto":
+                first_bucket_cap_mb = DEFAULT_FIRST_BUCKET_CAP_MB
+            else:  # any number, numpy's included
+                first_bucket_cap_mb = float(bucket_cap_mb)
         bucket_cap_mb = args.bucket_cap_mb
         self._autotuner = None
         if bucket_cap_mb == "auto":

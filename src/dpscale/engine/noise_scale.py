@@ -148,7 +148,9 @@ class NoiseScaleObserver(StepObserver):
         return step % self.every == 0
 
     def on_step(self, stats: StepStats, norms: GradNorms | None) -> None:
-        if norms is None:
+        # the reducer measures when any observer asks (stats.step counts this step already): take
+        # only the steps this one asked for, so another observer's wishes do not change `every`
+        if norms is None or not self.wants_grad_norms(stats.step - 1):
             return
         # the rank's own estimate needs the averaged norm, and not while ranks have joined (the
         # average is then over fewer ranks)

@@ -47,13 +47,3 @@ class StepObserver:
 
     def on_step(self, stats: StepStats, norms: GradNorms | None) -> None:
         pass
-
-
-class LastStep(StepObserver):
-    """Keeps the last synced step's stats (for a reader that looks once per iteration)."""
-
-    def __init__(self) -> None:
-        self.stats: StepStats | None = None
-
-    def on_step(self, stats: StepStats, norms: GradNorms | None) -> None:
-        self.stats = stats

@@ -27,7 +27,6 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from dpscale.engine.ddp import DistributedDataParallel
-from dpscale.engine.observers import LastStep
 
 
 @dataclass
@@ -116,14 +115,12 @@ class TelemetryDDP(_Timed, DistributedDataParallel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.telemetry = StepTelemetry()
-        self._last_step = LastStep()
-        self.add_step_observer(self._last_step)
 
     def forward(self, *inputs, **kwargs):
         return self._timed_forward(super().forward, inputs, kwargs)
 
     def _comm_stats(self) -> tuple[float | None, float | None]:
-        stats = self._last_step.stats
+        stats = self.last_step_stats
         return (stats.exposed_comm_ms, stats.backward_ms) if stats is not None else (None, None)
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-
-class TorchPrivateError(RuntimeError):
-    """The running torch lacks a private attribute the launcher relies on; names both."""
+# one error class and one default-store accessor for the whole package: the engine's (the layer below)
+from dpscale.engine.compat.torch_private import TorchPrivateError as TorchPrivateError
+from dpscale.engine.compat.torch_private import default_store as default_store
 
 
 def _missing(feature: str, what: str) -> TorchPrivateError:
@@ -132,13 +132,3 @@ def static_store(handler: Any) -> Any:
 def set_static_store(handler: Any, store: Any) -> None:
     static_store(handler)  # checks the attribute
     handler._store = store
-
-
-def default_store() -> Any:
-    """The store of the default process group (torch has no public accessor)."""
-    import torch.distributed as dist
-
-    get = getattr(dist.distributed_c10d, "_get_default_store", None)
-    if get is None:
-        raise _missing("publishing where a rank runs", "distributed_c10d._get_default_store")
-    return get()

@@ -184,11 +184,9 @@ def _check_module(module: nn.Module, ignored: frozenset[str], device_ids, output
         _refuse("output_device", "outputs stay on the module's device; pass output_device=device_ids[0]")
 
 
-def _index(device) -> int:
-    if isinstance(device, torch.device):
-        assert device.index is not None  # device_ids name one device each
-        return device.index
-    return int(device)
+def _index(device) -> int | None:
+    # None: a device without an index (torch.device("cuda")), which torch reads as the current one
+    return device.index if isinstance(device, torch.device) else int(device)
 
 
 def input_device(module: nn.Module, device_ids, ignored: set[str]) -> torch.device | None:
@@ -205,7 +203,8 @@ def input_device(module: nn.Module, device_ids, ignored: set[str]) -> torch.devi
         return None
     if not device_ids:
         return device
-    return torch.device(device.type, _index(device_ids[0]))
+    index = _index(device_ids[0])
+    return torch.device(device.type) if index is None else torch.device(device.type, index)
 
 
 def move_to(obj: Any, device: torch.device) -> Any:

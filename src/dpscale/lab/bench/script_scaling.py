@@ -93,7 +93,7 @@ class ScaleConfig(HostFlags):
             raise ConfigError(f"--nproc: world sizes must be >= 1, got {self.world_sizes}")
         for e in self.engines:
             if e not in RUN_ENGINES:
-                raise ConfigError(f"--engine: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
+                raise ConfigError(f"--engines: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
         self.check_hosts(self.world_sizes)
 
 
