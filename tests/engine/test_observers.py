@@ -88,6 +88,14 @@ def test_the_default_noise_scale_observer_and_the_synced_step_count():
     ddp.close()
 
 
+def test_another_observers_wishes_do_not_change_the_noise_scales_every():
+    ddp = _ddp()  # the default noise-scale observer measures on every 8th synced step
+    ddp.add_step_observer(Recorder(every=1))  # norms on every step, for this one
+    _steps(ddp, 9)
+    assert ddp.noise_scale.estimator.updates == 2  # steps 0 and 8 (counted from 0), not 9
+    ddp.close()
+
+
 def _reducer_uses(path: Path) -> list[int]:
     tree = ast.parse(path.read_text(), filename=str(path))
     lines = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "reducer"]
