@@ -24,8 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dpscale.launch.process_life import die_with_parent
-
 DEFAULT_TIMEOUT_S = 120.0
 # After one rank fails, the others usually fail too (their collectives lose a peer); give them
 # this long to report their own error before they are killed.
@@ -61,7 +59,6 @@ def _rank_main(
     pg_timeout_s: float,
     env: dict[str, str],
 ) -> None:
-    die_with_parent(os.getppid())  # the forkserver, which ends with the command that started it
     os.environ.update(env)
     out = Path(workdir)
     stack_file = open(out / f"rank{rank}.stack", "w")  # noqa: SIM115 - lives as long as the process

@@ -4,8 +4,9 @@
   `dpscale train` would otherwise leave workers training and writing checkpoints that a later
   `--resume` reads while they change). Linux's PR_SET_PDEATHSIG has the kernel kill the worker
   when its parent dies; a watchdog thread that sees the parent change covers systems without it.
-  Every process that runs ranks calls it: `dpscale train`'s workers, `dpscale run`/`scale`'s
-  (run_child.py), the ranks across hosts (hosts.py) and the lab's (lab/multirank.py).
+  `dpscale train`'s workers, `dpscale run`/`scale`'s (run_child.py) and the ranks across hosts
+  (hosts.py) call it. The lab's ranks (lab/multirank.py) do not yet: its watchdog thread would be a
+  second thread in a rank that must hold only its own (tests/lab/test_multirank.py).
 - `guarded_module`: the one way dpscale starts a child agent (torchrun, for `dpscale run`,
   `scale` and the benches across hosts): `python -m dpscale.launch.process_life PID MODULE ARGS`
   runs `python -m MODULE ARGS` after `die_with_parent(PID)`, so the agent ends with the command
