@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec, unchecked_config
-from dpscale.lab.bench.args import parse_int_list, parse_name_list, parse_size_list
+from dpscale.lab.bench.args import nproc_list_field, parse_name_list, parse_size_list
 from dpscale.lab.bench.rounds import quantile
 from dpscale.lab.bench.transports import TRANSPORTS, RankTransport, TransportSpec
 from dpscale.lab.multirank import run_ranks
@@ -71,14 +71,7 @@ class AllReduceConfig:
         ),
     )
     """Transports to sweep, names in TRANSPORTS (the API's default: gloo)."""
-    world_sizes: list[int] = field(
-        default_factory=lambda: [1, 2],
-        metadata=flag_spec(
-            name="--nproc",
-            deprecated=("--world-sizes",),
-            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
-        ),
-    )
+    world_sizes: list[int] = nproc_list_field()
     """Comma-separated rank counts, one sweep each."""
     sizes_bytes: list[int] = field(
         default_factory=lambda: list(DEFAULT_SIZES_BYTES),

@@ -8,8 +8,11 @@ binary (4K = 4096 bytes), as in nccl-tests, because message sizes are swept in p
 from __future__ import annotations
 
 import re
+from dataclasses import field
+from typing import Any
 
 from dpscale.errors import ConfigError
+from dpscale.flags import flag_spec
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 # "16M", "16MiB", "16MB", "4096", "4096B": one integer, an optional binary unit, an optional "B".
@@ -74,3 +77,16 @@ def parse_name_list(text: str, *, flag: str, choices: list[str] | None = None) -
         if unknown:
             raise ConfigError(f"{flag}: unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
     return names
+
+
+def nproc_list_field() -> Any:
+    """The benches' `--nproc 1,2` (world sizes, one run each; `--world-sizes` still works, with a
+    deprecation line), a dataclass field defaulting to [1, 2]."""
+    return field(
+        default_factory=lambda: [1, 2],
+        metadata=flag_spec(
+            name="--nproc",
+            deprecated=("--world-sizes",),
+            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
+        ),
+    )

@@ -49,7 +49,7 @@ from dpscale.cores import usable_cores
 from dpscale.engine.hooks import COMPRESSIONS
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec, unchecked_config
-from dpscale.lab.bench.args import parse_int_list
+from dpscale.lab.bench.args import nproc_list_field
 from dpscale.lab.multirank import run_ranks
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
@@ -78,14 +78,7 @@ class TrainingRunsConfig:
         default="digits", metadata=flag_spec(help=f"one of {', '.join(WORKLOADS)} (default digits)")
     )
     """A built-in workload."""
-    world_sizes: list[int] = field(
-        default_factory=lambda: [1, 2],
-        metadata=flag_spec(
-            name="--nproc",
-            deprecated=("--world-sizes",),
-            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
-        ),
-    )
+    world_sizes: list[int] = nproc_list_field()
     """Comma-separated world sizes N (same-batch: each dividing the largest; weak: 1 among them)."""
     seed: int = 0
     """Model init and data order, the same at every world size."""

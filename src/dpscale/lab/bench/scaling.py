@@ -50,7 +50,7 @@ from dpscale.cores import usable_cores
 from dpscale.engine.factory import BENCH_ENGINES, DEFAULT_BENCH_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec, unchecked_config
-from dpscale.lab.bench.args import parse_int_list, parse_name_list
+from dpscale.lab.bench.args import nproc_list_field, parse_name_list
 from dpscale.lab.bench.rounds import quantile
 from dpscale.lab.bench.scaling_rank import rank_measure
 from dpscale.lab.multirank import run_ranks
@@ -76,14 +76,7 @@ class ScalingConfig(HostFlags):
     """Weak mode only (default 64)."""
     global_batch: int | None = None
     """Strong mode only (required): split G/N over N workers."""
-    world_sizes: list[int] = field(
-        default_factory=lambda: [1, 2],
-        metadata=flag_spec(
-            name="--nproc",
-            deprecated=("--world-sizes",),
-            parse=lambda s: parse_int_list(s, flag="--nproc", minimum=1),
-        ),
-    )
+    world_sizes: list[int] = nproc_list_field()
     """Comma-separated worker counts, one launch each."""
     engines: list[str] = field(
         default_factory=lambda: list(DEFAULT_BENCH_ENGINES),
