@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.stateful import Stateful
 
 from dpscale.data.sampler import GlobalBatchSampler, StepBatch
 from dpscale.engine import DistributedDataParallel
@@ -62,6 +62,11 @@ from dpscale.train.step_flags import StepFlags
 from dpscale.workloads import WORKLOADS
 from dpscale.workloads.load import load_task
 from dpscale.workloads.task import Task, call_model, num_samples, per_sample, to_device
+
+if TYPE_CHECKING:
+    # torch.distributed.checkpoint costs ~1 s of import time in every process (workers, the CLI):
+    # the protocol is only an annotation here
+    from torch.distributed.checkpoint.stateful import Stateful
 
 logger = get_logger(__name__)
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
-from torch.distributed.checkpoint.stateful import Stateful
 
 from dpscale.comm.base import global_rank
 from dpscale.engine.collective_log import CollectiveLog
@@ -32,6 +31,11 @@ from dpscale.train.checkpoint.files import (
     load_latest,
     save_checkpoint,
 )
+
+if TYPE_CHECKING:
+    # torch.distributed.checkpoint costs ~1 s of import time in every process (workers, the CLI):
+    # the protocol is only an annotation here
+    from torch.distributed.checkpoint.stateful import Stateful
 
 logger = get_logger(__name__)
 

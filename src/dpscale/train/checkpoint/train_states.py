@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.stateful import Stateful
 
 from dpscale.engine.collective_log import CollectiveLog
 from dpscale.train.adaptive.auto_batch import GrowBatch
@@ -26,6 +25,11 @@ from dpscale.train.checkpoint.files import CheckpointError, LoadedCheckpoint
 from dpscale.train.checkpoint.rank_state import HookState, RngState
 from dpscale.train.device import Precision
 from dpscale.train.state import TrainState
+
+if TYPE_CHECKING:
+    # torch.distributed.checkpoint costs ~1 s of import time in every process (workers, the CLI):
+    # the protocol is only an annotation here
+    from torch.distributed.checkpoint.stateful import Stateful
 
 # what `shared()` names, in the order the files are written
 SHARED = ("model", "optimizer", "scheduler", "sampler", "trainer")
