@@ -24,10 +24,8 @@ from dpscale.cores import usable_cores
 from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, config_kwargs, dataclass_kwargs, flag_name, flag_spec
 from dpscale.lab.bench import (
-    allreduce_report,
     convergence,
     convergence_report,
-    scaling,
     scaling_report,
     script_scaling,
     script_scaling_report,
@@ -90,33 +88,6 @@ def run_bench(bench: Bench, args: argparse.Namespace, config: Any = None) -> int
 def add_bench_arguments(bench: Bench, parser: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(parser, bench.Config)
     add_output_flags(parser, "print the points as JSON on the last line of stdout")
-
-
-# ---- the benches with the common shape ----------------------------------------------------------
-
-
-def add_allreduce_arguments(parser: argparse.ArgumentParser) -> None:
-    add_bench_arguments(allreduce_report.BENCH, parser)
-
-
-def allreduce_config(args: argparse.Namespace) -> Any:
-    return bench_config(allreduce_report.BENCH, args)
-
-
-def run_allreduce(args: argparse.Namespace) -> int:
-    return run_bench(allreduce_report.BENCH, args)
-
-
-def add_scaling_arguments(parser: argparse.ArgumentParser) -> None:
-    add_bench_arguments(scaling_report.BENCH, parser)
-
-
-def scaling_config(args: argparse.Namespace) -> scaling.ScalingConfig:
-    return bench_config(scaling_report.BENCH, args)
-
-
-def run_scaling(args: argparse.Namespace) -> int:
-    return run_bench(scaling_report.BENCH, args)
 
 
 # ---- convergence: two benches behind --mode ----------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dpscale.cli import bench as bench_cli
-from dpscale.lab.bench import allreduce, transports
+from dpscale.lab.bench import allreduce, allreduce_report, transports
 from dpscale.lab.bench.allreduce import (
     AllReduceConfig,
     AllReducePoint,
@@ -36,7 +36,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    bench_cli.add_allreduce_arguments(parser)
+    bench_cli.add_bench_arguments(allreduce_report.BENCH, parser)
     return parser.parse_args(argv)
 
 
@@ -66,7 +66,7 @@ def cli_run(tmp_path_factory):
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(allreduce, "os", one_core)
             mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "allreduce", *flags])
-            rc = bench_cli.run_allreduce(args)
+            rc = bench_cli.run_bench(allreduce_report.BENCH, args)
     (report_dir,) = base.iterdir()
     return types.SimpleNamespace(rc=rc, stdout=out.getvalue(), stderr=err.getvalue(), report_dir=report_dir)
 
@@ -186,14 +186,14 @@ def test_size_and_list_parsing():
 )
 def test_bad_flags_raise_one_line_value_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        bench_cli.allreduce_config(_parse(argv))
+        bench_cli.bench_config(allreduce_report.BENCH, _parse(argv))
     assert str(err.value).startswith(flag + ":") and "\n" not in str(err.value)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="nccl is usable here")
 def test_nccl_without_cuda_is_refused_by_name():
     with pytest.raises(ValueError, match="^--transport: nccl cannot run at world size 1: .*CUDA"):
-        bench_cli.allreduce_config(_parse(["--transport", "nccl", "--world-sizes", "1"]))
+        bench_cli.bench_config(allreduce_report.BENCH, _parse(["--transport", "nccl", "--world-sizes", "1"]))
 
 
 def test_fit_recovers_alpha_and_beta_from_synthetic_points():
@@ -244,5 +244,8 @@ def test_system_info_names_hardware_and_software():
 
 
 def test_default_transports_are_every_one_available_here():
-    assert bench_cli.allreduce_config(_parse([])).transports == transports.available_transports()
+    assert (
+        bench_cli.bench_config(allreduce_report.BENCH, _parse([])).transports
+        == transports.available_transports()
+    )
     assert "gloo" in transports.available_transports()

@@ -15,7 +15,7 @@ import types
 import pytest
 
 from dpscale.cli import bench as bench_cli
-from dpscale.lab.bench import scaling
+from dpscale.lab.bench import scaling, scaling_report
 from dpscale.lab.bench.report import ReportDir
 from dpscale.lab.bench.scaling import (
     POINT_KEYS,
@@ -55,7 +55,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    bench_cli.add_scaling_arguments(parser)
+    bench_cli.add_bench_arguments(scaling_report.BENCH, parser)
     return parser.parse_args(argv)
 
 
@@ -71,7 +71,7 @@ def cli_run(tmp_path_factory):
             # One core here, so world size 2 must warn; the ranks see the real machine.
             mp.setattr(scaling, "usable_cores", lambda: 1)
             mp.setattr(sys, "argv", ["/usr/bin/dpscale", "bench", "scaling", *flags])
-            rc = bench_cli.run_scaling(_parse(flags))
+            rc = bench_cli.run_bench(scaling_report.BENCH, _parse(flags))
     (report_dir,) = base.iterdir()
     return types.SimpleNamespace(rc=rc, stdout=out.getvalue(), stderr=err.getvalue(), report_dir=report_dir)
 
@@ -235,7 +235,7 @@ def test_strong_mode_splits_the_global_batch_and_user_models_load(tmp_path, monk
 )
 def test_bad_flags_raise_one_line_value_errors_naming_the_flag(argv, flag):
     with pytest.raises(ValueError) as err:
-        bench_cli.scaling_config(_parse(argv))
+        bench_cli.bench_config(scaling_report.BENCH, _parse(argv))
     assert str(err.value).startswith(flag) and "\n" not in str(err.value)
 
 
