@@ -155,6 +155,7 @@ class Trainer:
             self.task.collate,
             workers=config.data_workers,
             pin_memory=self.device.type == "cuda",
+            device=self.device if self.device.type == "cuda" else None,
         )
         self.total_steps = self.plan_total_steps()
         # each rank its own stream of randomness for anything stochastic in the user's model
@@ -409,6 +410,10 @@ class Trainer:
         flags collective, then the update (or a skip) and the scheduler."""
         t0 = time.perf_counter()
         loss_sum, micro_sq, micro_count = self._forward_backward(batch)
+        if self.step + 1 < self.total_steps:
+            # the device still runs this step: load the next one meanwhile (the sampler's
+            # position, what checkpoints save, does not count it; see batches.py)
+            self.batches.prefetch(len(batch.micro_batches))
         noise = self.noise_scale.step_norms(
             engine_norms=self._engine_norms(),
             micro_sq=micro_sq,
@@ -576,7 +581,9 @@ class Trainer:
 
     def save_checkpoint(self) -> str:
         """Collective: rank 0 writes this step's checkpoint; all learn the path."""
-        self.last_checkpoint = self.states.save(self.sampler)
+        # the RNGs as at the sampler's position: a resume loads the prefetched step again
+        with self.batches.rng_before_prefetch():
+            self.last_checkpoint = self.states.save(self.sampler)
         return self.last_checkpoint
 
     def _resume(self) -> None:
