@@ -16,6 +16,7 @@ from dpscale.engine.clock import EventClock, HostClock, clock_for
 from dpscale.engine.observers import StepObserver
 from dpscale.engine.stats import BucketTiming, StepStats, StepWindow
 from support.echo_group import EchoGroup
+from support.fake_events import FakeDevice
 
 
 def _flat(stats):
@@ -23,43 +24,6 @@ def _flat(stats):
     d = stats.to_dict()
     buckets = [v for b in d["buckets"] for v in b.values()]
     return [d[k] for k in ("step", "backward_ms", "comm_ms", "exposed_comm_ms")] + buckets
-
-
-class FakeDevice:
-    """A timeline for fake events: each record takes the next time (ms) from `times`; an event
-    is complete once the device has run up to its time (`run_until`)."""
-
-    def __init__(self, times):
-        self.times = iter(times)
-        self.done_ms = float("-inf")
-        self.recorded = []
-
-    def run_until(self, ms=float("inf")):
-        self.done_ms = ms
-
-    def event(self):
-        return FakeEvent(self)
-
-
-class FakeEvent:
-    def __init__(self, device):
-        self.device = device
-        self.ms = None
-
-    def record(self, stream=None):
-        self.ms = next(self.device.times)
-        self.device.recorded.append(self)
-
-    def query(self):
-        return self.ms is not None and self.ms <= self.device.done_ms
-
-    def elapsed_time(self, end):
-        # CUDA raises on an event not yet complete: so does this one
-        assert self.query() and end.query(), "elapsed_time on an incomplete event (would need a sync)"
-        return end.ms - self.ms
-
-    def synchronize(self):
-        raise AssertionError("the event clock waited for the device")
 
 
 def _window(stamp, blocking_ms=0.0):

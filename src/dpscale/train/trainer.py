@@ -30,6 +30,7 @@ from torch import nn
 
 from dpscale.data.sampler import GlobalBatchSampler, StepBatch
 from dpscale.engine import DistributedDataParallel
+from dpscale.engine.clock import clock_for
 from dpscale.engine.collective_log import CollectiveLog, explain_failures
 from dpscale.engine.factory import wrap
 from dpscale.engine.hooks import compression_hook
@@ -126,6 +127,8 @@ class Trainer:
                 f"{self.state.global_batch}; use a global batch of at most {self.num_samples}"
             )
         self.device = resolve_device(config.device)
+        # the one clock for the loop's timings (engine/clock.py): events on CUDA, read lazily
+        self.clock = clock_for(self.device)
         self.precision = Precision(config.precision, self.device)
         # what this rank asked of the others: for hang reports and the first steps' agreement check
         self.log = CollectiveLog(process_group)
