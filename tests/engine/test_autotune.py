@@ -2,11 +2,14 @@
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dpscale import DistributedDataParallel
-from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS
+from dpscale.engine.autotune import CANDIDATES_MB, MEASURED_STEPS, WARMUP_STEPS, BucketAutotuner
+from dpscale.engine.clock import EventClock
 from dpscale.lab.multirank import run_ranks
+from support.fake_events import FakeDevice
 
 SCHEDULE = len(CANDIDATES_MB) * (WARMUP_STEPS + MEASURED_STEPS)
 
@@ -58,3 +61,30 @@ def test_auto_tries_every_candidate_then_keeps_one_and_matches_a_fixed_size(accu
 def test_bad_cap_string_is_a_value_error():
     with pytest.raises(ValueError, match="bucket_cap_mb"):
         DistributedDataParallel(make_model(), bucket_cap_mb="fast")
+
+
+@pytest.fixture
+def world_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_the_tuner_times_steps_with_the_engines_clock_and_reads_them_at_the_decision(world_of_one):
+    # CUDA events (fake, with set times): each candidate's steps take 10, 4, 2 and 6 ms; the
+    # device has run everything by the decision, and no time is read before it
+    per_step_ms = dict(zip(CANDIDATES_MB, (10.0, 4.0, 2.0, 6.0), strict=True))
+    times, t = [], 0.0
+    for cap in CANDIDATES_MB:
+        for _ in range(WARMUP_STEPS + MEASURED_STEPS):
+            times.append(t)
+            t += per_step_ms[cap]
+    times.append(t)
+    device = FakeDevice(times)
+    tuner = BucketAutotuner(None, clock=EventClock(device.event))
+    clock = tuner.clock
+    for _ in range(SCHEDULE):
+        tuner.on_synced_forward(clock.stamp())
+    device.run_until()
+    assert tuner.on_synced_forward(clock.stamp()) == 25.0
+    assert tuner.decision.median_step_ms == pytest.approx([10.0, 4.0, 2.0, 6.0])

@@ -9,12 +9,14 @@ import pytest
 import torch
 from test_noise_scale_train import _task as regression_task  # tests/train is on sys.path
 
+from dpscale.engine.clock import EventClock
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.lab.multirank import run_ranks
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.adaptive.auto_batch import GrowBatch
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
+from support.fake_events import FakeDevice
 
 
 def test_the_batch_doubles_while_the_noise_scale_reaches_it_and_stops_at_the_cap():
@@ -118,6 +120,21 @@ def test_decisions_come_every_check_every_steps_after_enough_measurements():
     grow.after_step(trainer)
     assert calls == [(16, 4)] and trainer.total_steps == 99  # 32 -> 64, steps replanned
     assert grow.changes == [(16, 64)]
+
+
+def test_step_times_come_from_the_trainers_clock_read_after_the_steps_sync():
+    # CUDA events (here: fake ones with set times); read at after_step, once the step flags'
+    # read has let the device pass them
+    device = FakeDevice([0.0, 5.0, 25.0, 30.0, 60.0])
+    grow = GrowBatch(max_global_batch=1024)
+    trainer, _ = _fake_trainer(1, None)
+    trainer.clock = EventClock(device.event)
+    for _ in range(3):
+        grow.on_batch(trainer, None)
+        grow.after_reduce(trainer, [])
+        device.run_until()
+        grow.after_step(trainer)
+    assert grow.step_s == {2: [pytest.approx(0.02), pytest.approx(0.03)]}  # the first step: not timed
 
 
 def test_the_ranks_step_times_are_averaged_on_the_trainers_device(monkeypatch):

@@ -96,31 +96,38 @@ def test_no_noise_scale_and_single_batch_report_none(tmp_path):
 def test_the_meter_unscales_fp16_norms_and_takes_the_loops_reduced_norm():
     """No process: the step's norms divided by the loss scale squared; the big-batch norm is the
     one the loop takes for its skip check unless the engine gave one (sparse gradients)."""
-    from types import SimpleNamespace
 
+    from dpscale.engine.observers import GradNormTensors
     from dpscale.train.adaptive.noise_meter import NoiseScaleMeter
 
     meter = NoiseScaleMeter(2)
-    stats = SimpleNamespace(grad_sq_norm_local=8.0 * 4**2, grad_sq_norm_global=None)
+    f64 = lambda v: torch.tensor(v, dtype=torch.float64)
+    scale = torch.tensor(4.0)  # fp16's loss scale stays a tensor: reading it would sync
+    engine = GradNormTensors(f64(8.0 * 4**2), None, world_size=2, all_ranks=True)
     norms = meter.step_norms(
-        engine_stats=stats, micro_sq=None, micro_count=0, global_count=64, params=[], loss_scale=4.0
+        engine_norms=engine, micro_sq=None, micro_count=0, global_count=64, params=[], loss_scale=scale
     )
-    assert (norms.small_sq, norms.big_sq, norms.b_small, norms.b_big) == (8.0, None, 32, 64)
-    meter.update(norms, 8.0, reduced_sq=5.0)
+    assert (float(norms.small_sq), norms.big_sq, norms.b_small, norms.b_big) == (8.0, None, 32, 64)
+    meter.update(norms, 8.0, reduced_sq=5.0, big_sq=None)
     # |G|^2 = (64*5 - 32*8)/32 = 2, tr(Sigma) = (8-5)/(1/32-1/64) = 192
     assert meter.b_simple == pytest.approx(96.0)
-    stats.grad_sq_norm_global = 5.0 * 4**2
+    engine = GradNormTensors(f64(8.0 * 4**2), f64(5.0 * 4**2), world_size=2, all_ranks=True)
     norms = meter.step_norms(
-        engine_stats=stats, micro_sq=None, micro_count=0, global_count=64, params=[], loss_scale=4.0
+        engine_norms=engine, micro_sq=None, micro_count=0, global_count=64, params=[], loss_scale=scale
     )
-    assert norms.big_sq == 5.0
-    meter.update(norms, 8.0, reduced_sq=1e9)  # the engine's figure wins over the loop's
+    assert float(norms.big_sq) == 5.0
+    meter.update(norms, 8.0, reduced_sq=1e9, big_sq=float(norms.big_sq))  # the engine's figure wins
     assert meter.b_simple == pytest.approx(96.0)
     # one worker: the first micro-batch's gradient scaled to its own mean, unscaled too
     one = NoiseScaleMeter(1)
     p = torch.nn.Parameter(torch.zeros(3))
     p.grad = torch.ones(3)
     norms = one.step_norms(
-        engine_stats=None, micro_sq=1.0 * 4**2, micro_count=16, global_count=32, params=[p], loss_scale=4.0
+        engine_norms=None,
+        micro_sq=f64(1.0 * 4**2),
+        micro_count=16,
+        global_count=32,
+        params=[p],
+        loss_scale=4.0,
     )
-    assert (norms.small_sq, norms.big_sq) == (4.0, None)
+    assert (float(norms.small_sq), norms.big_sq) == (4.0, None)

@@ -7,15 +7,22 @@ synchronized steps, measures the time from one synced forward to the next (the w
 optimizer included, as the user's loop runs it), and keeps the candidate whose median is lowest
 on the slowest rank. The schedule is a function of the synced-step count, so every rank switches
 buckets at the same step, which the collective bucket allocation requires.
+
+Steps are timed with the engine's clock (clock.py): CUDA events on a GPU, where host time would
+measure the launches. They are read at the decision, the one point of the run where the tuner
+waits for the device (every rank decides at the same step, so each needs every time by then).
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from dpscale.engine.clock import Clock, HostClock
 
 CANDIDATES_MB = (1.0, 5.0, 25.0, 100.0)
 WARMUP_STEPS = 1  # the first step on new buckets touches fresh memory: not representative
@@ -45,9 +52,10 @@ class BucketAutotuner:
     warmup_steps: int = WARMUP_STEPS
     measured_steps: int = MEASURED_STEPS
     decision: AutotuneDecision | None = None
+    clock: Clock = field(default_factory=HostClock)  # the engine's (clock.py)
     _step: int = 0
-    _last_t: float | None = None
-    _times: dict[float, list[float]] = field(default_factory=dict)
+    _last_t: Any = None
+    _windows: list[tuple[float, Any, Any]] = field(default_factory=list)  # (cap, start, end) stamps
 
     @property
     def done(self) -> bool:
@@ -63,14 +71,15 @@ class BucketAutotuner:
     def first_cap_mb(self) -> float:
         return self.candidates_mb[0]
 
-    def on_synced_forward(self, now: float) -> float | None:
-        """Call at each synced forward; returns the bucket cap to switch to now, or None."""
+    def on_synced_forward(self, now: Any) -> float | None:
+        """Call at each synced forward with a stamp of `clock`; returns the bucket cap to switch
+        to now, or None."""
         if self.done:
             return None
         if self._last_t is not None:
             cap, measured = self._cap_at(self._step - 1)
             if measured:
-                self._times.setdefault(cap, []).append((now - self._last_t) * 1e3)
+                self._windows.append((cap, self._last_t, now))
         self._last_t = now
         total = len(self.candidates_mb) * (self.warmup_steps + self.measured_steps)
         if self._step == total:
@@ -80,9 +89,18 @@ class BucketAutotuner:
         self._step += 1
         return cap if cap != previous else None
 
+    def _times_ms(self) -> dict[float, list[float]]:
+        clock = self.clock
+        clock.wait([t for _, start, end in self._windows for t in (start, end)])
+        times: dict[float, list[float]] = {}
+        for cap, start, end in self._windows:
+            times.setdefault(cap, []).append(clock.elapsed_ms(start, end))
+        return times
+
     def _decide(self) -> float:
+        times = self._times_ms()
         medians = torch.tensor(
-            [statistics.median(self._times[c]) for c in self.candidates_mb],
+            [statistics.median(times[c]) for c in self.candidates_mb],
             dtype=torch.float64,
             device=self.device,
         )

@@ -272,7 +272,8 @@ class DistributedDataParallel(_TorchDDP):
     def _autotune_step(self) -> None:
         tuner = self._autotuner
         assert tuner is not None  # bucket_cap_mb="auto"
-        cap = tuner.on_synced_forward(time.perf_counter())
+        tuner.clock = self.reducer.clock
+        cap = tuner.on_synced_forward(tuner.clock.stamp())
         if cap is not None and cap != self.bucket_cap_mb:
             self._rebuild_buckets(cap)
         if tuner.done and tuner.decision is not None and group_rank(self.process_group) == 0:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dpscale.engine.observers import GradNorms, StepObserver
+from dpscale.engine.observers import GradNorms, GradNormTensors, StepObserver
 from dpscale.engine.stats import StepStats
 
 
@@ -142,6 +142,17 @@ class NoiseScaleObserver(StepObserver):
         self.every = every
         self.wants_reduced_norm = reduced_norm
         self.estimator = estimator if estimator is not None else NoiseScaleEstimator()
+        self._device_norms: tuple[int, GradNormTensors] | None = None
+
+    def device_norms(self, step: int) -> GradNormTensors | None:
+        """Synced step `step`'s norms (counting it, as `StepStats.step`) while still on the
+        device, for a loop that reduces them in its own collective; None if not measured."""
+        kept = self._device_norms
+        return kept[1] if kept is not None and kept[0] == step else None
+
+    def on_grad_norms(self, step: int, norms: GradNormTensors) -> None:
+        if self.wants_grad_norms(step - 1):
+            self._device_norms = (step, norms)
 
     def wants_grad_norms(self, step: int) -> bool:
         # every rank counts the same synced steps, so all measure on the same ones

@@ -12,7 +12,9 @@ Read in the order of one step:
 3. After backward (`_finalize`): parameters that got no gradient (an error unless
    find_unused_parameters or a static graph), what is left launched, sparse gradients reduced each
    on its own, which parameters were used on any rank agreed, every reduction waited for, the
-   step's statistics recorded (stats.py).
+   step's statistics recorded (stats.py) and handed to the observers once the clock can read
+   them: at once on CPU, at a later step on a GPU, where nothing in the engine waits for the
+   device (clock.py).
 
 Sparse gradients (Embedding/EmbeddingBag with sparse=True) have no place in a flat buffer: each is
 reduced on its own after backward (gloo all-reduces sparse tensors), or handed to the comm hook as
@@ -26,20 +28,23 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dpscale.engine.buckets import Bucket
+from dpscale.engine.clock import Clock, EventClock, clock_for
 from dpscale.engine.collective_log import CollectiveLog
 from dpscale.engine.compat import torch_private
 from dpscale.engine.grad_pool import GradPool, zero_views
 from dpscale.engine.hooks import CommHook, GradBucket, checked_future
 from dpscale.engine.noise_scale import bucket_sq_norm
-from dpscale.engine.observers import GradNorms, StepObserver
-from dpscale.engine.stats import BucketTiming, StepStats
+from dpscale.engine.observers import GradNorms, GradNormTensors, StepObserver
+from dpscale.engine.stats import BucketTiming, StepStats, StepWindow
 
 # A bucket whose tensors average at most this many elements gets gradients accumulated in place
 # (see Reducer._preset_grads): around here per-tensor Python work costs about what copying the
@@ -91,6 +96,10 @@ class Reducer:
         self._comm_stream: torch.cuda.Stream | None = None
         if buckets and buckets[0].buffer.is_cuda:
             self._comm_stream = torch.cuda.Stream(device=buckets[0].buffer.device)
+        # host time on CPU, events on the streams on CUDA (a test may pass another clock)
+        self.clock: Clock = clock_for(buckets[0].buffer.device if buckets else None)
+        # synced steps measured and not yet readable (events not complete): oldest first
+        self._windows: deque[tuple[StepWindow, GradNormTensors | None]] = deque()
         self.buckets: list[Bucket] = []
         # where each parameter's gradient lives, indexed by parameter (None: sparse): (bucket,
         # position in the bucket, its view), looked up once per gradient by the hook
@@ -112,7 +121,7 @@ class Reducer:
         self._in_flight: list[Bucket] = []  # launched and not yet seen complete
         self._callback_queued = False
         self._spent: list[torch.Tensor] = []
-        self._t_forward_end = 0.0
+        self._t_forward_end: object = None
         self.last_stats: StepStats | None = None
         self._step = 0
         # who receives each synced step's measurements (observers.py); on the steps one of them
@@ -184,6 +193,7 @@ class Reducer:
         optimization, Accelerate's trigger_sync_in_backward call it); unused parameters are found
         after backward here, so it is not needed."""
         self.release_spent()
+        self._deliver_ready()  # what the device finished since: the last steps' stats
         self._expecting = True
         self._ready = [False] * len(self.params)
         for b in self.buckets:
@@ -202,7 +212,7 @@ class Reducer:
             and self.world_size > 1
             and any(o.wants_grad_norms(self._step) for o in self.observers)
         )
-        self._t_forward_end = time.perf_counter()
+        self._t_forward_end = self.clock.stamp()
 
     def _preset_grads(self) -> None:
         # In a bucket of small tensors, each parameter without a gradient gets its (zeroed) bucket
@@ -428,20 +438,28 @@ class Reducer:
     def _launch(self, bucket: Bucket) -> None:
         timing = bucket.timing
         assert timing is not None  # set by begin_step
-        timing.start_s = time.perf_counter()
+        t_host = time.perf_counter()
         if self._comm_stream is not None:
             # the bucket was filled on the compute stream; communication must see those writes
             self._comm_stream.wait_stream(torch.cuda.current_stream(bucket.buffer.device))
             with torch.cuda.stream(self._comm_stream):
+                timing.start = self.clock.stamp(self._comm_stream)
                 fut = self._start_reduction(bucket)
         else:
+            timing.start = self.clock.stamp()
             fut = self._start_reduction(bucket)
         bucket.future = fut
-        self._in_flight.append(bucket)
-        self._stamp_completed()  # a synchronous transport (shm) is done already
+        if isinstance(self.clock, EventClock):
+            # NCCL marks the future done once the collective is enqueued; its callback runs with
+            # the current stream made to wait for the reduction, so an event there marks its end
+            fut.then(partial(_stamp_end, self.clock, timing))
+        else:
+            self._in_flight.append(bucket)
+            self._stamp_completed()  # a synchronous transport (shm) is done already
         # A synchronous transport (shm) reduces inside this call, on the thread that runs
         # backward: that time is not overlapped with compute, whatever the timestamps say.
-        timing.blocking_s = time.perf_counter() - timing.start_s
+        if self.clock.launch_holds_compute:
+            timing.blocking_ms = (time.perf_counter() - t_host) * 1e3
 
     def _start_reduction(self, bucket: Bucket) -> torch.Future:
         if bucket.small:
@@ -523,11 +541,11 @@ class Reducer:
         # would run on the transport's thread and fight backward for the GIL; so a time is exact
         # to within one gradient's interval during backward and exact afterwards.
         if self._in_flight:
-            now, still = time.perf_counter(), []
+            now, still = self.clock.stamp(), []
             for b in self._in_flight:
                 assert b.future is not None and b.timing is not None
                 if b.future.done():
-                    b.timing.end_s = now
+                    b.timing.end = now
                 else:
                     still.append(b)
             self._in_flight = still
@@ -536,7 +554,7 @@ class Reducer:
     def _finalize(self) -> None:
         """Runs once per synced backward, after autograd has produced every gradient."""
         self._expecting = False
-        t_backward_end = time.perf_counter()
+        t_backward_end = self.clock.stamp()
         self.last_backward_end_epoch_ns = time.time_ns()
         if self._order is not None:
             self.first_ready_order, self._order = self._order, None
@@ -559,8 +577,9 @@ class Reducer:
         self._used_since_sync = [False] * len(self.params)
         self._wait_all()
         results = [fut.wait() for fut in sparse_futures]
-        # every reduction is over: what follows (gradients into .grad, norms) is not communication
-        t_done = time.perf_counter()
+        # every reduction is over (on CUDA: the stream waits for them, see _wait_all): what
+        # follows (gradients into .grad, norms) is not communication
+        t_done = self.clock.stamp()
         for i, result in zip(self.sparse_indices, results, strict=True):
             result = result[0] if isinstance(result, list) else result
             if self._ready[i] or had_grad[i] or used[i]:
@@ -643,21 +662,22 @@ class Reducer:
         if own:
             torch_private.foreach_copy_(own, reduced)
 
-    def _grad_norms(self) -> GradNorms | None:
+    def _grad_norms(self) -> GradNormTensors | None:
         """This rank's local |g|^2 and, if an observer wants it, the averaged |G|^2, over the
-        dense buckets; None on a step that measured nothing."""
+        dense buckets, as float64 tensors on the device (read later: no sync); None on a step
+        that measured nothing."""
         local_sq = [b.local_sq for b in self.buckets]
         if not self._measure_now or not self.buckets or any(sq is None for sq in local_sq):
             return None
         # without a hook the buffers were divided by the divisor before the reduction
         scale = 1.0 if self.comm_hook is not None else float(self.divisor) ** 2
-        local = float(torch.stack(local_sq).sum()) * scale  # type: ignore[arg-type]
+        local = torch.stack(local_sq).sum().double() * scale  # type: ignore[arg-type]
         for b in self.buckets:
             b.local_sq = None
         reduced = None
         if any(o.wants_reduced_norm for o in self.observers):
-            reduced = float(torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum())
-        return GradNorms(local, reduced, self.world_size, all_ranks=self.divisor == self.world_size)
+            reduced = torch.stack([bucket_sq_norm(b.buffer) for b in self.buckets]).sum().double()
+        return GradNormTensors(local, reduced, self.world_size, all_ranks=self.divisor == self.world_size)
 
     def _end_counting(self) -> None:
         # the counting backward launched nothing yet and divided nothing
@@ -724,20 +744,36 @@ class Reducer:
             if b.future is not None:
                 b.future.wait()
 
-    def _record_stats(self, t_backward_end: float, t_done: float, norms: GradNorms | None) -> None:
+    def _record_stats(self, t_backward_end: object, t_done: object, norms: GradNormTensors | None) -> None:
         timings: list[BucketTiming] = [b.timing for b in self.buckets if b.timing is not None]
-        for t in timings:  # on CUDA the host sees completion only when waiting
-            t.end_s = t.end_s or t_done
         self._step += 1
-        stats = StepStats.from_timings(
-            step=self._step,
-            t0=self._t_forward_end,
-            t_backward_end=t_backward_end,
-            t_done=t_done,
-            timings=timings,
-        )
+        window = StepWindow(self._step, self._t_forward_end, t_backward_end, t_done, timings)
         if norms is not None:
-            stats.grad_sq_norm_local, stats.grad_sq_norm_global = norms.local_sq, norms.reduced_sq
-        self.last_stats = stats
-        for observer in self.observers:
-            observer.on_step(stats, norms)
+            for observer in self.observers:
+                observer.on_grad_norms(self._step, norms)
+            pair = [norms.local_sq, norms.local_sq if norms.reduced_sq is None else norms.reduced_sq]
+            window.norms = self.clock.to_host(torch.stack(pair))
+        self._windows.append((window, norms))
+        self._deliver_ready()
+
+    def _deliver_ready(self) -> None:
+        """The measured steps the clock can read now, oldest first, to `last_stats` and the
+        observers; a step whose events are not complete waits for a later call (no sync)."""
+        windows = self._windows
+        while windows and windows[0][0].ready(self.clock):
+            window, tensors = windows.popleft()
+            stats = StepStats.from_window(window, self.clock)
+            norms = None
+            if tensors is not None and window.norms is not None:
+                local, reduced = window.norms.values()
+                reduced_sq = None if tensors.reduced_sq is None else reduced
+                norms = GradNorms(local, reduced_sq, tensors.world_size, tensors.all_ranks)
+                stats.grad_sq_norm_local, stats.grad_sq_norm_global = norms.local_sq, norms.reduced_sq
+            self.last_stats = stats
+            for observer in self.observers:
+                observer.on_step(stats, norms)
+
+
+def _stamp_end(clock: Clock, timing: BucketTiming, fut: torch.Future) -> None:
+    # a future's callback: on CUDA the current stream here waits for the reduction
+    timing.end = clock.stamp()

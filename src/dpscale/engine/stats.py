@@ -1,21 +1,46 @@
 """Per-step communication measurements, cheap enough to take on every synced step.
 
-Times are host wall-clock (`time.perf_counter`) relative to the end of forward, in ms. On CUDA
-the host learns of completion only when it waits, so there `end_ms` is an upper bound.
+Times are in ms from the end of forward, taken with the engine's clock (clock.py): host time on
+CPU, CUDA events on the compute and communication streams on a GPU. A step's stamps form a
+`StepWindow`, turned into `StepStats` once the clock says every stamp is final: at once on the
+host, at a later step on a GPU (the stats then arrive a step or more late, never by waiting).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpscale.engine.clock import Clock, HostRead
 
 
 @dataclass
 class BucketTiming:
     index: int
     nbytes: int
-    start_s: float = 0.0
-    end_s: float = 0.0
-    blocking_s: float = 0.0  # how long launching it held up the caller (all of it, if synchronous)
+    start: Any = None  # the clock's stamps (clock.py); end None: done when the step's wait was
+    end: Any = None
+    blocking_ms: float = 0.0  # host time launching it held up backward (all of it, if synchronous)
+
+
+@dataclass
+class StepWindow:
+    """One synced step's stamps (and gradient norms on their way to the host), until final."""
+
+    step: int
+    forward_end: Any
+    backward_end: Any
+    done: Any
+    timings: list[BucketTiming]
+    norms: HostRead | None = None  # (local, reduced) squared norms, see Reducer._grad_norms
+
+    def stamps(self) -> list[Any]:
+        ends = [t.end for t in self.timings if t.end is not None]
+        return [self.forward_end, self.backward_end, self.done, *(t.start for t in self.timings), *ends]
+
+    def ready(self, clock: Clock) -> bool:
+        return clock.ready(self.stamps()) and (self.norms is None or self.norms.ready())
 
 
 @dataclass
@@ -60,17 +85,22 @@ class StepStats:
         return asdict(self)
 
     @classmethod
-    def from_timings(
-        cls, *, step: int, t0: float, t_backward_end: float, t_done: float, timings: list[BucketTiming]
-    ) -> StepStats:
-        ms = lambda t: (t - t0) * 1e3
-        buckets = [BucketStats(t.index, t.nbytes, ms(t.start_s), ms(t.end_s)) for t in timings]
-        held_up_ms = sum(t.blocking_s for t in timings if t.start_s < t_backward_end) * 1e3
+    def from_window(cls, window: StepWindow, clock: Clock) -> StepStats:
+        """The stats of a window whose stamps are final (`window.ready(clock)`)."""
+        t0 = window.forward_end
+        ms = lambda stamp: clock.elapsed_ms(t0, stamp)
+        backward_end_ms, done_ms = ms(window.backward_end), ms(window.done)
+        buckets = [
+            BucketStats(t.index, t.nbytes, ms(t.start), done_ms if t.end is None else ms(t.end))
+            for t in window.timings
+        ]
+        timed = zip(window.timings, buckets, strict=True)
+        held_up_ms = sum(t.blocking_ms for t, b in timed if b.start_ms < backward_end_ms)
         return cls(
-            step=step,
-            backward_ms=ms(t_backward_end) - held_up_ms,
+            step=window.step,
+            backward_ms=backward_end_ms - held_up_ms,
             comm_ms=_union_ms(buckets),
-            exposed_comm_ms=held_up_ms + max(0.0, (t_done - t_backward_end) * 1e3),
+            exposed_comm_ms=held_up_ms + max(0.0, done_ms - backward_end_ms),
             buckets=buckets,
         )
 

@@ -12,11 +12,16 @@ place to stop: `StepTelemetry` calls `on_limit` at the forward that would begin 
 Two DDP classes carry it: dpscale's engine, whose per-step stats give exposed communication, and
 a subclass of torch's, which times its all-reduces through a comm hook (exposed: from the last
 bucket's launch, about when backward's last gradient is ready, to the last one's completion).
+
+Times come from the engine's clock (clock.py): CUDA events on a GPU, where host time around an
+NCCL collective measures its launch. A step's record is kept once its events have completed, at a
+later step; the limit counts steps as they run (the same step on every rank), and the records
+still pending are waited for once, when the telemetry is written (`to_dict`). On a GPU dpscale's
+engine gives a step's exposed communication when its stats are readable: the latest so far.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -26,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
+from dpscale.engine.clock import Clock, HostClock, clock_for
 from dpscale.engine.ddp import DistributedDataParallel
 
 
@@ -39,6 +45,14 @@ class StepRecord:
 
 
 @dataclass
+class Span:
+    """Two stamps of the clock (a communication interval measured by events): ms once read."""
+
+    start: Any
+    end: Any
+
+
+@dataclass
 class StepTelemetry:
     """Per-step records of one rank; `on_limit()` runs once `limit` steps are complete."""
 
@@ -46,21 +60,27 @@ class StepTelemetry:
     on_limit: Callable[[StepTelemetry], None] | None = None
     records: list[StepRecord] = field(default_factory=list)
     forward_ms: list[float] = field(default_factory=list)  # of synchronized forwards
-    _start: float | None = None
+    clock: Clock = field(default_factory=HostClock)
+    steps: int = 0  # steps complete, records pending included
+    _start: Any = None
     _samples: int = 0
     _micro: int = 0
     _synced: bool = False
+    # steps and forwards timed and not yet read: (start, end, samples, micro, comm) / (start, end)
+    _pending: list[tuple] = field(default_factory=list)
+    _pending_forwards: list[tuple[Any, Any]] = field(default_factory=list)
 
     def on_forward(self, inputs: tuple, kwargs: Mapping, synced: bool, comm: Callable[[], tuple]):
         """Called at each training forward; `comm()` gives the last synced backward's
-        (exposed_comm_ms, backward_ms), either None when not measured."""
-        now = time.perf_counter()
+        (exposed_comm_ms, backward_ms), each None when not measured or a `Span` to read later."""
+        now = self.clock.stamp()
         if self._synced:  # the previous forward ended a step: this one begins the next
             assert self._start is not None  # set by the forward that began the step
-            step_ms = (now - self._start) * 1e3
-            self.records.append(StepRecord(step_ms, self._samples, self._micro, *comm()))
+            self._pending.append((self._start, now, self._samples, self._micro, comm()))
             self._start, self._samples, self._micro = None, 0, 0
-            if len(self.records) == self.limit and self.on_limit is not None:
+            self.steps += 1
+            self.read(wait=False)
+            if self.steps == self.limit and self.on_limit is not None:
                 self.on_limit(self)
         if self._start is None:
             self._start = now
@@ -68,7 +88,37 @@ class StepTelemetry:
         self._micro += 1
         self._synced = synced
 
+    def on_forward_timed(self, start: Any, end: Any) -> None:
+        self._pending_forwards.append((start, end))
+
+    def read(self, *, wait: bool) -> None:
+        """Pending steps and forwards into `records` and `forward_ms`, oldest first: those whose
+        events are complete, or (`wait`) all of them."""
+        clock = self.clock
+        while self._pending and (wait or clock.ready(self._stamps(self._pending[0]))):
+            entry = self._pending.pop(0)
+            clock.wait(self._stamps(entry))
+            start, end, samples, micro, comm = entry
+            self.records.append(
+                StepRecord(clock.elapsed_ms(start, end), samples, micro, *map(self._ms, comm))
+            )
+        while self._pending_forwards and (wait or clock.ready(self._pending_forwards[0])):
+            start, end = self._pending_forwards.pop(0)
+            clock.wait([start, end])
+            self.forward_ms.append(clock.elapsed_ms(start, end))
+
+    @staticmethod
+    def _stamps(entry: tuple) -> list[Any]:
+        spans = [s for s in entry[4] if isinstance(s, Span)]
+        return [entry[0], entry[1], *(t for s in spans for t in (s.start, s.end))]
+
+    def _ms(self, value: float | Span | None) -> float | None:
+        if isinstance(value, Span):
+            return max(0.0, self.clock.elapsed_ms(value.start, value.end))
+        return value
+
     def to_dict(self) -> dict:
+        self.read(wait=True)  # written once, at the end: the one wait for the device
         return {"records": [asdict(r) for r in self.records], "forward_ms": self.forward_ms}
 
 
@@ -101,11 +151,12 @@ class _Timed:
         if not (self.training and torch.is_grad_enabled()):
             return forward(*inputs, **kwargs)  # evaluation passes are not training steps
         synced = bool(self.require_backward_grad_sync)
-        self.telemetry.on_forward(inputs, kwargs, synced, self._comm_stats)
-        t0 = time.perf_counter()
+        telemetry = self.telemetry
+        telemetry.on_forward(inputs, kwargs, synced, self._comm_stats)
+        t0 = telemetry.clock.stamp()
         out = forward(*inputs, **kwargs)
         if synced:
-            self.telemetry.forward_ms.append((time.perf_counter() - t0) * 1e3)
+            telemetry.on_forward_timed(t0, telemetry.clock.stamp())
         return out
 
 
@@ -114,7 +165,7 @@ class TelemetryDDP(_Timed, DistributedDataParallel):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.telemetry = StepTelemetry()
+        self.telemetry = StepTelemetry(clock=self.reducer.clock)
 
     def forward(self, *inputs, **kwargs):
         return self._timed_forward(super().forward, inputs, kwargs)
@@ -127,8 +178,9 @@ class TelemetryDDP(_Timed, DistributedDataParallel):
 @dataclass
 class _CommTimes:
     process_group: dist.ProcessGroup | None
-    last_launch: float = 0.0
-    last_done: float = 0.0
+    clock: Clock = field(default_factory=HostClock)
+    last_launch: Any = None
+    last_done: Any = None
 
 
 def _timed(hook):
@@ -136,11 +188,12 @@ def _timed(hook):
 
     def timed_hook(state: tuple[_CommTimes, Any], bucket):
         times, inner_state = state
-        times.last_launch = time.perf_counter()
+        times.last_launch = times.clock.stamp()
         inner = inner_state if hook is not allreduce_hook else times.process_group
 
         def done(fut):
-            times.last_done = time.perf_counter()
+            # on CUDA the current stream here waits for the collective: an event marks its end
+            times.last_done = times.clock.stamp()
             return fut.value()
 
         return hook(inner, bucket).then(done)
@@ -154,8 +207,9 @@ class TorchTelemetryDDP(_Timed, nn.parallel.DistributedDataParallel):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.telemetry = StepTelemetry()
-        self._comm = _CommTimes(self.process_group)
+        clock = clock_for(next(self.module.parameters()).device)
+        self.telemetry = StepTelemetry(clock=clock)
+        self._comm = _CommTimes(self.process_group, clock)
         self._hooked = False
 
     def register_comm_hook(self, state: object, hook) -> None:
@@ -167,8 +221,8 @@ class TorchTelemetryDDP(_Timed, nn.parallel.DistributedDataParallel):
             self.register_comm_hook(None, allreduce_hook)
         return self._timed_forward(super().forward, inputs, kwargs)
 
-    def _comm_stats(self) -> tuple[float | None, None]:
+    def _comm_stats(self) -> tuple[Span | None, None]:
         c = self._comm
-        if not c.last_launch:
+        if c.last_launch is None or c.last_done is None:
             return None, None
-        return max(0.0, (c.last_done - c.last_launch) * 1e3), None
+        return Span(c.last_launch, c.last_done), None

@@ -6,6 +6,13 @@ copy of the sampler, started at the same position, while the trainer advances th
 by step. Both yield the same index lists in the same order, so each step's micro-batches pair up.
 An empty micro-batch (a short `keep` tail) is loaded as sample 0 and weighted zero by the trainer:
 the synchronized backward must run on every rank even with nothing to add.
+
+`prefetch` loads the next step's micro-batches while the device still works on this one and starts
+their copies to it (non-blocking from pinned memory on CUDA). The sampler's position, what a
+checkpoint saves, does not count them. Loading in this process (no workers) may draw from the
+global RNGs (a random augmentation); then a checkpoint must hold the RNGs as they were before the
+prefetch (`rng_before_prefetch`), and a prefetch dropped unused (a new segment) winds them back,
+so a resumed or re-split run draws the same numbers as one that never prefetched.
 """
 
 from __future__ import annotations
@@ -13,18 +20,22 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dpscale.data.sampler import GlobalBatchSampler
+from dpscale.train.checkpoint.rank_state import capture_rng_state, restore_rng_state
+from dpscale.workloads.task import to_device
 
 _FORK = "fork" if "fork" in mp.get_all_start_methods() else None
 
 
 class MicroBatches:
-    """`next_step(n)` returns the next n collated micro-batches (one optimizer step's)."""
+    """`take(n)` returns the next n collated micro-batches (one optimizer step's); `prefetch(n)`
+    loads them ahead, on `device` if given."""
 
     def __init__(
         self,
@@ -33,12 +44,16 @@ class MicroBatches:
         *,
         workers: int = 0,
         pin_memory: bool = False,
+        device: torch.device | None = None,
     ):
         self.dataset = dataset
         self.collate = collate
         self.workers = workers
         self.pin_memory = pin_memory
+        self.device = device
         self._it: Iterator[Any] | None = None
+        self._ahead: list[Any] | None = None  # the next step's micro-batches, loaded early
+        self._rng_before: dict[str, Any] | None = None  # the RNGs before loading them here
 
     def start_segment(self, sampler: GlobalBatchSampler) -> None:
         """Read the micro-batches of the sampler's remaining steps in this epoch from where it is now."""
@@ -61,9 +76,46 @@ class MicroBatches:
 
     def take(self, count: int) -> list[Any]:
         assert self._it is not None, "start_segment first"
+        if self._ahead is not None:
+            ahead, self._ahead, self._rng_before = self._ahead, None, None
+            assert len(ahead) == count, "a step's micro-batch count changes only with a new segment"
+            return ahead
         return [next(self._it) for _ in range(count)]
 
+    def prefetch(self, count: int) -> None:
+        """Load the next step's `count` micro-batches now and start their copies to the device;
+        nothing at the end of the segment."""
+        if self._it is None or self._ahead is not None:
+            return
+        if self.workers == 0:
+            self._rng_before = capture_rng_state()
+        # a segment holds whole steps: the next one is all there or not at all
+        loaded = [batch for _, batch in zip(range(count), self._it, strict=False)]
+        if len(loaded) < count:
+            assert not loaded, "a segment holds whole steps"
+            self._rng_before = None
+            return
+        self._ahead = loaded if self.device is None else to_device(loaded, self.device, non_blocking=True)
+
+    @contextmanager
+    def rng_before_prefetch(self) -> Iterator[None]:
+        """The global RNGs as the sampler's position implies (before a pending prefetch drew
+        from them) inside the block; as they are now after it."""
+        if self._rng_before is None:
+            yield
+            return
+        now = capture_rng_state()
+        restore_rng_state(self._rng_before)
+        try:
+            yield
+        finally:
+            restore_rng_state(now)
+
     def close(self) -> None:
+        # a prefetch never used: as if it had never drawn from the RNGs
+        if self._rng_before is not None:
+            restore_rng_state(self._rng_before)
+        self._ahead = self._rng_before = None
         # the last reference: the iterator's finalizer stops the loader's worker processes now
         self._it = None
 

@@ -61,9 +61,12 @@ class Precision:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler else loss
 
-    def loss_scale(self) -> float:
-        """What the gradients are multiplied by until `unscale` (1 without fp16)."""
-        return float(self.scaler.get_scale()) if self.scaler else 1.0
+    def loss_scale(self) -> torch.Tensor | float:
+        """What the gradients are multiplied by until `unscale`: 1 without fp16; with it a 0-d
+        tensor on the device (`GradScaler.get_scale()` would wait for the device to read it)."""
+        if self.scaler is None:
+            return 1.0
+        return self.scaler.scale(torch.ones((), device=self.device))
 
     def unscale(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide the (reduced) gradients by the loss scale before they are measured or clipped."""
@@ -74,15 +77,17 @@ class Precision:
         """Apply the step unless the ranks decided together to skip it; move the scale the same way
         everywhere. After the reduction every rank holds the same gradients, so a rank's own
         overflow check agrees with the collective decision; the backed-off scale is set explicitly
-        on a skip anyway, so the scale can never differ between ranks."""
+        on a skip anyway, so the scale can never differ between ranks. The collective decision is
+        the overflow check: `GradScaler.step` would read its own again (a host sync) to learn what
+        the ranks already agreed (the gradients were unscaled by `unscale` before)."""
         if self.scaler is None:
             if not skipped:
                 optimizer.step()
             return
         if skipped:
-            self.scaler.update(self.scaler.get_scale() * self.scaler.get_backoff_factor())
+            self.scaler.update(self.loss_scale() * self.scaler.get_backoff_factor())
         else:
-            self.scaler.step(optimizer)
+            optimizer.step()
             self.scaler.update()
 
     def state_dict(self) -> dict:

@@ -6,12 +6,16 @@ One all-reduce of these four numbers gives every rank the global loss and the sa
 decisions. After averaging, a non-finite gradient anywhere is non-finite everywhere, but deciding
 by a collective keeps ranks in lockstep even if a custom hook were to hide it on some rank; a
 signal that reached any rank stops every rank after the same step.
+
+Reading the result is the step's one host sync: the flags, the gradient norm and whatever else
+the loop needs on the host this step (`read_along`) come back in one transfer. The flags are
+built on the device without host-to-device copies (`new_full` passes a number to a fill kernel).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,9 +27,11 @@ from dpscale.engine.collective_log import CollectiveLog
 class StepDecision:
     """What every rank agreed on for one step."""
 
-    loss_sum: torch.Tensor  # the global batch's summed loss (float64, 0-d)
+    loss_sum: float  # the global batch's summed loss
     skipped: bool  # some rank's gradient was non-finite: no update this step
     small_sq: float  # the ranks' local squared gradient norms, averaged (0.0 when not measured)
+    grad_norm: float = 0.0  # this rank's gradient norm, as given
+    read_along: list[float] = field(default_factory=list)  # `reduce`'s read_along, on the host
 
 
 class StepFlags:
@@ -50,14 +56,36 @@ class StepFlags:
         self.skipped_in_a_row = 0
         self.stop_agreed = False  # some rank was asked to stop: every rank stops after this step
 
-    def reduce(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, small_sq: float | None) -> StepDecision:
-        """Collective: every rank's flags for this step, reduced; updates the counts."""
-        stop = loss_sum.new_tensor(float(self.stop_requested() is not None))
-        local_sq = loss_sum.new_tensor(small_sq if small_sq is not None else 0.0)
+    def reduce(
+        self,
+        loss_sum: torch.Tensor,
+        grad_norm: torch.Tensor,
+        small_sq: torch.Tensor | float | None,
+        *,
+        read_along: Sequence[torch.Tensor] = (),
+    ) -> StepDecision:
+        """Collective: every rank's flags for this step, reduced; updates the counts.
+
+        `loss_sum`: this rank's (0-d float64); `small_sq`: its local squared gradient norm (a
+        0-d tensor, a number, or None: not measured); `read_along`: 0-d tensors of this rank's
+        to bring to the host in the same read (not reduced)."""
+        stop = loss_sum.new_full((), float(self.stop_requested() is not None))
+        if isinstance(small_sq, torch.Tensor):
+            local_sq = small_sq.to(loss_sum)
+        else:
+            local_sq = loss_sum.new_full((), small_sq if small_sq is not None else 0.0)
         flags = torch.stack([loss_sum, (~torch.isfinite(grad_norm)).to(torch.float64), stop, local_sq])
         self.log.record("all_reduce", "step flags (loss, non-finite, stop, local grad norm)", flags)
         dist.all_reduce(flags, group=self.group)
-        skipped = bool(flags[1] > 0)
+        mine = [t.reshape(1).to(flags) for t in (grad_norm, *read_along)]
+        values = torch.cat([flags, *mine]).tolist()  # the step's one host sync
+        skipped = values[1] > 0
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
-        self.stop_agreed = bool(flags[2] > 0)
-        return StepDecision(loss_sum=flags[0], skipped=skipped, small_sq=float(flags[3]) / self.world_size)
+        self.stop_agreed = values[2] > 0
+        return StepDecision(
+            loss_sum=values[0],
+            skipped=skipped,
+            small_sq=values[3] / self.world_size,
+            grad_norm=values[4],
+            read_along=values[5:],
+        )

@@ -30,10 +30,12 @@ from torch import nn
 
 from dpscale.data.sampler import GlobalBatchSampler, StepBatch
 from dpscale.engine import DistributedDataParallel
+from dpscale.engine.clock import clock_for
 from dpscale.engine.collective_log import CollectiveLog, explain_failures
 from dpscale.engine.factory import wrap
 from dpscale.engine.hooks import compression_hook
 from dpscale.engine.noise_scale import NoiseScaleObserver
+from dpscale.engine.observers import GradNormTensors
 from dpscale.errors import ConfigError
 from dpscale.log import get_logger
 from dpscale.train.adaptive.adascale import AdaScaleGain
@@ -125,19 +127,24 @@ class Trainer:
                 f"{self.state.global_batch}; use a global batch of at most {self.num_samples}"
             )
         self.device = resolve_device(config.device)
+        # the one clock for the loop's timings (engine/clock.py): events on CUDA, read lazily
+        self.clock = clock_for(self.device)
         self.precision = Precision(config.precision, self.device)
         # what this rank asked of the others: for hang reports and the first steps' agreement check
         self.log = CollectiveLog(process_group)
         self.model = self._wrapped_model()
         every = config.noise_scale_every
         self.noise_scale = NoiseScaleMeter(self.world_size, enabled=not config.no_noise_scale, every=every)
+        # dpscale's engine measures this rank's gradient norm for the noise scale (W > 1)
+        self._engine_noise: NoiseScaleObserver | None = None
         if isinstance(self.model, DistributedDataParallel):
             # the step's skip check takes the reduced gradients' norm anyway (`_train_step` below): the
             # engine need not read them again, unless sparse gradients (outside its buckets) are in
             # it
             reduced_norm = self.model.has_sparse_gradients
             observer = NoiseScaleObserver(every=every, reduced_norm=reduced_norm)
-            self.model.set_noise_scale_observer(None if config.no_noise_scale else observer)
+            self._engine_noise = None if config.no_noise_scale else observer
+            self.model.set_noise_scale_observer(self._engine_noise)
         # the hook's state (PowerSGD's Qs and errors) goes into checkpoints; None for stateless hooks
         self.comm_state = None
         if (hook := compression_hook(config.compression, process_group)) is not None:
@@ -151,6 +158,7 @@ class Trainer:
             self.task.collate,
             workers=config.data_workers,
             pin_memory=self.device.type == "cuda",
+            device=self.device if self.device.type == "cuda" else None,
         )
         self.total_steps = self.plan_total_steps()
         # each rank its own stream of randomness for anything stochastic in the user's model
@@ -405,8 +413,12 @@ class Trainer:
         flags collective, then the update (or a skip) and the scheduler."""
         t0 = time.perf_counter()
         loss_sum, micro_sq, micro_count = self._forward_backward(batch)
+        if self.step + 1 < self.total_steps:
+            # the device still runs this step: load the next one meanwhile (the sampler's
+            # position, what checkpoints save, does not count it; see batches.py)
+            self.batches.prefetch(len(batch.micro_batches))
         noise = self.noise_scale.step_norms(
-            engine_stats=getattr(self.model, "last_step_stats", None),
+            engine_norms=self._engine_norms(),
             micro_sq=micro_sq,
             micro_count=micro_count,
             global_count=batch.global_count,
@@ -418,16 +430,21 @@ class Trainer:
         for c in self.callbacks:
             c.after_reduce(self, grads)
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
-        decision = self.flags.reduce(loss_sum, norm, noise.small_sq if noise is not None else None)
+        big_sq = [] if noise is None or noise.big_sq is None else [noise.big_sq]
+        # the step's one host sync: the flags, the norm and the noise scale's norms in one read
+        decision = self.flags.reduce(
+            loss_sum, norm, noise.small_sq if noise is not None else None, read_along=big_sq
+        )
         if noise is not None:
             # the norm just taken for the skip check is the big-batch norm: no second read
-            self.noise_scale.update(noise, decision.small_sq, reduced_sq=float(norm) ** 2)
+            big = decision.read_along[0] if big_sq else None
+            self.noise_scale.update(noise, decision.small_sq, reduced_sq=decision.grad_norm**2, big_sq=big)
         lr = self.optimizer.param_groups[0]["lr"]
         self._update(decision.skipped, norm)
         state = self.state
         state.step += 1
         state.samples_seen += batch.global_count
-        state.last_loss = float(decision.loss_sum / batch.global_count)
+        state.last_loss = decision.loss_sum / batch.global_count
         for c in self.callbacks:
             c.after_step(self)
         step_s = time.perf_counter() - t0
@@ -437,7 +454,7 @@ class Trainer:
             samples_seen=state.samples_seen,
             loss=state.last_loss,
             lr=lr,
-            grad_norm=float(norm),
+            grad_norm=decision.grad_norm,
             step_ms=step_s * 1e3,
             samples_per_s=batch.global_count / step_s,
             comm_ms=stats.comm_ms if stats else None,
@@ -446,7 +463,13 @@ class Trainer:
             gns=self.noise_scale.b_simple,
         )
 
-    def _forward_backward(self, batch: StepBatch) -> tuple[torch.Tensor, float | None, int]:
+    def _engine_norms(self) -> GradNormTensors | None:
+        """This step's local gradient norms from dpscale's engine (still on the device), None on
+        a step it did not measure."""
+        observer = self._engine_noise
+        return None if observer is None else observer.device_norms(self.step + 1)
+
+    def _forward_backward(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         """Accumulate the step's micro-batches under `no_sync`; the last backward is the synced one.
 
         Returns this rank's loss sum and, when the noise scale wants it (one worker accumulating),
@@ -561,7 +584,9 @@ class Trainer:
 
     def save_checkpoint(self) -> str:
         """Collective: rank 0 writes this step's checkpoint; all learn the path."""
-        self.last_checkpoint = self.states.save(self.sampler)
+        # the RNGs as at the sampler's position: a resume loads the prefetched step again
+        with self.batches.rng_before_prefetch():
+            self.last_checkpoint = self.states.save(self.sampler)
         return self.last_checkpoint
 
     def _resume(self) -> None:

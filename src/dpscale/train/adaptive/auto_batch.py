@@ -33,11 +33,12 @@ changed, since a step's time depends on it.
 from __future__ import annotations
 
 import math
-import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from dpscale.engine.clock import Clock, HostClock
 from dpscale.train.callbacks import TrainerCallback
 
 # halve back only when the smaller batch is predicted at least 10% sooner to the target
@@ -73,7 +74,11 @@ class GrowBatch(TrainerCallback):
         self.changes: list[tuple[int, int]] = []
         self.step_s: dict[int, list[float]] = {}  # accumulation steps -> this rank's step times
         self.agreed_s: dict[int, float] = {}  # what agreed_step_s gave at the last decision
-        self._t0 = 0.0
+        # the trainer's clock (engine/clock.py: CUDA events on a GPU, where host time would
+        # measure the launches); steps timed and not yet read: (accumulation, start, end)
+        self._clock: Clock = HostClock()
+        self._t0: Any = None
+        self._timed: list[tuple[int, Any, Any]] = []
         self._last_k = 0
 
     def state_dict(self) -> dict:
@@ -138,14 +143,25 @@ class GrowBatch(TrainerCallback):
         return grown
 
     def on_batch(self, trainer, batch) -> None:
-        self._t0 = time.perf_counter()
+        self._clock = getattr(trainer, "clock", None) or self._clock
+        self._t0 = self._clock.stamp()
 
     def after_reduce(self, trainer, grads) -> None:
         k = trainer.state.accumulation_steps
         if k != self._last_k:  # the first step at a batch sets up buffers and caches: not timed
             self._last_k = k
             return
-        self.step_s.setdefault(k, []).append(time.perf_counter() - self._t0)
+        self._timed.append((k, self._t0, self._clock.stamp()))
+
+    def _read_times(self) -> None:
+        """The timed steps into `step_s`. Their stamps precede the step flags' read, the step's one
+        sync, so the device has passed them: the wait returns at once, and every rank holds the
+        same steps' times when they decide together."""
+        clock, timed = self._clock, self._timed
+        clock.wait([t for _, start, end in timed for t in (start, end)])
+        for k, start, end in timed:
+            self.step_s.setdefault(k, []).append(clock.elapsed_ms(start, end) / 1e3)
+        timed.clear()
 
     def agreed_step_s(self, trainer) -> dict[int, float]:
         """The fastest step time per accumulation tried, averaged over ranks (the same dict on
@@ -163,6 +179,7 @@ class GrowBatch(TrainerCallback):
         return dict(zip(ks, fastest.tolist(), strict=True))
 
     def after_step(self, trainer) -> None:
+        self._read_times()
         if trainer.step % self.check_every or trainer.noise_scale.estimator.updates < self.min_updates:
             return
         state = trainer.state

@@ -10,7 +10,9 @@ variance by the world size, and batches are counted in samples:
   micro-batch adds to it) against the accumulated one; B_small = that micro-batch's samples.
 - one worker, no accumulation: there is only one gradient per step, hence no estimate.
 
-The estimates use the gradients as reduced, so a lossy comm hook (PowerSGD) biases them.
+The estimates use the gradients as reduced, so a lossy comm hook (PowerSGD) biases them. The norms
+stay tensors on the device until the step-flags collective brings them to the host with the loss
+and the skip decision (the step's one sync).
 """
 
 from __future__ import annotations
@@ -21,22 +23,25 @@ from dataclasses import dataclass
 import torch
 
 from dpscale.engine.noise_scale import NoiseScaleEstimator
+from dpscale.engine.observers import GradNormTensors
 
 
-def grad_sq_norm(params: Iterable[torch.nn.Parameter]) -> float:
-    """Sum of squared gradient entries over `params` (dense gradients only)."""
+def grad_sq_norm(params: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    """Sum of squared gradient entries over `params` (dense gradients only): a 0-d float64 tensor
+    on the gradients' device (0 on the CPU without any)."""
     sq = [p.grad.detach().float().pow(2).sum() for p in params if p.grad is not None and not p.grad.is_sparse]
-    return float(torch.stack(sq).sum()) if sq else 0.0
+    return torch.stack(sq).sum().double() if sq else torch.zeros((), dtype=torch.float64)
 
 
 @dataclass
 class StepNorms:
-    """One step's inputs to the estimator, unscaled (fp16's loss scale divided out); `small_sq` is
-    this rank's until averaged over ranks; `big_sq` None: the norm of the reduced gradients that
-    the loop takes anyway (for its skip check) is the big-batch one, no second read is needed."""
+    """One step's inputs to the estimator, unscaled (fp16's loss scale divided out), as 0-d
+    float64 tensors on the device; `small_sq` is this rank's until averaged over ranks; `big_sq`
+    None: the norm of the reduced gradients that the loop takes anyway (for its skip check) is
+    the big-batch one, no second read is needed."""
 
-    small_sq: float
-    big_sq: float | None
+    small_sq: torch.Tensor
+    big_sq: torch.Tensor | None
     b_small: float
     b_big: float
 
@@ -55,46 +60,51 @@ class NoiseScaleMeter:
     def step_norms(
         self,
         *,
-        engine_stats,
-        micro_sq: float | None,
+        engine_norms: GradNormTensors | None,
+        micro_sq: torch.Tensor | None,
         micro_count: int,
         global_count: int,
         params,
-        loss_scale: float = 1.0,
+        loss_scale: torch.Tensor | float = 1.0,
     ) -> StepNorms | None:
         """This step's norms, or None when this configuration gives no small/big pair.
 
-        Called before the gradients are unscaled; `loss_scale` (fp16) is divided out here. Every
-        rank gets the same answer (it depends on the world size, the engine and the step's shape
-        only), so the collective that averages `small_sq` has the same shape everywhere."""
+        Called before the gradients are unscaled; `loss_scale` (fp16, a tensor: reading it would
+        sync) is divided out here. Every rank gets the same answer (it depends on the world size,
+        the engine and the step's shape only), so the collective that averages `small_sq` has the
+        same shape everywhere."""
         if not self.enabled or global_count <= 0:
             return None
-        unscale = 1.0 / loss_scale**2
+        # the scale is a power of two: multiplying by its inverse square is exact
+        unscale = 1.0 / loss_scale**2 if isinstance(loss_scale, float) else 1.0 / loss_scale.double() ** 2
         if self.world_size > 1:
-            local = getattr(engine_stats, "grad_sq_norm_local", None)
-            if local is None:  # torch's engine, or the measurement turned off in ours
+            if engine_norms is None:  # torch's engine, or the measurement turned off in ours
                 return None
             # None unless the engine was asked for it (a model with sparse gradients, see Trainer)
-            big_sq = engine_stats.grad_sq_norm_global
+            big_sq = engine_norms.reduced_sq
             big_sq = None if big_sq is None else big_sq * unscale
-            return StepNorms(local * unscale, big_sq, global_count / self.world_size, global_count)
+            small_sq = engine_norms.local_sq * unscale
+            return StepNorms(small_sq, big_sq, global_count / self.world_size, global_count)
         if micro_sq is None or not 0 < micro_count < global_count:
             return None
         # the loop scales each micro-batch's loss sum by 1/global_count: the first micro-batch's
         # gradient is its mean gradient times micro_count/global_count
-        scale = (global_count / micro_count) ** 2 * unscale
+        scale = (global_count / micro_count) ** 2
         # the loop's norm covers sparse gradients too, micro_sq does not: then dense ones only
         params = list(params)
         sparse = any(p.grad is not None and p.grad.is_sparse for p in params)
         big_sq = grad_sq_norm(params) * unscale if sparse else None
-        return StepNorms(micro_sq * scale, big_sq, micro_count, global_count)
+        return StepNorms(micro_sq * scale * unscale, big_sq, micro_count, global_count)
 
-    def update(self, norms: StepNorms, mean_small_sq: float, *, reduced_sq: float) -> None:
-        """`reduced_sq`: the squared norm of the (unscaled) reduced gradients, used when the
-        engine did not take it (`norms.big_sq` None)."""
+    def update(
+        self, norms: StepNorms, mean_small_sq: float, *, reduced_sq: float, big_sq: float | None
+    ) -> None:
+        """`mean_small_sq`: `norms.small_sq` averaged over ranks; `big_sq`: `norms.big_sq` read on
+        the host (None with it); `reduced_sq`: the squared norm of the (unscaled) reduced
+        gradients, used when the engine did not take it (`big_sq` None)."""
         n = norms
-        big_sq = reduced_sq if n.big_sq is None else n.big_sq
-        self.estimator.update(small_sq=mean_small_sq, big_sq=big_sq, b_small=n.b_small, b_big=n.b_big)
+        big = reduced_sq if big_sq is None else big_sq
+        self.estimator.update(small_sq=mean_small_sq, big_sq=big, b_small=n.b_small, b_big=n.b_big)
 
     @property
     def b_simple(self) -> float | None:
