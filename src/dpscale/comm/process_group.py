@@ -44,7 +44,9 @@ class ProcessGroupTransport:
         wait_work(self.group.broadcast([tensor], opts))
 
     def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        dist.all_gather(list(output.view(-1).chunk(self.world_size)), tensor.view(-1), group=self.group)
+        # into the output itself: a list of parts makes NCCL gather into a staging buffer and
+        # copy each part out (ZeRO's all-gather of the parameters runs every step)
+        dist.all_gather_into_tensor(output.view(-1), tensor.view(-1), group=self.group)
 
     def reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         # parts may differ in length by one (any length works), so go through a full sum

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import collective_device
+
 CANDIDATES_MB = (1.0, 5.0, 25.0, 100.0)
 WARMUP_STEPS = 1  # the first step on new buckets touches fresh memory: not representative
 MEASURED_STEPS = 4
@@ -40,7 +42,6 @@ class AutotuneDecision:
 @dataclass
 class BucketAutotuner:
     process_group: dist.ProcessGroup | None
-    device: torch.device = torch.device("cpu")  # where the decision's all-reduce runs (CUDA for NCCL)
     candidates_mb: tuple[float, ...] = CANDIDATES_MB
     warmup_steps: int = WARMUP_STEPS
     measured_steps: int = MEASURED_STEPS
@@ -84,7 +85,7 @@ class BucketAutotuner:
         medians = torch.tensor(
             [statistics.median(self._times[c]) for c in self.candidates_mb],
             dtype=torch.float64,
-            device=self.device,
+            device=collective_device(self.process_group),
         )
         # the slowest rank sets the pace, and every rank must choose the same size
         dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.process_group)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import collective_device
 from dpscale.engine.buckets import Bucket
 from dpscale.engine.collective_log import CollectiveLog
 from dpscale.engine.compat import torch_private
@@ -698,8 +699,7 @@ class Reducer:
         # A parameter unused here may be used on another rank (or on this one in a no_sync step);
         # its averaged gradient then is real and must reach the optimizer on every rank. Unused
         # everywhere since the last sync: leave .grad as it was.
-        # on the buckets' device: NCCL reduces CUDA tensors only
-        device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
+        device = collective_device(self.process_group)
         local = torch.tensor(self._used_since_sync, dtype=torch.int32, device=device)
         self.log.record("all_reduce", "used-parameter flags", local)
         dist.all_reduce(local, group=self.process_group)

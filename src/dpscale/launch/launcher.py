@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import signal
 import sys
@@ -41,7 +42,7 @@ from dpscale.launch.process_life import EXIT_DIVERGED, StopRequest, signal_exit_
 from dpscale.launch.protocol import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, LaunchSpec, WorkerFailure, read_record
 from dpscale.log import get_logger, workers
 from dpscale.train.config import TrainConfig
-from dpscale.train.device import backend_for, resolve_device
+from dpscale.train.device import backend_for, device_id_for, resolve_device
 from dpscale.train.result import TrainResult
 from dpscale.train.trainer import Trainer
 
@@ -332,7 +333,15 @@ def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
     device = resolve_device(cfg.device, local_rank=0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+    # the collective timeout too: an in-process run still issues collectives (NCCL's at world size 1)
+    dist.init_process_group(
+        backend_for(device),
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=cfg.collective_timeout_s),
+        device_id=device_id_for(device),
+    )
     # signal handlers can only be installed from the main thread (an API caller may be elsewhere)
     stop = StopRequest().install() if threading.current_thread() is threading.main_thread() else None
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import on_collective_device
 from dpscale.engine.collective_log import CollectiveLog
 
 
@@ -55,6 +56,7 @@ class StepFlags:
         stop = loss_sum.new_tensor(float(self.stop_requested() is not None))
         local_sq = loss_sum.new_tensor(small_sq if small_sq is not None else 0.0)
         flags = torch.stack([loss_sum, (~torch.isfinite(grad_norm)).to(torch.float64), stop, local_sq])
+        flags = on_collective_device(flags, self.group)  # itself unless the model and group differ
         self.log.record("all_reduce", "step flags (loss, non-finite, stop, local grad norm)", flags)
         dist.all_reduce(flags, group=self.group)
         skipped = bool(flags[1] > 0)
