@@ -12,7 +12,7 @@ import copy
 import inspect
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -214,7 +214,8 @@ def move_to(obj: Any, device: torch.device) -> Any:
     through tuples, lists and dicts, keeping namedtuples' and dicts' own types, and a
     PackedSequence as one (it is a namedtuple whose batch_sizes must stay on the CPU)."""
     if isinstance(obj, PackedSequence):
-        return obj.to(device=device, non_blocking=True)
+        # typed as Tensor.to's first overload only (a dtype); it takes a device as Tensor.to does
+        return cast(Any, obj).to(device, non_blocking=True)
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=True)
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
