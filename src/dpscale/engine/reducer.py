@@ -46,6 +46,10 @@ from dpscale.engine.stats import BucketTiming, StepStats
 # (see Reducer._preset_grads): around here per-tensor Python work costs about what copying the
 # tensor does (~5 us against 32 KiB at a few GB/s)
 SMALL_TENSOR_NUMEL = 8192
+# devices whose spent gradients are kept to the next step (see release_spent): the CPU's allocator
+# hands freed pages back to the OS. A GPU's caching allocator reuses a freed block at once, and
+# keeping every autograd gradient beside its bucket view would double gradient memory at the peak.
+KEEP_SPENT_ON = frozenset({"cpu"})
 
 
 class Reducer:
@@ -358,7 +362,8 @@ class Reducer:
                 self._copy_in(grad, view, divide)
             if as_view:
                 param.grad = view
-                self._spent.append(grad)
+                if grad.device.type in KEEP_SPENT_ON:
+                    self._spent.append(grad)
                 if not self._expecting:
                     self._viewed_unsynced.add(i)
         elif divide:

@@ -319,12 +319,27 @@ def _describe_failure(e: ChildFailedError, nproc: int, max_restarts: int, failur
     if hung:
         who = ", ".join(f"rank {r}" for r in hung)
         head += f"{who} hung: rank {rank} timed out waiting for it in a collective"
+    elif failure.exitcode == -signal.SIGABRT and (running := _still_running(e, rank, failure, nproc)):
+        # NCCL's watchdog aborts a rank whose collective timed out before dpscale's diagnosis can
+        # run (no record then); the ranks of this host the agent still had to stop were the late ones
+        who = ", ".join(f"rank {r}" for r in running)
+        head += (
+            f"{who} hung: rank {rank} was aborted (SIGABRT, as NCCL's watchdog does when a collective "
+            f"times out) while {who} still ran"
+        )
     elif failure.exitcode < 0:
         signal_no, name = -failure.exitcode, failure.signal_name()
         head += f"last failure: rank {rank} was killed by signal {signal_no} ({name})"
     else:
         head += f"last failure: rank {rank} exited with code {failure.exitcode}"
     return head + (":\n" + trace.rstrip() if trace else "")
+
+
+def _still_running(e: ChildFailedError, rank: int, failure: Any, nproc: int) -> list[int]:
+    """The ranks on this host that had not failed when the agent stopped the workers (global ranks
+    of one host are consecutive: its local rank 0 is rank - local_rank)."""
+    first = rank - failure.local_rank
+    return [r for r in range(first, first + nproc) if r not in e.failures]
 
 
 def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
