@@ -126,6 +126,7 @@ _COLLECTIVES = {
     "all_reduce",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",
     "broadcast",
     "reduce_scatter_tensor",
     "reduce",
@@ -145,19 +146,22 @@ def _names(node: ast.AST) -> set[str]:
 
 
 def _tensor_collectives(tree: ast.AST):
-    """(function name, line) of each tensor collective; object collectives (torch stages those on
-    the group's device itself) and `.broadcast(` of a transport are not torch.distributed's."""
+    """(function, line) of each tensor collective: torch.distributed's, a ProcessGroup's own
+    (`group.allreduce`), comm.base's `all_gather_into`; object collectives (torch stages those on
+    the group's device itself) and a transport's methods (data) are not counted."""
     for fn in ast.walk(tree):
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         for call in ast.walk(fn):
-            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+            if not isinstance(call, ast.Call):
                 continue
-            owner = call.func.value
-            if call.func.attr in _COLLECTIVES and (
-                (isinstance(owner, ast.Name) and owner.id == "dist") or call.func.attr in {"allreduce", "allgather"}
-            ):
+            func = call.func
+            if isinstance(func, ast.Name) and func.id == "all_gather_into":
                 yield fn, call.lineno
+            elif isinstance(func, ast.Attribute) and func.attr in _COLLECTIVES:
+                by_dist = isinstance(func.value, ast.Name) and func.value.id == "dist"
+                if by_dist or func.attr in {"allreduce", "allgather"}:
+                    yield fn, call.lineno
 
 
 def test_every_metadata_collective_builds_its_tensor_where_the_group_needs_it():
@@ -181,7 +185,9 @@ def test_every_metadata_collective_builds_its_tensor_where_the_group_needs_it():
 
 def test_the_metadata_check_sees_a_collective_that_does_not_ask():
     bad = ast.parse("def f(g):\n    t = torch.zeros(1)\n    dist.all_reduce(t, group=g)\n")
-    good = ast.parse("def f(g):\n    t = torch.zeros(1, device=collective_device(g))\n    dist.all_reduce(t, group=g)\n")
+    good = ast.parse(
+        "def f(g):\n    t = torch.zeros(1, device=collective_device(g))\n    dist.all_reduce(t, group=g)\n"
+    )
     assert [fn.name for fn, _ in _tensor_collectives(bad) if not _names(fn) & _ASKS] == ["f"]
     assert [fn.name for fn, _ in _tensor_collectives(good) if not _names(fn) & _ASKS] == []
 

@@ -11,6 +11,7 @@ from test_noise_scale_train import _task as regression_task  # tests/train is on
 
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.lab.multirank import run_ranks
+from dpscale.train.adaptive import auto_batch
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.adaptive.auto_batch import GrowBatch
 from dpscale.train.config import TrainConfig
@@ -120,8 +121,8 @@ def test_decisions_come_every_check_every_steps_after_enough_measurements():
     assert grow.changes == [(16, 64)]
 
 
-def test_the_ranks_step_times_are_averaged_on_the_trainers_device(monkeypatch):
-    # CUDA workers reduce over NCCL, which takes no CPU tensor: the times go where the step is
+def test_the_ranks_step_times_are_averaged_on_the_groups_device(monkeypatch):
+    # CUDA workers reduce over NCCL, which takes no CPU tensor: the times go where the group needs them
     grow = GrowBatch(max_global_batch=64)
     grow.step_s = {1: [0.02, 0.01], 2: [0.03]}
     seen = []
@@ -136,8 +137,9 @@ def test_the_ranks_step_times_are_averaged_on_the_trainers_device(monkeypatch):
     monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
     monkeypatch.setattr("torch.distributed.all_reduce", all_reduce)
     for device in ("cpu", "meta"):  # meta: any device but the CPU (none here has a GPU)
+        monkeypatch.setattr(auto_batch, "collective_device", lambda group, d=device: torch.device(d))
         with pytest.raises(Reduced):
-            grow.agreed_step_s(types.SimpleNamespace(group=None, device=torch.device(device)))
+            grow.agreed_step_s(types.SimpleNamespace(group=None, device=torch.device("cpu")))
     assert seen == [(torch.device("cpu"), [0.01, 0.03]), (torch.device("meta"), None)]
 
 

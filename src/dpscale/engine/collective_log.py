@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dpscale.comm.attempt import attempt_id, describe_rank, host_key, within
+from dpscale.comm.base import all_gather_into
 from dpscale.comm.group_device import collective_device
 from dpscale.engine.compat import torch_private
 
@@ -116,7 +117,7 @@ class CollectiveLog:
         mine = torch.tensor([rec.seq, OPS.index(rec.op), rec.bucket, rec.numel, dtype], device=device)
         world = dist.get_world_size(self.group)
         gathered = torch.empty(world, mine.numel(), dtype=mine.dtype, device=device)
-        dist.all_gather_into_tensor(gathered, mine, group=self.group)
+        all_gather_into(gathered, mine, self.group)
         rows = gathered.tolist()  # one trip to the host
         me = dist.get_rank(self.group)
         for rank, row in enumerate(rows):

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpscale.comm.base import all_gather_into
 from dpscale.comm.group_device import on_collective_device
 from dpscale.engine.collective_log import CollectiveLog
 
@@ -101,5 +102,5 @@ def _all_gather(t: torch.Tensor, group, log: CollectiveLog | None, what: str) ->
     gathered = staged.new_empty((dist.get_world_size(group), *t.shape))
     if log is not None:
         log.record("all_gather", what, staged)
-    dist.all_gather_into_tensor(gathered, staged, group=group)
+    all_gather_into(gathered, staged, group)
     return gathered.cpu()
