@@ -6,6 +6,8 @@ from one step is overwritten by the next step's reduction, whether `.grad` stays
 across steps under `zero_grad(set_to_none=False)`, and the values.
 """
 
+import weakref
+
 import pytest
 import torch
 from torch import nn
@@ -120,3 +122,29 @@ def test_a_pool_gradient_set_to_none_after_forward_contributes_zeros():
     out.backward()
     assert torch.equal(seen[pair], torch.zeros(6))
     assert model.a.grad is None and model.b.grad is None
+
+
+@pytest.mark.parametrize("keep_on_cpu", [True, False])
+def test_a_fresh_gradient_is_freed_once_copied_into_its_bucket_view_where_the_allocator_caches(
+    keep_on_cpu, monkeypatch
+):
+    # zero_grad(set_to_none=True), then backward: autograd makes a gradient of its own for each
+    # large tensor, copied into the bucket. Kept to the next step (the CPU: see release_spent), all
+    # of them would sit beside the buckets at the peak, double the gradient memory on a GPU
+    from dpscale.engine import reducer
+
+    if not keep_on_cpu:  # the CPU standing in for a GPU, whose caching allocator frees for free
+        monkeypatch.setattr(reducer, "KEEP_SPENT_ON", frozenset())
+    model = nn.Linear(128, 128, bias=False)
+    fresh = []
+    model.weight.register_post_accumulate_grad_hook(lambda p: fresh.append(weakref.ref(p.grad)))
+    ddp = DistributedDataParallel(
+        model, process_group=EchoGroup(), init_sync=False, gradient_as_bucket_view=True
+    )
+    for _ in range(2):
+        ddp.zero_grad(set_to_none=True)
+        ddp(torch.randn(4, 128)).sum().backward()
+    view = model.weight.grad
+    assert view.data_ptr() == ddp.reducer.buckets[0].buffer.data_ptr()  # .grad is the bucket view
+    assert fresh[-1]() is not view
+    assert (fresh[-1]() is not None) == keep_on_cpu

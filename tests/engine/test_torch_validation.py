@@ -256,6 +256,28 @@ def test_inputs_go_to_the_modules_device_through_nested_containers():
     assert moved[0].is_meta and moved[1][0].is_meta and moved[1][1]["x"].is_meta and moved[1][1]["n"] == 3
 
 
+def test_inputs_keep_their_namedtuple_dict_and_packed_sequence_types_as_torch_moves_them():
+    import collections
+
+    from torch.nn.utils.rnn import PackedSequence, pack_sequence
+
+    from dpscale.engine.compat.torch_args import move_to
+
+    Batch = collections.namedtuple("Batch", ["x", "lengths"])
+    packed = pack_sequence([torch.ones(3, 2), torch.ones(2, 2)])
+    counts = collections.defaultdict(int, {"x": torch.ones(1)})
+    moved = move_to(
+        (Batch(torch.ones(2), [3, 2]), packed, collections.OrderedDict(y=torch.ones(1)), counts),
+        torch.device("meta"),
+    )
+    batch, seq, ordered, defaulted = moved
+    assert type(batch) is Batch and batch.x.is_meta and batch.lengths == [3, 2]
+    # a PackedSequence as one (torch's _recursive_to): its data moves, its batch_sizes stay on the CPU
+    assert type(seq) is PackedSequence and seq.data.is_meta and seq.batch_sizes.device.type == "cpu"
+    assert type(ordered) is collections.OrderedDict and ordered["y"].is_meta
+    assert type(defaulted) is collections.defaultdict and defaulted["x"].is_meta and defaulted["new"] == 0
+
+
 @pytest.mark.parametrize("bucket_cap_mb", [None, 25, 0.5])
 def test_first_bucket_cap_follows_torchs_rule(bucket_cap_mb):
     # torch 2.13: a 1 MiB first bucket only when bucket_cap_mb is left at its default; a cap

@@ -29,12 +29,17 @@ def test_a_failure_record_counts_only_for_the_process_that_wrote_it(tmp_path):
     assert WorkerFailure.read(tmp_path, 1, 111) is None
 
 
-def _failed(rank: int, pid: int, exitcode: int = 1):
+def _failed(rank: int, pid: int, exitcode: int = 1, local_rank: int = 0, others: tuple[int, ...] = ()):
     message = {"message": "CollectiveError: rank 0: ...", "extraInfo": {"py_callstack": "Traceback"}}
     failure = types.SimpleNamespace(
-        error_file_data={"message": message}, pid=pid, exitcode=exitcode, signal_name=lambda: ""
+        error_file_data={"message": message},
+        pid=pid,
+        exitcode=exitcode,
+        signal_name=lambda: "SIGABRT" if exitcode == -6 else "",
+        local_rank=local_rank,
     )
-    return types.SimpleNamespace(get_first_failure=lambda: (rank, failure))
+    failures = {rank: failure, **dict.fromkeys(others, failure)}
+    return types.SimpleNamespace(get_first_failure=lambda: (rank, failure), failures=failures)
 
 
 def test_the_summary_names_the_hung_ranks_from_the_record(tmp_path):
@@ -48,3 +53,16 @@ def test_the_summary_names_the_hung_ranks_from_the_record(tmp_path):
     # without a record (or another attempt's), the failing rank is named with its exit code
     other = _describe_failure(_failed(0, 8), 4, 0, str(tmp_path))
     assert "last failure: rank 0 exited with code 1" in other
+
+
+def test_the_summary_names_the_rank_still_running_when_nccls_watchdog_aborted_the_others(tmp_path):
+    # NCCL's watchdog aborts a rank whose collective timed out (SIGABRT) before dpscale's diagnosis
+    # can write a record: the ranks the agent still had to stop are the ones that hung
+    text = _describe_failure(_failed(4, 7, exitcode=-6, local_rank=0, others=(6, 7)), 4, 0, str(tmp_path))
+    assert text.splitlines()[0].endswith(
+        "rank 5 hung: rank 4 was aborted (SIGABRT, as NCCL's watchdog does when a collective times out) "
+        "while rank 5 still ran:"
+    )
+    # every rank of the host aborted: nothing to name beyond the signal
+    alone = _describe_failure(_failed(0, 7, exitcode=-6, others=(1,)), 2, 0, str(tmp_path))
+    assert "last failure: rank 0 was killed by signal 6 (SIGABRT)" in alone

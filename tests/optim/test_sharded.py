@@ -223,3 +223,19 @@ def test_a_scheduler_drives_the_wrapped_optimizer(one_rank_group):
     assert (flat_params(model) - flat_params(reference)).abs().max() <= ATOL
     with pytest.raises(ValueError, match="lays out its parameters once"):
         opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))]})
+
+
+def test_the_parameters_are_gathered_straight_into_the_flat_buffer(one_rank_group, monkeypatch):
+    # dist.all_gather of a list of parts makes NCCL gather into a staging buffer and copy each part
+    # out, every step: ZeRO gathers into the flat parameters themselves
+    into = []
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    real = getattr(dist, name)
+    monkeypatch.setattr(
+        dist, name, lambda out, t, group=None: (into.append(out.data_ptr()), real(out, t, group))[1]
+    )
+    monkeypatch.setattr(dist, "all_gather", lambda *a, **k: pytest.fail("a list of parts"))
+    model = make_model()
+    opt = ShardedOptimizer(torch.optim.SGD, model.parameters(), lr=0.1)
+    train(model, opt, 1, 0, 1)
+    assert into == [opt._flat_params.data_ptr()]

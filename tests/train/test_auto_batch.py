@@ -12,6 +12,7 @@ from test_noise_scale_train import _task as regression_task  # tests/train is on
 from dpscale.engine.clock import EventClock
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.lab.multirank import run_ranks
+from dpscale.train.adaptive import auto_batch
 from dpscale.train.adaptive.adascale import AdaScaleGain
 from dpscale.train.adaptive.auto_batch import GrowBatch
 from dpscale.train.config import TrainConfig
@@ -137,8 +138,8 @@ def test_step_times_come_from_the_trainers_clock_read_after_the_steps_sync():
     assert grow.step_s == {2: [pytest.approx(0.02), pytest.approx(0.03)]}  # the first step: not timed
 
 
-def test_the_ranks_step_times_are_averaged_on_the_trainers_device(monkeypatch):
-    # CUDA workers reduce over NCCL, which takes no CPU tensor: the times go where the step is
+def test_the_ranks_step_times_are_averaged_on_the_groups_device(monkeypatch):
+    # CUDA workers reduce over NCCL, which takes no CPU tensor: the times go where the group needs them
     grow = GrowBatch(max_global_batch=64)
     grow.step_s = {1: [0.02, 0.01], 2: [0.03]}
     seen = []
@@ -153,8 +154,9 @@ def test_the_ranks_step_times_are_averaged_on_the_trainers_device(monkeypatch):
     monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
     monkeypatch.setattr("torch.distributed.all_reduce", all_reduce)
     for device in ("cpu", "meta"):  # meta: any device but the CPU (none here has a GPU)
+        monkeypatch.setattr(auto_batch, "collective_device", lambda group, d=device: torch.device(d))
         with pytest.raises(Reduced):
-            grow.agreed_step_s(types.SimpleNamespace(group=None, device=torch.device(device)))
+            grow.agreed_step_s(types.SimpleNamespace(group=None, device=torch.device("cpu")))
     assert seen == [(torch.device("cpu"), [0.01, 0.03]), (torch.device("meta"), None)]
 
 

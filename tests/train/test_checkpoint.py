@@ -387,6 +387,41 @@ def test_rng_state_survives_a_weights_only_checkpoint(tmp_path):
     assert os.listdir(tmp_path) == ["step-00000001"]
 
 
+class _FakeCuda:
+    """torch.cuda's generator functions on a host with `count` GPUs, this worker on `current`."""
+
+    def __init__(self, monkeypatch, count: int, current: int):
+        self.states = {i: torch.tensor([i], dtype=torch.uint8) for i in range(count)}
+        self.current = current
+        for name in ("is_initialized", "is_available"):
+            monkeypatch.setattr(torch.cuda, name, lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: self.states[self.current].clone())
+        monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s: self.states.__setitem__(self.current, s))
+        for name in ("get_rng_state_all", "set_rng_state_all"):  # the other workers' GPUs are theirs
+            monkeypatch.setattr(torch.cuda, name, lambda *a, n=name: pytest.fail(f"{n} called"))
+
+
+def test_rng_state_holds_only_this_workers_gpu_and_resumes_with_another_gpu_count(monkeypatch):
+    cuda = _FakeCuda(monkeypatch, count=8, current=5)
+    cuda.states[5] = torch.tensor([42], dtype=torch.uint8)
+    state = capture_rng_state()
+    assert torch.equal(state["cuda"], torch.tensor([42], dtype=torch.uint8))
+    # resumed where this worker sees a single GPU (SLURM's --gpus-per-task=1)
+    cuda = _FakeCuda(monkeypatch, count=1, current=0)
+    restore_rng_state(state)
+    assert torch.equal(cuda.states[0], torch.tensor([42], dtype=torch.uint8))
+
+
+def test_an_older_checkpoints_every_gpu_generators_give_this_workers_own(monkeypatch):
+    cuda = _FakeCuda(monkeypatch, count=2, current=1)
+    state = capture_rng_state()
+    state["cuda"] = [torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)]
+    restore_rng_state(state)
+    assert torch.equal(cuda.states[1], torch.tensor([9], dtype=torch.uint8))
+
+
 # -- issue #14 item 9: every kind of bad entry is skipped with its reason, and saving goes on -------
 
 

@@ -57,3 +57,50 @@ def test_one_rank_never_drifts():
         check_replicas(nn.Linear(3, 2), step=1)
     finally:
         dist.destroy_process_group()
+
+
+def _reference_fingerprint(t: torch.Tensor) -> int:
+    # the definition, in Python integers: bytes as little-endian int64 words plus the tail's bytes
+    raw = t.detach().reshape(-1).view(torch.uint8).tolist()
+    n = len(raw) // 8 * 8
+    words = [int.from_bytes(bytes(raw[i : i + 8]), "little", signed=True) for i in range(0, n, 8)]
+    return (sum(words) + sum(raw[n:]) + 2**63) % 2**64 - 2**63
+
+
+def test_the_fingerprint_is_its_definition_computed_without_leaving_the_device():
+    tensors = [
+        torch.randn(37),
+        torch.randn(5, 3).double(),
+        torch.arange(11, dtype=torch.int16),
+        torch.ones(0),
+    ]
+    assert fingerprint(tensors).tolist() == [_reference_fingerprint(t) for t in tensors]
+
+
+def test_the_drift_check_gathers_one_tensor_and_reads_the_host_once(monkeypatch):
+    # on a GPU each read of a device value stalls the host: the fingerprints of every tensor go in
+    # one all-gather, and the gathered table comes to the host once (here: one .cpu(), and no
+    # tensor read as a Python number before it)
+    from dpscale.train import drift
+
+    events = []
+    gathers = []
+    real_gather = drift.all_gather_into
+    monkeypatch.setattr(
+        drift, "all_gather_into", lambda out, t, g: (gathers.append(t.shape), real_gather(out, t, g))
+    )
+    for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__", "cpu", "numpy"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            lambda self, *a, _n=name, _r=real, **k: (events.append(_n), _r(self, *a, **k))[1],
+        )
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2), nn.BatchNorm1d(2))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        check_replicas(model, step=100)
+    finally:
+        dist.destroy_process_group()
+    assert gathers == [torch.Size([7])]  # one tensor: 3 weights, 3 biases, num_batches_tracked
+    assert events[0] == "cpu" and events.count("cpu") == 1, events

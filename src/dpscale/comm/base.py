@@ -67,6 +67,15 @@ def global_rank(group, rank: int) -> int:
     return dist.get_global_rank(group, rank) if group is not None else rank
 
 
+def all_gather_into(output: torch.Tensor, tensor: torch.Tensor, group) -> None:
+    """`output` (world_size * tensor.numel() elements, contiguous) gets rank j's `tensor` at part j,
+    gathered straight into it: a list of parts would make NCCL gather into a staging buffer and
+    copy each part out."""
+    # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output.view(-1), tensor.reshape(-1), group=group)
+
+
 def completed(value: object) -> torch.futures.Future:
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(value)

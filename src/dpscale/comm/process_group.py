@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dpscale.comm.base import chunk_bounds, global_rank, group_rank, group_size, is_registered, wait_work
+from dpscale.comm.base import (
+    all_gather_into,
+    chunk_bounds,
+    global_rank,
+    group_rank,
+    group_size,
+    is_registered,
+    wait_work,
+)
 from dpscale.log import workers
 
 
@@ -44,7 +52,7 @@ class ProcessGroupTransport:
         wait_work(self.group.broadcast([tensor], opts))
 
     def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        dist.all_gather(list(output.view(-1).chunk(self.world_size)), tensor.view(-1), group=self.group)
+        all_gather_into(output, tensor, self.group)
 
     def reduce_scatter(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         # parts may differ in length by one (any length works), so go through a full sum

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import collective_device
 from dpscale.engine.clock import Clock, HostClock
 
 CANDIDATES_MB = (1.0, 5.0, 25.0, 100.0)
@@ -47,7 +48,6 @@ class AutotuneDecision:
 @dataclass
 class BucketAutotuner:
     process_group: dist.ProcessGroup | None
-    device: torch.device = torch.device("cpu")  # where the decision's all-reduce runs (CUDA for NCCL)
     candidates_mb: tuple[float, ...] = CANDIDATES_MB
     warmup_steps: int = WARMUP_STEPS
     measured_steps: int = MEASURED_STEPS
@@ -102,7 +102,7 @@ class BucketAutotuner:
         medians = torch.tensor(
             [statistics.median(times[c]) for c in self.candidates_mb],
             dtype=torch.float64,
-            device=self.device,
+            device=collective_device(self.process_group),
         )
         # the slowest rank sets the pace, and every rank must choose the same size
         dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=self.process_group)

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 
 from dpscale.comm.attempt import attempt_id, describe_rank, host_key, within
+from dpscale.comm.base import all_gather_into
+from dpscale.comm.group_device import collective_device
 from dpscale.engine.compat import torch_private
 
 OPS = (
@@ -97,7 +99,7 @@ class CollectiveLog:
         rec = CollectiveRecord(self.seq, op, what, numel, dtype, bucket)
         self._ring.append(rec)
         if self.verify:
-            self._agree(rec, tensor.device if tensor is not None else torch.device("cpu"))
+            self._agree(rec)
         return rec
 
     def records(self) -> list[CollectiveRecord]:
@@ -107,13 +109,16 @@ class CollectiveLog:
         recs = self.records()[-last:]
         return "; ".join(map(str, recs)) if recs else "nothing yet"
 
-    def _agree(self, rec: CollectiveRecord, device: torch.device) -> None:
+    def _agree(self, rec: CollectiveRecord) -> None:
         dtype = next((i for i, d in enumerate(_DTYPES) if str(d).endswith("." + rec.dtype)), -1)
+        # on the group's device, not the record's tensor's: object collectives and sparse
+        # gradients have none on a device NCCL takes
+        device = collective_device(self.group)
         mine = torch.tensor([rec.seq, OPS.index(rec.op), rec.bucket, rec.numel, dtype], device=device)
         world = dist.get_world_size(self.group)
-        gathered = [torch.empty_like(mine) for _ in range(world)]
-        dist.all_gather(gathered, mine, group=self.group)
-        rows = [g.tolist() for g in gathered]
+        gathered = torch.empty(world, mine.numel(), dtype=mine.dtype, device=device)
+        all_gather_into(gathered, mine, self.group)
+        rows = gathered.tolist()  # one trip to the host
         me = dist.get_rank(self.group)
         for rank, row in enumerate(rows):
             if row != rows[0]:

@@ -160,8 +160,6 @@ class DistributedDataParallel(_TorchDDP):
         self.device = next(p.device for n, p in module.named_parameters() if n not in args.ignored)
         self.device_type = self.device.type
         self.is_multi_device_module = False
-        if self._autotuner is not None and self._input_device is not None:
-            self._autotuner.device = self._input_device
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
         self.logger = None  # torch's C++ logger; ours is ddp_logging.py
@@ -182,7 +180,7 @@ class DistributedDataParallel(_TorchDDP):
             if p.requires_grad and n not in self.parameters_to_ignore
         ]
         self._module_parameters = [p for _, p in named]
-        sparse = sparse_gradient_params(module, [p for _, p in named])
+        sparse = sparse_gradient_params(module, [p for _, p in named], group)
         dense = [k for k in range(len(named)) if k not in sparse]
         params = [p for _, p in named]
         assignment = assign_buckets_of(params, dense, self.bucket_cap_mb, self.first_bucket_cap_mb)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import collective_device
 from dpscale.engine.buckets import Bucket
 from dpscale.engine.clock import Clock, EventClock, clock_for
 from dpscale.engine.collective_log import CollectiveLog
@@ -50,6 +51,10 @@ from dpscale.engine.stats import BucketTiming, StepStats, StepWindow
 # (see Reducer._preset_grads): around here per-tensor Python work costs about what copying the
 # tensor does (~5 us against 32 KiB at a few GB/s)
 SMALL_TENSOR_NUMEL = 8192
+# devices whose spent gradients are kept to the next step (see release_spent): the CPU's allocator
+# hands freed pages back to the OS. A GPU's caching allocator reuses a freed block at once, and
+# keeping every autograd gradient beside its bucket view would double gradient memory at the peak.
+KEEP_SPENT_ON = frozenset({"cpu"})
 
 
 class Reducer:
@@ -367,7 +372,8 @@ class Reducer:
                 self._copy_in(grad, view, divide)
             if as_view:
                 param.grad = view
-                self._spent.append(grad)
+                if grad.device.type in KEEP_SPENT_ON:
+                    self._spent.append(grad)
                 if not self._expecting:
                     self._viewed_unsynced.add(i)
         elif divide:
@@ -718,8 +724,7 @@ class Reducer:
         # A parameter unused here may be used on another rank (or on this one in a no_sync step);
         # its averaged gradient then is real and must reach the optimizer on every rank. Unused
         # everywhere since the last sync: leave .grad as it was.
-        # on the buckets' device: NCCL reduces CUDA tensors only
-        device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
+        device = collective_device(self.process_group)
         local = torch.tensor(self._used_since_sync, dtype=torch.int32, device=device)
         self.log.record("all_reduce", "used-parameter flags", local)
         dist.all_reduce(local, group=self.process_group)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import os
 import signal
 import sys
@@ -41,7 +42,7 @@ from dpscale.launch.process_life import EXIT_DIVERGED, StopRequest, signal_exit_
 from dpscale.launch.protocol import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, LaunchSpec, WorkerFailure, read_record
 from dpscale.log import get_logger, workers
 from dpscale.train.config import TrainConfig
-from dpscale.train.device import backend_for, resolve_device
+from dpscale.train.device import backend_for, device_id_for, resolve_device
 from dpscale.train.result import TrainResult
 from dpscale.train.trainer import Trainer
 
@@ -318,6 +319,14 @@ def _describe_failure(e: ChildFailedError, nproc: int, max_restarts: int, failur
     if hung:
         who = ", ".join(f"rank {r}" for r in hung)
         head += f"{who} hung: rank {rank} timed out waiting for it in a collective"
+    elif failure.exitcode == -signal.SIGABRT and (running := _still_running(e, rank, failure, nproc)):
+        # NCCL's watchdog aborts a rank whose collective timed out before dpscale's diagnosis can
+        # run (no record then); the ranks of this host the agent still had to stop were the late ones
+        who = ", ".join(f"rank {r}" for r in running)
+        head += (
+            f"{who} hung: rank {rank} was aborted (SIGABRT, as NCCL's watchdog does when a collective "
+            f"times out) while {who} still ran"
+        )
     elif failure.exitcode < 0:
         signal_no, name = -failure.exitcode, failure.signal_name()
         head += f"last failure: rank {rank} was killed by signal {signal_no} ({name})"
@@ -326,13 +335,28 @@ def _describe_failure(e: ChildFailedError, nproc: int, max_restarts: int, failur
     return head + (":\n" + trace.rstrip() if trace else "")
 
 
+def _still_running(e: ChildFailedError, rank: int, failure: Any, nproc: int) -> list[int]:
+    """The ranks on this host that had not failed when the agent stopped the workers (global ranks
+    of one host are consecutive: its local rank 0 is rank - local_rank)."""
+    first = rank - failure.local_rank
+    return [r for r in range(first, first + nproc) if r not in e.failures]
+
+
 def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     device = resolve_device(cfg.device, local_rank=0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend_for(device), store=dist.HashStore(), rank=0, world_size=1)
+    # the collective timeout too: an in-process run still issues collectives (NCCL's at world size 1)
+    dist.init_process_group(
+        backend_for(device),
+        store=dist.HashStore(),
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=cfg.collective_timeout_s),
+        device_id=device_id_for(device),
+    )
     # signal handlers can only be installed from the main thread (an API caller may be elsewhere)
     stop = StopRequest().install() if threading.current_thread() is threading.main_thread() else None
     try:

@@ -24,7 +24,7 @@ from dpscale.paths import check_writable_dir
 from dpscale.train.checkpoint.files import CheckpointWarning, load_latest
 from dpscale.train.checkpoint.resume import check_resumable
 from dpscale.train.config import TrainConfig
-from dpscale.train.device import resolve_device
+from dpscale.train.device import check_gpu_count
 from dpscale.train.state import TrainState
 from dpscale.workloads.task import Task, probe
 
@@ -38,7 +38,7 @@ def check_config(cfg: TrainConfig, world_sizes: list[int]) -> None:
     for n in sorted(set(world_sizes), reverse=True):
         cfg.resolve_batch(n)
         if cfg.device != "cpu":
-            resolve_device(cfg.device, local_rank=n - 1)
+            check_gpu_count(cfg.device, n)
     check_before_start(cfg)
 
 

@@ -48,7 +48,7 @@ from dpscale.launch.protocol import (
 from dpscale.log import get_logger
 from dpscale.train.callbacks import callbacks_from_env
 from dpscale.train.config import TrainConfig
-from dpscale.train.device import backend_for, resolve_device
+from dpscale.train.device import backend_for, device_id_for, resolve_device
 from dpscale.train.trainer import Trainer
 
 logger = get_logger(__name__)
@@ -65,17 +65,19 @@ def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
     device = resolve_device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
-    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), backend_for(device))
+    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), device)
     try:
         return Trainer(cfg, stop_requested=stop_requested, callbacks=callbacks_from_env()).fit().to_dict()
     finally:
         dist.destroy_process_group()
 
 
-def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> None:
-    """`backend` over the store the agent (or torchrun) describes; `timeout` bounds every collective."""
+def _init_process_group(timeout: datetime.timedelta, device: torch.device) -> None:
+    """`device`'s backend over the store the agent (or torchrun) describes; `timeout` bounds every
+    collective."""
+    backend = backend_for(device)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id_for(device))
         return
     # The agent's store outlives a restart and still holds the previous attempt's gloo addresses
     # under the same keys: a restarted worker that reads one before its peer overwrote it connects
@@ -99,7 +101,9 @@ def _init_process_group(timeout: datetime.timedelta, backend: str = "gloo") -> N
         master, int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
     )
     store = dist.PrefixStore(f"dpscale/{attempt_id()}", agent_store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device_id_for(device)
+    )
     # where this rank runs, for errors that name a silent rank (read through the same store)
     publish_host(torch_private.default_store(), rank, master)
 

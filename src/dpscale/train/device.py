@@ -1,10 +1,11 @@
 """Where a worker computes and in which precision: its device, the process group backend, autocast
 and the fp16 loss scaler.
 
-On CUDA each worker takes the GPU of its LOCAL_RANK (what torchrun and the elastic agent set) and
-the process group is NCCL; on CPU it is gloo. Mixed precision is autocast around forward and loss;
-fp16 also needs loss scaling, whose skip-and-back-off decision must be the same on every rank, so
-it follows the trainer's collective skip decision rather than each rank's own overflow check.
+On CUDA each worker takes the GPU of its LOCAL_RANK (what torchrun and the elastic agent set),
+modulo the GPUs it sees, and the process group is NCCL; on CPU it is gloo. Mixed precision is
+autocast around forward and loss; fp16 also needs loss scaling, whose skip-and-back-off decision
+must be the same on every rank, so it follows the trainer's collective skip decision rather than
+each rank's own overflow check.
 """
 
 from __future__ import annotations
@@ -29,18 +30,32 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ConfigError("device cuda: no CUDA device is visible to this process; use --device cpu or auto")
-    index = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
-    count = torch.cuda.device_count()
-    if index >= count:
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
+    # modulo: where each task sees only its own GPUs (SLURM's --gpus-per-task=1, a per-rank
+    # CUDA_VISIBLE_DEVICES) local rank 3 has GPU 0; with all of a host's GPUs visible it is the same
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def check_gpu_count(name: str, workers_per_host: int) -> None:
+    """ConfigError when `workers_per_host` workers started here would share a GPU (NCCL refuses
+    two ranks on one device): the launcher's view, with all of the host's GPUs visible."""
+    device = resolve_device(name, local_rank=0)
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and workers_per_host > count:
         raise ConfigError(
-            f"device cuda: worker {index} on this host needs GPU {index} but only {count} are visible; "
-            f"use --nproc {count} or fewer"
+            f"device cuda: {workers_per_host} workers on this host need {workers_per_host} GPUs but only "
+            f"{count} are visible; use --nproc {count} or fewer"
         )
-    return torch.device("cuda", index)
 
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def device_id_for(device: torch.device) -> torch.device | None:
+    """init_process_group's `device_id`: the GPU on CUDA (NCCL then binds its communicator to it,
+    and barrier and object collectives use it rather than guessing one from the rank), else None."""
+    return device if device.type == "cuda" else None
 
 
 class Precision:

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpscale.comm.base import all_gather_into
+from dpscale.comm.group_device import on_collective_device
 from dpscale.engine.collective_log import CollectiveLog
 
 
@@ -44,18 +46,20 @@ def checked_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 @torch.no_grad()
 def fingerprint(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """int64 tensor with one entry per tensor: its bytes summed as int64 words, modulo 2^64."""
-    out = torch.empty(len(tensors), dtype=torch.int64)
-    for i, t in enumerate(tensors):
+    """int64 tensor with one entry per tensor: its bytes summed as int64 words, modulo 2^64.
+
+    Computed where the tensors live, with no trip to the host (int64 addition wraps modulo 2^64).
+    """
+    sums = []
+    for t in tensors:
         raw = t.detach().reshape(-1).view(torch.uint8)
         n = raw.numel() // 8 * 8
         try:
             words = raw[:n].view(torch.int64)
         except RuntimeError:  # a view whose storage offset is not 8-byte aligned
             words = raw[:n].clone().view(torch.int64)
-        total = int(words.sum()) + int(raw[n:].sum())  # the sum wraps like int64 arithmetic does
-        out[i] = (total + 2**63) % 2**64 - 2**63
-    return out
+        sums.append(words.sum() + raw[n:].sum(dtype=torch.int64))
+    return torch.stack(sums) if sums else torch.empty(0, dtype=torch.int64)
 
 
 @torch.no_grad()
@@ -66,13 +70,14 @@ def check_replicas(
     step: int,
     log: CollectiveLog | None = None,
 ) -> None:
-    """Collective: raise ReplicaDriftError on every rank if any rank's replica differs from rank 0's."""
+    """Collective: raise ReplicaDriftError on every rank if any rank's replica differs from rank 0's.
+
+    One all-gather of one tensor and one trip to the host, whatever the number of tensors.
+    """
     named = checked_tensors(module)
     local = fingerprint([t for _, t in named])
     gathered = _all_gather(local, process_group, log, "replica fingerprints")
-    differs = torch.zeros(len(named), dtype=torch.bool)
-    for g in gathered[1:]:
-        differs |= g != gathered[0]
+    differs = (gathered[1:] != gathered[0]).any(dim=0)
     if not differs.any():
         return
     # every rank compared the same gathered values, so every rank is here: one more collective is safe
@@ -80,7 +85,7 @@ def check_replicas(
     name, tensor = named[first]
     value_sum = tensor.detach().sum(dtype=torch.float64).reshape(1)
     sums = _all_gather(value_sum, process_group, log, f"value sums of {name}")
-    ranks = [r for r, g in enumerate(gathered) if g[first] != gathered[0][first]]
+    ranks = [r for r in range(len(gathered)) if gathered[r, first] != gathered[0, first]]
     shown = ", ".join(f"rank {r}: sum {float(sums[r]):.9g}" for r in [0, *ranks])
     raise ReplicaDriftError(
         f"replicas drifted by step {step}: {name!r} on rank{'s' if len(ranks) > 1 else ''} "
@@ -90,9 +95,12 @@ def check_replicas(
     )
 
 
-def _all_gather(t: torch.Tensor, group, log: CollectiveLog | None, what: str) -> list[torch.Tensor]:
-    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+def _all_gather(t: torch.Tensor, group, log: CollectiveLog | None, what: str) -> torch.Tensor:
+    """Every rank's `t` as the rows of one CPU tensor: staged on the group's device (NCCL takes no
+    CPU tensor), gathered there, brought to the host once."""
+    staged = on_collective_device(t, group)
+    gathered = staged.new_empty((dist.get_world_size(group), *t.shape))
     if log is not None:
-        log.record("all_gather", what, t)
-    dist.all_gather(gathered, t, group=group)
-    return gathered
+        log.record("all_gather", what, staged)
+    all_gather_into(gathered, staged, group)
+    return gathered.cpu()

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpscale.comm.group_device import on_collective_device
 from dpscale.engine.collective_log import CollectiveLog
 from dpscale.workloads.task import Task, call_model, num_samples, per_sample, to_device
 
@@ -62,6 +63,7 @@ def evaluate(
         module.train(was_training)
     if log is not None:
         log.record("all_reduce", "evaluation sums", sums)
+    sums = on_collective_device(sums, group)  # NCCL takes no CPU tensor, gloo beside it prefers them
     dist.all_reduce(sums, group=group)
     count = float(sums[-1])
     return {name: float(sums[j]) / count for j, name in enumerate(names)}

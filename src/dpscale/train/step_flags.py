@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import on_collective_device
 from dpscale.engine.collective_log import CollectiveLog
 
 
@@ -75,6 +76,7 @@ class StepFlags:
         else:
             local_sq = loss_sum.new_full((), small_sq if small_sq is not None else 0.0)
         flags = torch.stack([loss_sum, (~torch.isfinite(grad_norm)).to(torch.float64), stop, local_sq])
+        flags = on_collective_device(flags, self.group)  # itself unless the model and group differ
         self.log.record("all_reduce", "step flags (loss, non-finite, stop, local grad norm)", flags)
         dist.all_reduce(flags, group=self.group)
         mine = [t.reshape(1).to(flags) for t in (grad_norm, *read_along)]

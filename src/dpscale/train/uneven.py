@@ -26,6 +26,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import collective_device
 from dpscale.engine.collective_log import CollectiveLog
 
 T = TypeVar("T")
@@ -45,22 +46,23 @@ def iterate_in_lockstep(
     *,
     stats: LockstepStats | None = None,
     log: CollectiveLog | None = None,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
 ) -> Iterator[T]:
     """Yield `loader`'s items while every rank of `process_group` still has one (collective).
 
     Every rank must call this with its own loader and consume the generator to its end (or until
     all stop together); `stats`, if given, is filled in as the loop runs. `device` is where the
-    flag lives: "cuda" for an NCCL group.
+    flag lives: by default where the group's collectives need it (a GPU for NCCL).
     """
     stats = stats if stats is not None else LockstepStats()
     it = iter(loader)
+    where = collective_device(process_group) if device is None else device
     while True:
         try:
             item, have = next(it), True
         except StopIteration:
             have = False
-        flag = torch.tensor([1 if have else 0], dtype=torch.int32, device=device)
+        flag = torch.tensor([1 if have else 0], dtype=torch.int32, device=where)
         if log is not None:
             log.record("all_reduce", "have-a-batch flag", flag)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=process_group)

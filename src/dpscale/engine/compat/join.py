@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, JoinHook
 
 from dpscale.comm.base import group_rank
+from dpscale.comm.group_device import collective_device
 from dpscale.engine.compat.model_check import broadcast_coalesced
 from dpscale.engine.hooks import GradBucket
 
@@ -40,14 +41,15 @@ def notify(ddp, sync_grads: bool) -> None:
 
 def authoritative_rank(ddp, candidate: bool) -> int:
     """The highest rank among those that offer themselves (-1 from the others)."""
-    rank = torch.tensor([group_rank(ddp.process_group) if candidate else -1], device=ddp.device)
+    group = ddp.process_group
+    rank = torch.tensor([group_rank(group) if candidate else -1], device=collective_device(group))
     dist.all_reduce(rank, op=dist.ReduceOp.MAX, group=ddp.process_group)
     return int(rank.item())
 
 
 def announce_backward_sync(ddp, sync: bool) -> bool:
     """Step 3: whether any rank's backward synchronizes this step."""
-    flag = torch.tensor([1.0 if sync else 0.0], device=ddp.device)
+    flag = torch.tensor([1.0 if sync else 0.0], device=collective_device(ddp.process_group))
     dist.all_reduce(flag, group=ddp.process_group)
     return bool(flag.item() != 0)
 
@@ -98,13 +100,10 @@ def _shadow_backward(reducer) -> None:
     for p, grad in saved:
         p.grad = grad
     if reducer.find_unused_parameters or reducer.static_graph:
-        flags = torch.zeros(len(reducer.params), dtype=torch.int32, device=_device(reducer))
+        device = collective_device(reducer.process_group)
+        flags = torch.zeros(len(reducer.params), dtype=torch.int32, device=device)
         dist.all_reduce(flags, group=reducer.process_group)
     for fut in futures:
         fut.wait()
     for b, buffer in zip(reducer.buckets, kept, strict=True):
         b.buffer.copy_(buffer)
-
-
-def _device(reducer) -> torch.device:
-    return reducer.buckets[0].buffer.device if reducer.buckets else torch.device("cpu")

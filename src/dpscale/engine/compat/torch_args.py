@@ -8,14 +8,16 @@ refused with one line naming it, never accepted and silently ignored where a use
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence
 
 DEFAULT_BUCKET_CAP_MB = 25.0
 # torch's dist._DEFAULT_FIRST_BUCKET_BYTES: the first bucket's cap when bucket_cap_mb is left at its default
@@ -208,15 +210,25 @@ def input_device(module: nn.Module, device_ids, ignored: set[str]) -> torch.devi
 
 
 def move_to(obj: Any, device: torch.device) -> Any:
-    """`obj` with its tensors moved to `device` (forward's inputs), through tuples, lists and dicts."""
+    """`obj` with its tensors moved to `device` (forward's inputs), as torch's DDP moves them:
+    through tuples, lists and dicts, keeping namedtuples' and dicts' own types, and a
+    PackedSequence as one (it is a namedtuple whose batch_sizes must stay on the CPU)."""
+    if isinstance(obj, PackedSequence):
+        # typed as Tensor.to's first overload only (a dtype); it takes a device as Tensor.to does
+        return cast(Any, obj).to(device, non_blocking=True)
     if isinstance(obj, torch.Tensor):
         return obj.to(device, non_blocking=True)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(move_to(o, device) for o in obj))
     if isinstance(obj, tuple):
         return tuple(move_to(o, device) for o in obj)
     if isinstance(obj, list):
         return [move_to(o, device) for o in obj]
     if isinstance(obj, dict):
-        return {k: move_to(v, device) for k, v in obj.items()}
+        out = copy.copy(obj)  # its own type: an OrderedDict, a defaultdict with its factory
+        for k, v in obj.items():
+            out[k] = move_to(v, device)
+        return out
     return obj
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpscale.comm.group_device import collective_device
 from dpscale.engine.clock import Clock, HostClock
 from dpscale.train.callbacks import TrainerCallback
 
@@ -169,14 +170,13 @@ class GrowBatch(TrainerCallback):
         not the median: on a shared host a few steps' median still moves with the load, which
         made decisions flap between two batches."""
         ks = sorted(self.step_s)
-        # on the trainer's device: an NCCL group (CUDA workers) reduces no CPU tensor
-        device = getattr(trainer, "device", "cpu")
-        fastest = torch.tensor([min(self.step_s[k]) for k in ks], dtype=torch.float64, device=device)
         group = getattr(trainer, "group", None)
+        fastest = [min(self.step_s[k]) for k in ks]
         if ks and dist.is_available() and dist.is_initialized():
-            dist.all_reduce(fastest, group=group)
-            fastest /= dist.get_world_size(group)
-        return dict(zip(ks, fastest.tolist(), strict=True))
+            summed = torch.tensor(fastest, dtype=torch.float64, device=collective_device(group))
+            dist.all_reduce(summed, group=group)
+            fastest = (summed / dist.get_world_size(group)).tolist()
+        return dict(zip(ks, fastest, strict=True))
 
     def after_step(self, trainer) -> None:
         self._read_times()

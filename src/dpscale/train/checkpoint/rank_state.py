@@ -80,9 +80,11 @@ def capture_rng_state() -> dict[str, Any]:
         },
         "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
     }
-    # only if already initialized: querying would otherwise create a CUDA context in a CPU-only run
+    # only if already initialized: querying would otherwise create a CUDA context in a CPU-only run.
+    # Only this worker's GPU: the others' generators are other workers' (or nobody's), and a resume
+    # on a host with another number of visible GPUs must still find this one
     if torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -105,17 +107,25 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     py_state = state["python"]
     random.setstate((py_state["version"], tuple(py_state["internal"]), py_state["gauss_next"]))
     if "cuda" in state:
-        if not torch.cuda.is_available():
-            # a GPU run resumed on CPU for debugging: its CUDA streams cannot be reproduced anyway
-            warnings.warn(
-                "RNG state has CUDA generators but CUDA is unavailable; ignoring them",
-                CheckpointWarning,
-                stacklevel=2,
-            )
-        elif len(state["cuda"]) != torch.cuda.device_count():
+        _restore_cuda_rng(state["cuda"])
+
+
+def _restore_cuda_rng(saved: torch.Tensor | list[torch.Tensor]) -> None:
+    if not torch.cuda.is_available():
+        # a GPU run resumed on CPU for debugging: its CUDA streams cannot be reproduced anyway
+        warnings.warn(
+            "RNG state has a CUDA generator but CUDA is unavailable; ignoring it",
+            CheckpointWarning,
+            stacklevel=3,
+        )
+        return
+    if isinstance(saved, list | tuple):
+        # older checkpoints held every visible GPU's generator: take this worker's
+        current = torch.cuda.current_device()
+        if current >= len(saved):
             raise ConfigError(
-                f"RNG state has {len(state['cuda'])} CUDA generators but {torch.cuda.device_count()} devices "
-                "are visible; set CUDA_VISIBLE_DEVICES as in the run that saved it"
+                f"RNG state has {len(saved)} CUDA generators and this worker's GPU is {current}; "
+                "set CUDA_VISIBLE_DEVICES as in the run that saved it"
             )
-        else:
-            torch.cuda.set_rng_state_all(state["cuda"])
+        saved = saved[current]
+    torch.cuda.set_rng_state(saved)
