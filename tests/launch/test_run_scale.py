@@ -242,3 +242,11 @@ def test_scale_names_the_rank_that_sleeps_30_ms_in_every_forward(tmp_path):
     (named,) = [s for s in point["stragglers"] if s["cause"] == "compute"]
     assert named["rank"] == 1 and named["excess_ms"] == pytest.approx(30.0, abs=10.0)
     assert "rank 1 compute +" in p.stdout and "a straggler" in p.stdout
+
+
+@pytest.mark.slow
+def test_scale_says_when_the_script_all_reduces_on_every_accumulation_micro_step(tmp_path):
+    script = str(SCRIPTS / "accumulate_every_micro_step.py")
+    p = run(["scale", "--nproc", "2", "--steps", "8", "--warmup", "4", "--json", "--", script], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "all-reduce on every micro-step: 4 synced backwards per optimizer step" in p.stdout

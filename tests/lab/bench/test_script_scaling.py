@@ -158,3 +158,18 @@ def test_the_profile_books_accumulation_micro_steps_as_forward_and_backward_not_
     profile = script_scaling.profile_from(rank0, config, script_scaling._point(1, "dpscale", [rank0], config))
     assert profile["optimizer_ms"] == pytest.approx(10.0)
     assert profile["backward_ms"] == pytest.approx(80.0) and profile["forward_ms"] == pytest.approx(250.0)
+
+
+def test_a_script_that_all_reduces_on_every_accumulation_micro_step_is_told_to_use_no_sync(monkeypatch):
+    micro = _step(
+        {"forward_ms": 4.0, "backward_ms": 6.0, "exposed_comm_ms": 3.0}, samples=8, optimizer_steps=0
+    )
+    last = _step(
+        {"forward_ms": 4.0, "backward_ms": 6.0, "exposed_comm_ms": 3.0, "optimizer_ms": 2.0}, samples=8
+    )
+    records = [micro, micro, micro, last] * 3
+    runs = {1: [_rank(records)], 2: [_rank(records, 0, 2), _rank(records, 1, 2)]}
+    base, pair = _measure(monkeypatch, runs, 12).points
+    assert pair.synced_per_optimizer_step == 4
+    assert pair.note is not None and "all-reduce on every micro-step: 4 synced backwards" in pair.note
+    assert base.note is None or "no_sync" not in base.note  # one worker has nothing to reduce

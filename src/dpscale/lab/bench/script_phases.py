@@ -36,7 +36,7 @@ def _add(a: float | None, b: float | None) -> float | None:
 
 def _merge(group: Sequence[dict]) -> dict:
     """One optimizer step from the synchronized steps it spanned."""
-    out = dict(group[0])
+    out = {**group[0], "synced_steps": len(group)}
     for r in group[1:]:
         out["step_ms"] += r["step_ms"]
         out["samples"] += r["samples"]
@@ -75,6 +75,11 @@ def optimizer_steps(records: Sequence[dict]) -> list[dict]:
             out.append(_merge(group) if len(group) > 1 else r)
             group = []
     return out
+
+
+def synced_per_optimizer_step(steps: Sequence[dict]) -> float:
+    """The median number of synchronized backwards (all-reduces) per optimizer step."""
+    return statistics.median(s.get("synced_steps", 1) for s in steps) if steps else 1.0
 
 
 def kind(step: dict) -> str | None:

@@ -119,6 +119,7 @@ class ScalePoint:
     phases: list[dict] | None = None  # per rank (script_phases.rank_phases); None: not measured
     stragglers: list[dict] = field(default_factory=list)  # script_phases.stragglers
     note: str | None = None  # why this row's figures compare, or do not, with the others
+    synced_per_optimizer_step: float = 1.0  # > 1: the script all-reduces on accumulation micro-steps
 
     @property
     def spread(self) -> float | None:
@@ -233,6 +234,7 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         checkpoint_steps=kinds.count("checkpoint"),
         phases=script_phases.rank_phases(plain_steps, step_ms),
         stragglers=script_phases.stragglers(plain_steps) if n > 1 else [],
+        synced_per_optimizer_step=script_phases.synced_per_optimizer_step(per_rank[0]),
     )
 
 
@@ -291,6 +293,11 @@ def _note(p: ScalePoint, base: ScalePoint | None) -> str | None:
         if p.efficiency is not None and p.efficiency > 1.0:
             why = "smaller per-rank steps can run faster per sample" if each < one else "check the spread"
             notes.append(f"above 100%: {why}")
+    if p.world_size > 1 and p.synced_per_optimizer_step > 1:
+        notes.append(
+            f"all-reduce on every micro-step: {p.synced_per_optimizer_step:g} synced backwards per optimizer "
+            "step; run all but the last under model.no_sync()"
+        )
     held = [
         f"{k} held {what}"
         for k, what in ((p.eval_steps, "an evaluation"), (p.checkpoint_steps, "a checkpoint"))
