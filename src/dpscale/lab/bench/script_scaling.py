@@ -181,6 +181,12 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
             f"train, with DDP on every one or on none\n{tail}"
         )
     done = min(len(r["records"]) for r in ranks)
+    if done == 0 and not wrapped:
+        raise ScriptFailed(
+            f"{config.script} with {workers(n)} built no torch.nn.parallel.DistributedDataParallel model and "
+            "stepped no torch.optim optimizer after a training forward: scale finds steps through one of them"
+            f"\n{tail}"
+        )
     if done < limit:
         raise ConfigError(
             f"{config.script} ran {done} synchronized steps with {workers(n)}, fewer than --warmup "
