@@ -53,7 +53,7 @@ def test_the_rank_that_sleeps_30_ms_in_every_forward_is_named_with_its_excess():
     (named,) = script_phases.stragglers(steps)
     assert named["rank"] == 1 and named["cause"] == "compute"
     assert named["excess_ms"] == pytest.approx(30.0, abs=1.0)
-    assert script_phases.lost_points(0.5, 50.0, 30.0) == pytest.approx(75.0)
+    assert script_phases.lost_points(50.0, 30.0) == pytest.approx(60.0)
 
 
 def test_even_ranks_name_no_straggler_and_a_data_bound_rank_is_named_for_its_data():
@@ -73,3 +73,27 @@ def test_synced_micro_steps_fold_into_the_optimizer_step_that_ends_them():
     assert (step["samples"], step["micro_steps"], step["step_ms"]) == (24, 3, 19.0)
     assert step["phases"]["micro_steps_ms"] == pytest.approx(10.0)
     assert sum(step["phases"].values()) == pytest.approx(step["step_ms"])
+
+
+def test_the_efficiency_lost_splits_into_parts_that_add_up_to_it():
+    base = script_phases.rank_phases(
+        [[_step(forward_ms=10.0, backward_ms=10.0, optimizer_ms=5.0)] * 3], [25.0] * 3
+    )
+    # at N=2: compute 2 ms slower on the fast rank, rank 1 +8 ms, 6 ms of comm, 1 ms more data wait
+    fast = [
+        _step(forward_ms=11.0, backward_ms=11.0, optimizer_ms=5.0, exposed_comm_ms=14.0, data_wait_ms=1.0)
+    ] * 3
+    slow = [
+        _step(forward_ms=19.0, backward_ms=11.0, optimizer_ms=5.0, exposed_comm_ms=6.0, data_wait_ms=1.0)
+    ] * 3
+    named = script_phases.stragglers([fast, slow])
+    phases = script_phases.rank_phases([fast, slow], [42.0] * 3)
+    assert base is not None and phases is not None
+    parts = script_phases.efficiency_lost(phases, base, named, efficiency=25.0 / 42.0, step_ms=42.0, work=1.0)
+    assert list(parts) == list(script_phases.LOSSES)
+    assert sum(parts.values()) == pytest.approx(100 * (1 - 25.0 / 42.0))
+    assert parts["compute growth"] == pytest.approx(100 * 2.0 / 42.0)
+    assert parts["straggler wait"] == pytest.approx(100 * 8.0 / 42.0)
+    assert parts["exposed communication"] == pytest.approx(100 * 6.0 / 42.0)
+    assert parts["data wait"] == pytest.approx(100 * 1.0 / 42.0)
+    assert parts["rest"] == pytest.approx(0.0, abs=1e-9)

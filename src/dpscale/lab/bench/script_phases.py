@@ -149,8 +149,44 @@ def stragglers(per_rank: Sequence[Sequence[dict]]) -> list[dict]:
     return out
 
 
-def lost_points(efficiency: float | None, step_ms: float, excess_ms: float) -> float | None:
-    """Efficiency points a straggler costs: the step without its excess would be that much shorter."""
-    if efficiency is None or not step_ms > excess_ms > 0:
-        return None
-    return 100 * efficiency * (step_ms / (step_ms - excess_ms) - 1)
+def lost_points(step_ms: float, excess_ms: float) -> float | None:
+    """Efficiency points `excess_ms` of a step of `step_ms` costs (its share of the step)."""
+    return 100 * excess_ms / step_ms if step_ms > 0 else None
+
+
+LOSSES = ("compute growth", "data wait", "exposed communication", "straggler wait", "rest")
+
+
+def efficiency_lost(
+    phases: Sequence[dict],
+    base: Sequence[dict],
+    named: Sequence[dict],
+    *,
+    efficiency: float,
+    step_ms: float,
+    work: float,
+) -> dict[str, float]:
+    """The efficiency points lost at N (100 x (1 - efficiency)) split into LOSSES; they add up to it.
+
+    Each part is the growth of its phases over the 1-worker run's (scaled by `work`, each rank's
+    samples per optimizer step at N over N=1's), as a share of the counted step at N: compute
+    growth from the fastest rank (contention slows every rank), data wait from the median rank,
+    straggler wait the named compute straggler's excess, exposed communication what the fastest rank
+    waited for in its backward and at the end less that straggler wait; the rest is what is left
+    (steps' variation, the script's own work)."""
+    one = base[0]["median"]
+    fastest = min(phases, key=lambda r: sum(r["median"][p] for p in COMPUTE))["median"]
+    wait = max((s["excess_ms"] for s in named if s["cause"] == "compute"), default=0.0)
+    grown = {
+        "compute growth": sum(fastest[p] - work * one[p] for p in COMPUTE),
+        "data wait": statistics.median(r["median"]["data_wait_ms"] for r in phases)
+        - work * one["data_wait_ms"],
+        "exposed communication": fastest["exposed_comm_ms"]
+        + fastest[IDLE]
+        - work * one["exposed_comm_ms"]
+        - wait,
+        "straggler wait": wait,
+    }
+    parts = {k: 100 * v / step_ms for k, v in grown.items()}
+    parts["rest"] = 100 * (1 - efficiency) - sum(parts.values())
+    return parts

@@ -120,6 +120,7 @@ class ScalePoint:
     stragglers: list[dict] = field(default_factory=list)  # script_phases.stragglers
     note: str | None = None  # why this row's figures compare, or do not, with the others
     synced_per_optimizer_step: float = 1.0  # > 1: the script all-reduces on accumulation micro-steps
+    lost_points: dict[str, float] | None = None  # script_phases.efficiency_lost: where the loss went
 
     @property
     def spread(self) -> float | None:
@@ -321,6 +322,15 @@ def _efficiency(p: ScalePoint, base: ScalePoint | None) -> float | None:
     return p.samples_per_s / (p.world_size * base.samples_per_s)
 
 
+def _lost(p: ScalePoint, base: ScalePoint | None) -> dict[str, float] | None:
+    if base is None or p.world_size == 1 or p.efficiency is None or not (p.phases and base.phases):
+        return None
+    work = p.samples_per_step / p.world_size / base.samples_per_step
+    return script_phases.efficiency_lost(
+        p.phases, base.phases, p.stragglers, efficiency=p.efficiency, step_ms=p.step_ms, work=work
+    )
+
+
 def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
     """Run the script at every world size with every engine (engines alternate within a size).
     Across hosts, N = 1 runs only on the host that serves the rendezvous store."""
@@ -337,7 +347,10 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
                 profile = profile_from(next(r for r in ranks if r["rank"] == 0), config, points[-1])
     base = {p.engine: p for p in points if p.world_size == 1}
     points = [replace(p, efficiency=_efficiency(p, base.get(p.engine))) for p in points]
-    points = [replace(p, note=_note(p, base.get(p.engine))) for p in points]
+    points = [
+        replace(p, note=_note(p, base.get(p.engine)), lost_points=_lost(p, base.get(p.engine)))
+        for p in points
+    ]
     if profile is not None:
         # the per-rank work of one optimizer step at each N: nanoGPT divides its accumulation by N
         profile["per_worker_batch_by_world_size"] = {

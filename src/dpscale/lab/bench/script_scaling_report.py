@@ -81,10 +81,15 @@ def diagnosis(result: ScaleResult) -> list[str]:
     """One line per rank that holds the others up, with its cost."""
     lines = []
     for p in result.points:
+        if p.lost_points is not None:
+            ranked = sorted(p.lost_points.items(), key=lambda kv: -abs(kv[1]))
+            parts = ", ".join(f"{name} {pts:.1f}" for name, pts in ranked)
+            lost = sum(p.lost_points.values())
+            lines.append(f"N={p.world_size} ({p.engine}): {lost:.1f} efficiency points lost: {parts}")
         for s in p.stragglers:
             at = f"N={p.world_size} ({p.engine})"
             if s["cause"] == "compute":
-                points = lost_points(p.efficiency, p.step_ms, s["excess_ms"])
+                points = lost_points(p.step_ms, s["excess_ms"])
                 cost = f", about {points:.0f} efficiency points" if points is not None else ""
                 lines.append(
                     f"{at}: rank {s['rank']} compute +{s['excess_ms']:.1f} ms/step over the other ranks: "
