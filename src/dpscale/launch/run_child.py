@@ -11,7 +11,12 @@ the run ends there: all ranks meet at a barrier at the same synchronized step (t
 the same everywhere), give the engine's buffers back and raise SystemExit(0), which unwinds the
 script through its own `finally` blocks. Nothing is killed. At the limit the ranks first gather
 every rank's record, and each host's local rank 0 writes them all: a job across hosts leaves the
-whole job's telemetry on every host, with no shared directory.
+whole job's telemetry on every host, with no shared directory. A script that builds no DDP model
+is measured from its top-level model and optimizer (launch/script_watch.py); each of its ranks
+stops on its own at the limit and writes only its own record (they share no step to meet at).
+
+Every rank that builds a DDP model leaves a mark for the launcher (BUILT_ENV), so `dpscale run`
+can say when the ranks never synchronized.
 """
 
 from __future__ import annotations

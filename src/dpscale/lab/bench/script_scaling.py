@@ -3,10 +3,14 @@
 For each world size and engine the script runs under `dpscale run` with step telemetry
 (engine/telemetry.py): every rank records each synchronized step's time (from the step's first
 training forward to the next step's), its samples (dim 0 of the DDP module's first tensor input,
-over its micro-steps) and the exposed communication. The run stops itself after warm-up + steps
-synchronized steps, at the same step on every rank (launch/run_child.py). A step counts at its slowest
-rank; samples are summed over ranks. Every worker gets the same intra-op threads at every world
-size (cores / largest N), so efficiency compares like with like.
+over its micro-steps), the exposed communication and the step's phases. A rank without a DDP
+model (a script that wraps only when world_size > 1) records the steps of its top-level model,
+ended by its optimizer's step() (launch/script_watch.py). Steps are compared per optimizer step,
+evaluations and checkpoints apart, each rank's phases and the straggler from script_phases.py.
+The run stops itself after warm-up + steps synchronized steps, at the same step on every rank
+(launch/run_child.py). A step counts at its slowest rank; samples are summed over ranks. Every
+worker gets the same intra-op threads at every world size (cores / largest N), so efficiency
+compares like with like.
 
 Across hosts (`--nnodes H --rdzv-endpoint HOST:PORT --rdzv-id ID`, torchrun's flags as `dpscale
 train` takes them; the same command on every host) each world size N > 1 runs as its own job of
@@ -23,7 +27,16 @@ JSON (`ScaleResult.to_dict()`, report.json's "results"):
                  "step_ms_p90": float, "samples_per_step": float, "samples_per_s": float,
                  "step_ms_p10": float | null (null in reports written before it was kept),
                  "efficiency": float | null, "exposed_comm_ms": float | null,
-                 "hosts": int | null (distinct hosts of the ranks; null in older reports)}, ...],
+                 "hosts": int | null (distinct hosts of the ranks; null in older reports),
+                 "synchronized": bool (false: no rank built a DDP model; no efficiency),
+                 "eval_steps": int, "checkpoint_steps": int (timed steps that held one, kept out of
+                 the step figures), "synced_per_optimizer_step": float,
+                 "phases": [{"rank": int, "median": {PHASE: ms}, "p90": {PHASE: ms}, "sum_error": float}]
+                           | null (script_phases.RANK_PHASES),
+                 "stragglers": [{"rank": int, "cause": "compute" | "data wait", "excess_ms": float}],
+                 "lost_points": {LOSS: points} | null (script_phases.LOSSES),
+                 "note": str | null (why the row compares, or not, with N=1)}, ...],
+                (the fields after "hosts" are absent from reports written before they were kept)
      "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
 """
 
