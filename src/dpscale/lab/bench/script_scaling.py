@@ -234,6 +234,7 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         per_rank[0][k]["exposed_comm_ms"] for k in plain if per_rank[0][k]["exposed_comm_ms"] is not None
     ]
     plain_steps = [[rs[k] for k in plain] for rs in per_rank]
+    synchronized = n == 1 or all(r.get("ddp", True) for r in ranks)
     return ScalePoint(
         world_size=n,
         engine=engine,
@@ -249,11 +250,12 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         exposed_comm_ms=statistics.median(exposed) if exposed else None,
         step_ms_p10=statistics.quantiles(step_ms, n=10)[0] if len(step_ms) > 1 else step_ms[0],
         hosts=len({r.get("host") for r in ranks}),
-        synchronized=n == 1 or all(r.get("ddp", True) for r in ranks),
+        synchronized=synchronized,
         eval_steps=kinds.count("evaluation"),
         checkpoint_steps=kinds.count("checkpoint"),
         phases=script_phases.rank_phases(plain_steps, step_ms),
-        stragglers=script_phases.stragglers(plain_steps) if n > 1 else [],
+        # ranks that never synchronize hold nobody up: their steps do not even line up
+        stragglers=script_phases.stragglers(plain_steps) if n > 1 and synchronized else [],
         synced_per_optimizer_step=script_phases.synced_per_optimizer_step(per_rank[0]),
     )
 
