@@ -210,7 +210,11 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
         f"after {c.warmup} warm-up synchronized steps, {c.steps} were timed, then the script was stopped "
         "cleanly at the same step on every rank. A step runs from its first training forward to the next "
         "step's (backward, optimizer, data loading included) and counts at its slowest rank; samples are "
-        "dim 0 of the DDP module's first tensor input, over the step's micro-steps and all ranks."
+        "dim 0 of the DDP module's first tensor input, over the step's micro-steps and all ranks. A rank "
+        "without a DDP model is measured from its top-level model, each step ended by its optimizer "
+        "step. "
+        "Steps are compared per optimizer step; steps that held an evaluation or a checkpoint are counted "
+        "apart (the row's note), not in the step figures."
     )
     if c.nnodes is not None:
         method += (
