@@ -175,3 +175,78 @@ def test_the_scripts_arguments_reach_it_even_where_torchrun_would_take_them_for_
     p = run(["run", "--nproc", "1", str(script), *args], cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1]) == args
+
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@pytest.mark.slow
+def test_run_says_in_one_line_when_the_script_built_no_ddp_model(tmp_path):
+    # pytorch/examples' imagenet main.py on CPU wraps nothing: each rank trained alone, exit 0, silence
+    script = str(SCRIPTS / "wrap_if_distributed.py")
+    p = run(["run", "--nproc", "2", script, "--steps", "3", "--never-wrap"], cwd=tmp_path, timeout=180)
+    assert p.returncode == 0, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert (
+        "built no torch.nn.parallel.DistributedDataParallel model" in last and "did not synchronize" in last
+    )
+    wrapped = run(["run", "--nproc", "2", script, "--steps", "3"], cwd=tmp_path, timeout=180)
+    assert wrapped.returncode == 0, wrapped.stderr
+    assert "did not synchronize" not in wrapped.stderr
+
+
+@pytest.mark.slow
+def test_scale_measures_one_worker_without_ddp_and_each_ranks_phases_add_up(tmp_path):
+    # "wrap in DDP only when world_size > 1": scale failed after the whole N=1 run ("0 of 1 ranks
+    # wrapped a model"); every 5th step evaluates and every 7th saves a checkpoint
+    script = str(SCRIPTS / "wrap_if_distributed.py")
+    args = ["--eval-every", "5", "--save-every", "7"]
+    cmd = [
+        "scale",
+        "--nproc",
+        "1,2",
+        "--steps",
+        "14",
+        "--warmup",
+        "2",
+        "--report-dir",
+        "r",
+        "--",
+        script,
+        *args,
+    ]
+    p = run(cmd, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (report,) = (tmp_path / "r").iterdir()
+    points = json.loads((report / "report.json").read_text())["results"]["points"]
+    one, two = points
+    assert one["transport"] == "none" and "no DDP model at 1 worker" in one["note"]
+    assert two["synchronized"] and two["efficiency"] is not None
+    for pt in points:
+        assert pt["eval_steps"] >= 2 and pt["checkpoint_steps"] >= 1
+        assert len(pt["phases"]) == pt["world_size"]
+        assert all(rank["sum_error"] <= 0.05 for rank in pt["phases"])  # the phases add up to the step
+    assert {"phases.csv", "phases.png", "scale.csv"} <= {f.name for f in report.iterdir()}
+
+
+@pytest.mark.slow
+def test_scale_names_the_rank_that_sleeps_30_ms_in_every_forward(tmp_path):
+    script = str(SCRIPTS / "slow_rank_forward.py")
+    p = run(
+        ["scale", "--nproc", "2", "--steps", "12", "--warmup", "2", "--report-dir", "r", "--", script],
+        cwd=tmp_path,
+    )
+    assert p.returncode == 0, p.stderr
+    (report,) = (tmp_path / "r").iterdir()
+    (point,) = json.loads((report / "report.json").read_text())["results"]["points"]
+    (named,) = [s for s in point["stragglers"] if s["cause"] == "compute"]
+    assert named["rank"] == 1 and named["excess_ms"] == pytest.approx(30.0, abs=10.0)
+    assert "rank 1 compute +" in p.stdout and "a straggler" in p.stdout
+
+
+@pytest.mark.slow
+def test_scale_says_when_the_script_all_reduces_on_every_accumulation_micro_step(tmp_path):
+    script = str(SCRIPTS / "accumulate_every_micro_step.py")
+    p = run(["scale", "--nproc", "2", "--steps", "8", "--warmup", "4", "--json", "--", script], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "all-reduce on every micro-step: 4 synced backwards per optimizer step" in p.stdout

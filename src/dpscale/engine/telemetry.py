@@ -9,6 +9,11 @@ synchronized steps (their backward is a collective), counting them gives every r
 place to stop: `StepTelemetry` calls `on_limit` at the forward that would begin step
 `limit + 1`, the same step everywhere.
 
+Each record also splits its step into phases that add up to it (`StepMarks.phases`), from what
+the caller marks within the step: each training forward's end, each backward's start and end, each
+optimizer step's end (`dpscale run` marks them from the script's `Tensor.backward` and optimizer
+hooks, launch/script_watch.py), and whether an evaluation or a checkpoint ran in it.
+
 Two DDP classes carry it: dpscale's engine, whose per-step stats give exposed communication, and
 a subclass of torch's, which times its all-reduces through a comm hook (exposed: from the last
 bucket's launch, about when backward's last gradient is ready, to the last one's completion).
@@ -22,6 +27,7 @@ engine gives a step's exposed communication when its stats are readable: the lat
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +48,54 @@ class StepRecord:
     micro_steps: int
     exposed_comm_ms: float | None
     backward_ms: float | None  # dpscale's engine: end of forward to end of autograd, less held-up time
+    # the step's phases in ms (`StepMarks.phases`; None where the step had no backward marked); with
+    # defaults, as the fields below: records written before they were kept lack them
+    phases: dict[str, float] | None = None
+    optimizer_steps: int = 0  # optimizer steps that ended in this step (0: none seen)
+    evaluations: int = 0  # evaluation forwards (eval mode or no grad) in this step
+    checkpoints: int = 0  # torch.save calls in this step
+    forward_total_ms: float = 0.0  # every training forward of the step, its micro-steps' included
+    backward_total_ms: float = 0.0  # every backward of the step, its micro-steps' included
+
+
+PHASES = ("micro_steps_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "data_wait_ms")
+"""A step's phases in time order. A step runs from its first training forward to the next step's:
+the accumulation micro-steps before the synced one, the synced forward (to its backward's start),
+backward less the communication it waited for, that exposed communication, the optimizer (from
+backward's end to the last optimizer step's end) and the wait for the next step's first forward
+(loading its data, the script's logging, an evaluation)."""
+
+
+@dataclass
+class StepMarks:
+    """What happened inside the current step (perf_counter seconds), for its phases."""
+
+    last_forward: float | None = None  # start of the step's last training forward
+    forward_total_s: float = 0.0
+    backward: tuple[float, float] | None = None  # the step's last backward: (start, end)
+    backward_total_s: float = 0.0
+    optimizer_end: float | None = None
+    optimizer_steps: int = 0
+    evaluations: int = 0
+    checkpoints: int = 0
+
+    def phases(self, start: float, end: float, exposed_comm_ms: float | None) -> dict[str, float] | None:
+        """The phases of a step from `start` to `end` (PHASES); they add up to its time."""
+        if self.backward is None or self.last_forward is None:
+            return None
+        bwd_start, bwd_end = self.backward
+        # no optimizer step: a synced accumulation micro-step (script_phases.py folds it into the next)
+        opt_end = max(self.optimizer_end or bwd_end, bwd_end)
+        backward_ms = (bwd_end - bwd_start) * 1e3
+        exposed = min(max(exposed_comm_ms or 0.0, 0.0), backward_ms)  # within the backward it ends
+        return {
+            "micro_steps_ms": (self.last_forward - start) * 1e3,
+            "forward_ms": (bwd_start - self.last_forward) * 1e3,
+            "backward_ms": backward_ms - exposed,
+            "exposed_comm_ms": exposed,
+            "optimizer_ms": (opt_end - bwd_end) * 1e3,
+            "data_wait_ms": (end - opt_end) * 1e3,
+        }
 
 
 @dataclass
@@ -69,6 +123,7 @@ class StepTelemetry:
     # steps and forwards timed and not yet read: (start, end, samples, micro, comm) / (start, end)
     _pending: list[tuple] = field(default_factory=list)
     _pending_forwards: list[tuple[Any, Any]] = field(default_factory=list)
+    marks: StepMarks = field(default_factory=StepMarks)
 
     def on_forward(self, inputs: tuple, kwargs: Mapping, synced: bool, comm: Callable[[], tuple]):
         """Called at each training forward; `comm()` gives the last synced backward's
@@ -76,8 +131,9 @@ class StepTelemetry:
         now = self.clock.stamp()
         if self._synced:  # the previous forward ended a step: this one begins the next
             assert self._start is not None  # set by the forward that began the step
-            self._pending.append((self._start, now, self._samples, self._micro, comm()))
-            self._start, self._samples, self._micro = None, 0, 0
+            # the step's marks are host times (perf_counter): its phases are computed when read
+            self._pending.append((self._start, now, self._samples, self._micro, comm(), self.marks))
+            self._start, self._samples, self._micro, self.marks = None, 0, 0, StepMarks()
             self.steps += 1
             self.read(wait=False)
             if self.steps == self.limit and self.on_limit is not None:
@@ -87,6 +143,16 @@ class StepTelemetry:
         self._samples += batch_size(inputs, kwargs)
         self._micro += 1
         self._synced = synced
+        self.marks.last_forward = now if isinstance(now, float) else None  # host marks only
+
+    def end_step(self) -> None:
+        """The step ends at the next training forward, as after a synced one (a model without DDP:
+        its optimizer step ends the step)."""
+        if self._start is not None:
+            self._synced = True
+
+    def add_samples(self, n: int) -> None:
+        self._samples += n
 
     def on_forward_timed(self, start: Any, end: Any) -> None:
         self._pending_forwards.append((start, end))
@@ -98,9 +164,25 @@ class StepTelemetry:
         while self._pending and (wait or clock.ready(self._stamps(self._pending[0]))):
             entry = self._pending.pop(0)
             clock.wait(self._stamps(entry))
-            start, end, samples, micro, comm = entry
+            start, end, samples, micro, comm, marks = entry
+            exposed, backward = map(self._ms, comm)
+            # phases from host marks: only where the step's own stamps are host times too (on a
+            # GPU they would mix the host's enqueue times with the device's)
+            host = isinstance(start, float)
             self.records.append(
-                StepRecord(clock.elapsed_ms(start, end), samples, micro, *map(self._ms, comm))
+                StepRecord(
+                    clock.elapsed_ms(start, end),
+                    samples,
+                    micro,
+                    exposed,
+                    backward,
+                    phases=marks.phases(start, end, exposed) if host else None,
+                    optimizer_steps=marks.optimizer_steps,
+                    evaluations=marks.evaluations,
+                    checkpoints=marks.checkpoints,
+                    forward_total_ms=marks.forward_total_s * 1e3,
+                    backward_total_ms=marks.backward_total_s * 1e3,
+                )
             )
         while self._pending_forwards and (wait or clock.ready(self._pending_forwards[0])):
             start, end = self._pending_forwards.pop(0)
@@ -149,12 +231,15 @@ class _Timed:
 
     def _timed_forward(self, forward, inputs, kwargs):
         if not (self.training and torch.is_grad_enabled()):
+            self.telemetry.marks.evaluations += 1
             return forward(*inputs, **kwargs)  # evaluation passes are not training steps
         synced = bool(self.require_backward_grad_sync)
         telemetry = self.telemetry
         telemetry.on_forward(inputs, kwargs, synced, self._comm_stats)
         t0 = telemetry.clock.stamp()
+        h0 = time.perf_counter()  # the phases' host marks (StepMarks), beside the clock's stamp
         out = forward(*inputs, **kwargs)
+        telemetry.marks.forward_total_s += time.perf_counter() - h0
         if synced:
             telemetry.on_forward_timed(t0, telemetry.clock.stamp())
         return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,10 @@ from dpscale.errors import ConfigError
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.process_life import guarded_module
 from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
-from dpscale.launch.run_child import ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
+from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
+from dpscale.log import get_logger
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +93,20 @@ def run_script(
         script,
         *args,
     )
+    with tempfile.TemporaryDirectory(prefix="dpscale-run-built-") as built:
+        env[BUILT_ENV] = built
+        code = _run(cmd, env, log_path)
+        synchronized = any(Path(built).iterdir())
+    if code == 0 and telemetry_dir is None and not synchronized and (nproc > 1 or nodes is not None):
+        # `scale` says it on its rows; a plain run would otherwise end as if the job were one
+        logger.warning(
+            "the script built no torch.nn.parallel.DistributedDataParallel model on this host, so its "
+            "ranks did not synchronize: each trained alone (wrap the model in DDP to train as one job)"
+        )
+    return code
+
+
+def _run(cmd: list[str], env: dict[str, str], log_path: Path | None) -> int:
     if log_path is None:
         return subprocess.run(cmd, env=env).returncode
     with open(log_path, "w") as log:

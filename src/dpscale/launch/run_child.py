@@ -11,7 +11,12 @@ the run ends there: all ranks meet at a barrier at the same synchronized step (t
 the same everywhere), give the engine's buffers back and raise SystemExit(0), which unwinds the
 script through its own `finally` blocks. Nothing is killed. At the limit the ranks first gather
 every rank's record, and each host's local rank 0 writes them all: a job across hosts leaves the
-whole job's telemetry on every host, with no shared directory.
+whole job's telemetry on every host, with no shared directory. A script that builds no DDP model
+is measured from its top-level model and optimizer (launch/script_watch.py); each of its ranks
+stops on its own at the limit and writes only its own record (they share no step to meet at).
+
+Every rank that builds a DDP model leaves a mark for the launcher (BUILT_ENV), so `dpscale run`
+can say when the ranks never synchronized.
 """
 
 from __future__ import annotations
@@ -31,27 +36,42 @@ from dpscale.launch.process_life import die_with_parent
 ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
 LIMIT_ENV = "DPSCALE_RUN_STEPS"  # stop after this many synchronized steps; unset: run to the end
+BUILT_ENV = "DPSCALE_RUN_BUILT"  # directory where each rank that builds a DDP model leaves built-rank<r>
 
 
-def stand_in(engine: str, telemetry_dir: str | None, limit: int | None) -> type:
-    """The class that replaces torch's DDP in this worker."""
+def stand_in(
+    engine: str, telemetry_dir: str | None, limit: int | None, built_dir: str | None = None, watch=None
+) -> type:
+    """The class that replaces torch's DDP in this worker.
+
+    Building one leaves `built-rank<r>` in `built_dir` (the launcher's sign that the ranks
+    synchronize); with `watch` (launch/script_watch.py) its telemetry gets the script's backward,
+    optimizer and checkpoint stamps."""
     import torch.distributed as dist
     import torch.nn as nn
 
     from dpscale.engine import DistributedDataParallel
     from dpscale.engine.telemetry import TelemetryDDP, TorchTelemetryDDP
 
+    base: Any
     if telemetry_dir is None:
-        return DistributedDataParallel if engine == "dpscale" else nn.parallel.DistributedDataParallel
-    base: Any = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
+        base = DistributedDataParallel if engine == "dpscale" else nn.parallel.DistributedDataParallel
+    else:
+        base = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
 
     class Measured(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.telemetry.limit = limit
-            self.telemetry.on_limit = lambda t: _stop(self, telemetry_dir)
             group = self.process_group
             self._where = (dist.get_rank(group), dist.get_world_size(group), dist.get_backend(group))
+            if built_dir is not None:
+                (Path(built_dir) / f"built-rank{self._where[0]}").touch()
+            if telemetry_dir is None:
+                return
+            self.telemetry.limit = limit
+            self.telemetry.on_limit = lambda t: _stop(self, telemetry_dir)
+            if watch is not None:
+                watch.ddp_built(self.telemetry)
             # a script that ends before the limit still leaves what it measured
             atexit.register(_write, self, telemetry_dir, final=False)
 
@@ -61,16 +81,24 @@ def stand_in(engine: str, telemetry_dir: str | None, limit: int | None) -> type:
 
 def _record(ddp, *, final: bool) -> dict:
     rank, world, backend = ddp._where
-    modules = list(ddp.module.parameters())
+    transport = ddp.transport.name if hasattr(ddp, "transport") else backend
+    return _telemetry_doc(ddp.telemetry, ddp.module, rank, world, transport, final=final, ddp=True)
+
+
+def _telemetry_doc(
+    telemetry, module, rank: int, world: int, transport: str, *, final: bool, ddp: bool
+) -> dict:
+    params = list(module.parameters()) if module is not None else []
     return {
         "rank": rank,
         "world_size": world,
         "final": final,
-        "transport": ddp.transport.name if hasattr(ddp, "transport") else backend,
-        "param_count": sum(p.numel() for p in modules),
-        "param_bytes": sum(p.numel() * p.element_size() for p in modules),
+        "ddp": ddp,  # False: no DDP model; steps end at the optimizer's step() (script_watch.py)
+        "transport": transport,
+        "param_count": sum(p.numel() for p in params),
+        "param_bytes": sum(p.numel() * p.element_size() for p in params),
         "host": host_id(),  # what the transports take a host to be (hostname + /dev/shm, DPSCALE_HOST_ID)
-        **ddp.telemetry.to_dict(),
+        **telemetry.to_dict(),
     }
 
 
@@ -102,12 +130,45 @@ def _stop(ddp, directory: str) -> None:
     raise SystemExit(0)
 
 
-def install(engine: str, telemetry_dir: str | None = None, limit: int | None = None) -> None:
+def _watch_unwrapped(telemetry_dir: str, limit: int | None):
+    """Watch the script's steps; until it builds a DDP model, from its top-level model alone. Each
+    rank then writes only its own record: ranks without DDP do not meet at a common step."""
+    from dpscale.engine.telemetry import StepTelemetry
+    from dpscale.launch.script_watch import ScriptWatch
+
+    watch = ScriptWatch()
+    telemetry = StepTelemetry(limit=limit)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    path = Path(telemetry_dir) / f"rank{rank}.json"
+
+    def write(final: bool) -> None:
+        if watch.unwrapped is not None and not path.exists():
+            _write_doc(
+                path,
+                _telemetry_doc(
+                    telemetry, watch.unwrapped.module, rank, world, "none", final=final, ddp=False
+                ),
+            )
+
+    def stop(t) -> None:
+        write(final=True)
+        raise SystemExit(0)
+
+    telemetry.on_limit = stop
+    atexit.register(write, False)
+    watch.install(telemetry)
+    return watch
+
+
+def install(
+    engine: str, telemetry_dir: str | None = None, limit: int | None = None, built_dir: str | None = None
+) -> None:
     """Make torch.nn.parallel.DistributedDataParallel (both places scripts import it from) the stand-in."""
     import torch.nn.parallel as parallel
     import torch.nn.parallel.distributed as distributed
 
-    cls = stand_in(engine, telemetry_dir, limit)
+    watch = _watch_unwrapped(telemetry_dir, limit) if telemetry_dir is not None else None
+    cls = stand_in(engine, telemetry_dir, limit, built_dir, watch)
     parallel.DistributedDataParallel = cls  # type: ignore[misc,assignment]  # the point: scripts get the stand-in
     distributed.DistributedDataParallel = cls  # type: ignore[misc,assignment]
 
@@ -120,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     script = os.path.abspath(argv[0])
     limit = os.environ.get(LIMIT_ENV)
     engine, telemetry_dir = os.environ.get(ENGINE_ENV, "dpscale"), os.environ.get(TELEMETRY_ENV)
-    install(engine, telemetry_dir, int(limit) if limit else None)
+    install(engine, telemetry_dir, int(limit) if limit else None, os.environ.get(BUILT_ENV))
     # the script's own init_process_group: where this host's name resolves to loopback, gloo would
     # advertise 127.0.0.1 to the other hosts; name the interface toward the store (as `dpscale train`)
     if ifname := gloo_interface_hint(os.environ.get("MASTER_ADDR")):

@@ -8,6 +8,7 @@ study's parts recorded runnable commands: it also checks that older reports stil
 import argparse
 import contextlib
 import copy
+import functools
 import io
 import json
 import shlex
@@ -20,16 +21,27 @@ from dpscale.cli import bench as bench_cli
 from dpscale.cli import predict as predict_cli
 from dpscale.cli import report as report_cli
 from dpscale.cli.main import build_parser
-from dpscale.lab.bench import benches, compare, report, rerender, study, trust
+from dpscale.lab.bench import (
+    allreduce_report,
+    benches,
+    compare,
+    report,
+    rerender,
+    scaling_report,
+    study,
+    trust,
+)
 
 STUDY_V0 = json.loads((Path(__file__).parent / "data" / "study-quick-v0.json").read_text())
 PARTS = {"allreduce": "allreduce", "scaling-mlp": "scaling", "convergence": "convergence"}
 # how each bench's flags become its config (the CLI's own functions)
 CONFIG_OF = {
-    "allreduce": bench_cli.allreduce_config,
-    "scaling": bench_cli.scaling_config,
+    "allreduce": functools.partial(bench_cli.bench_config, allreduce_report.BENCH),
+    "scaling": functools.partial(bench_cli.bench_config, scaling_report.BENCH),
     "convergence": bench_cli.convergence_config,
 }
+
+scaling_config = CONFIG_OF["scaling"]
 
 
 def _report_cli(argv: list[str]) -> tuple[int, str]:
@@ -366,12 +378,12 @@ def test_a_bad_config_file_is_one_line_naming_the_file_and_key(tmp_path):
     with pytest.raises(
         ValueError, match=r"^--config: .*bad.toml sets 'stepz', which is not one of its keys: model"
     ):
-        bench_cli.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
+        scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
     path.write_text("steps = [\n")
     with pytest.raises(ValueError, match=r"^--config: .*bad.toml is not valid TOML"):
-        bench_cli.scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
+        scaling_config(build_parser().parse_args(["bench", "scaling", "--config", str(path)]))
     with pytest.raises(ValueError, match=r"^--config: cannot read .*nowhere.toml"):
-        bench_cli.scaling_config(
+        scaling_config(
             build_parser().parse_args(["bench", "scaling", "--config", str(tmp_path / "nowhere.toml")])
         )
 

@@ -1,7 +1,13 @@
 """`dpscale scale`'s figures from the ranks' step telemetry (the runs themselves: tests/run)."""
 
+from pathlib import Path
+
+import pytest
+
+from dpscale.engine.telemetry import PHASES
 from dpscale.lab.bench import script_scaling
 from dpscale.lab.bench.script_scaling import ScaleConfig
+from dpscale.lab.bench.script_scaling_report import format_table, warnings
 
 
 def _ranks(step_ms: list[float], samples: int) -> list[dict]:
@@ -21,3 +27,149 @@ def test_throughput_and_step_time_come_from_the_same_steps():
     point = script_scaling._point(1, "dpscale", _ranks([1.0, 1.0, 20.0, 1.0, 1.0], samples=8), config)
     assert point.step_ms == 1.0
     assert point.samples_per_s == 8 / 1e-3
+
+
+def _step(phases: dict, *, samples: int, optimizer_steps: int = 1, micro_steps: int = 1, **extra) -> dict:
+    full = dict.fromkeys(PHASES, 0.0) | phases
+    return {
+        "step_ms": sum(full.values()),
+        "samples": samples,
+        "micro_steps": micro_steps,
+        "exposed_comm_ms": full["exposed_comm_ms"],
+        "backward_ms": full["backward_ms"],
+        "phases": full,
+        "optimizer_steps": optimizer_steps,
+        "forward_total_ms": full["forward_ms"],
+        "backward_total_ms": full["backward_ms"] + full["exposed_comm_ms"],
+        **extra,
+    }
+
+
+def _rank(records: list[dict], rank: int = 0, world: int = 1, ddp: bool = True) -> dict:
+    return {
+        "rank": rank,
+        "world_size": world,
+        "ddp": ddp,
+        "transport": "shm" if ddp else "none",
+        "host": "h",
+        "param_count": 10,
+        "param_bytes": 40,
+        "forward_ms": [],
+        "records": records,
+    }
+
+
+def _measure(monkeypatch, runs: dict[int, list[dict]], steps: int) -> script_scaling.ScaleResult:
+    """`measure` over canned rank records (no process starts)."""
+    monkeypatch.setattr(script_scaling, "_measure_one", lambda config, n, engine, logs, job: runs[n])
+    config = ScaleConfig(
+        script="train.py", world_sizes=sorted(runs), steps=steps, warmup=0, threads_per_worker=1
+    )
+    return script_scaling.measure(config, Path("."))
+
+
+def test_a_one_worker_run_without_ddp_is_the_baseline_and_its_row_says_so(monkeypatch):
+    # the "wrap in DDP only when world_size > 1" script: one unwrapped rank at N=1 (today: "0 of 1
+    # ranks wrapped a model", after the whole run)
+    one = [_step({"forward_ms": 4.0, "backward_ms": 6.0}, samples=16)] * 6
+    two = [_step({"forward_ms": 4.0, "backward_ms": 6.0, "exposed_comm_ms": 2.5}, samples=16)] * 6
+    result = _measure(monkeypatch, {1: [_rank(one, ddp=False)], 2: [_rank(two, 0, 2), _rank(two, 1, 2)]}, 6)
+    base, pair = result.points
+    assert base.note is not None and "no DDP model at 1 worker" in base.note
+    assert pair.efficiency == pytest.approx(10.0 / 12.5)
+    assert result.profile is not None and result.profile["per_worker_batch_by_world_size"] == {
+        "1": 16,
+        "2": 16,
+    }
+
+
+def test_ranks_that_never_synchronize_get_no_efficiency_and_say_why(monkeypatch):
+    alone = [_step({"forward_ms": 4.0, "backward_ms": 6.0}, samples=16)] * 4
+    runs = {1: [_rank(alone, ddp=False)], 2: [_rank(alone, 0, 2, ddp=False), _rank(alone, 1, 2, ddp=False)]}
+    pair = _measure(monkeypatch, runs, 4).points[1]
+    assert not pair.synchronized and pair.efficiency is None
+    assert pair.note is not None and "trained alone" in pair.note
+
+
+def test_efficiency_compares_optimizer_steps_where_one_worker_syncs_every_micro_step(monkeypatch):
+    # Accelerate at N=1 syncs each of 4 micro-steps (4 short steps, the optimizer in the last);
+    # at N=2 one synced step holds all 4. Per synced step the N=1 median is a micro-step (8
+    # samples in 10 ms) against N=2's whole step: the efficiency came out 57% for a perfect 100%
+    micro = _step({"forward_ms": 4.0, "backward_ms": 6.0}, samples=8, optimizer_steps=0)
+    last = _step({"forward_ms": 4.0, "backward_ms": 6.0, "optimizer_ms": 30.0}, samples=8)
+    whole = _step(
+        {"micro_steps_ms": 30.0, "forward_ms": 4.0, "backward_ms": 6.0, "optimizer_ms": 30.0}, samples=32
+    )
+    runs = {
+        1: [_rank([micro, micro, micro, last] * 4)],
+        2: [_rank([whole] * 16, 0, 2), _rank([whole] * 16, 1, 2)],
+    }
+    base, pair = _measure(monkeypatch, runs, 16).points
+    assert base.samples_per_step == 32 and base.steps == 4  # optimizer steps
+    assert pair.efficiency == pytest.approx(1.0)
+    assert base.phases is not None and base.phases[0]["median"]["micro_steps_ms"] == pytest.approx(30.0)
+
+
+def test_a_row_above_100_percent_says_why_where_each_rank_does_less_work(monkeypatch):
+    # nanoGPT divides its accumulation by the world size: 32 samples per rank at N=1, 16 at N=2
+    one = [_step({"micro_steps_ms": 60.0, "forward_ms": 10.0, "backward_ms": 10.0}, samples=32)] * 4
+    two = [_step({"micro_steps_ms": 15.0, "forward_ms": 10.0, "backward_ms": 10.0}, samples=16)] * 4
+    pair = _measure(monkeypatch, {1: [_rank(one)], 2: [_rank(two, 0, 2), _rank(two, 1, 2)]}, 4).points[1]
+    assert pair.efficiency is not None and pair.efficiency > 1.0
+    assert pair.note is not None
+    assert "16 samples per optimizer step against 32 at N=1" in pair.note and "above 100%" in pair.note
+    assert pair.note in format_table(
+        _measure(monkeypatch, {1: [_rank(one)], 2: [_rank(two, 0, 2), _rank(two, 1, 2)]}, 4)
+    )
+
+
+def test_evaluation_steps_are_counted_apart_not_blamed_on_the_host(monkeypatch):
+    # nanoGPT with --eval_interval: every 5th step 4x longer; the spread warning blamed host load
+    plain = _step({"forward_ms": 4.0, "backward_ms": 6.0}, samples=8)
+    evaluated = _step(
+        {"forward_ms": 4.0, "backward_ms": 6.0, "data_wait_ms": 30.0}, samples=8, evaluations=10
+    )
+    saved = _step({"forward_ms": 4.0, "backward_ms": 6.0, "data_wait_ms": 30.0}, samples=8, checkpoints=1)
+    result = _measure(monkeypatch, {1: [_rank([plain, plain, evaluated, plain, saved] * 3)]}, 15)
+    (point,) = result.points
+    assert (point.eval_steps, point.checkpoint_steps, point.steps) == (3, 3, 9)
+    assert point.step_ms_p90 == point.step_ms == 10.0
+    assert not warnings(result)
+    assert point.note is not None and "3 held an evaluation and 3 held a checkpoint" in point.note
+
+
+def test_the_profile_books_accumulation_micro_steps_as_forward_and_backward_not_optimizer():
+    # nanoGPT's 4 micro-steps: 3 before the synced one (300 ms), then 10 + 20 ms, optimizer 5 ms,
+    # data 5 ms. The profile booked 310 of 340 ms as "optimizer"
+    step = _step(
+        {
+            "micro_steps_ms": 300.0,
+            "forward_ms": 10.0,
+            "backward_ms": 20.0,
+            "optimizer_ms": 5.0,
+            "data_wait_ms": 5.0,
+        },
+        samples=32,
+        micro_steps=4,
+    )
+    step["backward_total_ms"] = 80.0  # 4 backwards of 20 ms
+    config = ScaleConfig(script="train.py", world_sizes=[1], steps=3, warmup=0, threads_per_worker=1)
+    rank0 = _rank([step] * 3)
+    profile = script_scaling.profile_from(rank0, config, script_scaling._point(1, "dpscale", [rank0], config))
+    assert profile["optimizer_ms"] == pytest.approx(10.0)
+    assert profile["backward_ms"] == pytest.approx(80.0) and profile["forward_ms"] == pytest.approx(250.0)
+
+
+def test_a_script_that_all_reduces_on_every_accumulation_micro_step_is_told_to_use_no_sync(monkeypatch):
+    micro = _step(
+        {"forward_ms": 4.0, "backward_ms": 6.0, "exposed_comm_ms": 3.0}, samples=8, optimizer_steps=0
+    )
+    last = _step(
+        {"forward_ms": 4.0, "backward_ms": 6.0, "exposed_comm_ms": 3.0, "optimizer_ms": 2.0}, samples=8
+    )
+    records = [micro, micro, micro, last] * 3
+    runs = {1: [_rank(records)], 2: [_rank(records, 0, 2), _rank(records, 1, 2)]}
+    base, pair = _measure(monkeypatch, runs, 12).points
+    assert pair.synced_per_optimizer_step == 4
+    assert pair.note is not None and "all-reduce on every micro-step: 4 synced backwards" in pair.note
+    assert base.note is None or "no_sync" not in base.note  # one worker has nothing to reduce

@@ -165,3 +165,35 @@ def test_the_first_bucket_is_the_cap_unless_one_is_given():
     assert PredictConfig(world_sizes=[2], first_bucket_mb=1.0).first_bucket() == 1.0
     with pytest.raises(ValueError, match="--bucket-mb"):
         PredictConfig(world_sizes=[2], bucket_mb=0.0)
+
+
+def test_a_script_that_divides_its_accumulation_by_the_world_size_is_predicted_at_its_per_rank_work():
+    # nanoGPT: 32 samples per rank per optimizer step at N=1, 16 at N=2 (the global batch kept).
+    # With the N=1 work assumed at N=2 the prediction was 99.7% where `scale` measured 70.2%
+    measured = replace(
+        profile(params=1000, batch=32),
+        forward_ms=150.0,
+        backward_ms=150.0,
+        optimizer_ms=100.0,
+        per_worker_batch_by_world_size={1: 32, 2: 16},
+    )
+    (p1, p2, p4) = predict(measured, cluster(intra_GBps=100.0), PredictConfig(world_sizes=[1, 2, 4]))
+    assert p1.compute_ms == pytest.approx(400.0) and p1.efficiency == pytest.approx(1.0)
+    # forward and backward (the per-sample work) halve; the optimizer does not
+    optimizer_ms = measured.optimizer_ms
+    assert p2.compute_ms == pytest.approx(optimizer_ms + (400.0 - optimizer_ms) / 2)
+    assert p2.samples_per_s == pytest.approx(2 * 16 / (p2.step_ms / 1e3))
+    assert p2.efficiency == pytest.approx(p2.samples_per_s / (2 * p1.samples_per_s))
+    assert p2.efficiency < 0.9  # the optimizer's share does not shrink with the work
+    assert p4.compute_ms == pytest.approx(optimizer_ms + (400.0 - optimizer_ms) / 4)  # the global batch kept
+    # an explicit --per-worker-batch still wins
+    (fixed,) = predict(
+        measured, cluster(intra_GBps=100.0), PredictConfig(world_sizes=[2], per_worker_batch=32)
+    )
+    assert fixed.compute_ms == pytest.approx(400.0)
+
+
+def test_the_per_rank_work_by_world_size_survives_a_profile_file(tmp_path):
+    measured = replace(profile(), per_worker_batch_by_world_size={1: 32, 2: 16})
+    loaded = type(measured).load(measured.save(tmp_path / "p.json"))
+    assert loaded.per_worker_batch_by_world_size == {1: 32, 2: 16} and loaded.work_at(8) == 4

@@ -3,10 +3,14 @@
 For each world size and engine the script runs under `dpscale run` with step telemetry
 (engine/telemetry.py): every rank records each synchronized step's time (from the step's first
 training forward to the next step's), its samples (dim 0 of the DDP module's first tensor input,
-over its micro-steps) and the exposed communication. The run stops itself after warm-up + steps
-synchronized steps, at the same step on every rank (launch/run_child.py). A step counts at its slowest
-rank; samples are summed over ranks. Every worker gets the same intra-op threads at every world
-size (cores / largest N), so efficiency compares like with like.
+over its micro-steps), the exposed communication and the step's phases. A rank without a DDP
+model (a script that wraps only when world_size > 1) records the steps of its top-level model,
+ended by its optimizer's step() (launch/script_watch.py). Steps are compared per optimizer step,
+evaluations and checkpoints apart, each rank's phases and the straggler from script_phases.py.
+The run stops itself after warm-up + steps synchronized steps, at the same step on every rank
+(launch/run_child.py). A step counts at its slowest rank; samples are summed over ranks. Every
+worker gets the same intra-op threads at every world size (cores / largest N), so efficiency
+compares like with like.
 
 Across hosts (`--nnodes H --rdzv-endpoint HOST:PORT --rdzv-id ID`, torchrun's flags as `dpscale
 train` takes them; the same command on every host) each world size N > 1 runs as its own job of
@@ -23,7 +27,16 @@ JSON (`ScaleResult.to_dict()`, report.json's "results"):
                  "step_ms_p90": float, "samples_per_step": float, "samples_per_s": float,
                  "step_ms_p10": float | null (null in reports written before it was kept),
                  "efficiency": float | null, "exposed_comm_ms": float | null,
-                 "hosts": int | null (distinct hosts of the ranks; null in older reports)}, ...],
+                 "hosts": int | null (distinct hosts of the ranks; null in older reports),
+                 "synchronized": bool (false: no rank built a DDP model; no efficiency),
+                 "eval_steps": int, "checkpoint_steps": int (timed steps that held one, kept out of
+                 the step figures), "synced_per_optimizer_step": float,
+                 "phases": [{"rank": int, "median": {PHASE: ms}, "p90": {PHASE: ms}, "sum_error": float}]
+                           | null (script_phases.RANK_PHASES),
+                 "stragglers": [{"rank": int, "cause": "compute" | "data wait", "excess_ms": float}],
+                 "lost_points": {LOSS: points} | null (script_phases.LOSSES),
+                 "note": str | null (why the row compares, or not, with N=1)}, ...],
+                (the fields after "hosts" are absent from reports written before they were kept)
      "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
 """
 
@@ -32,12 +45,13 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from dpscale.engine.factory import RUN_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
+from dpscale.lab.bench import script_phases
 from dpscale.lab.bench.args import parse_int_list, parse_name_list
 from dpscale.launch.hosts import HostFlags, job_nodes
 from dpscale.launch.nodes import Nodes
@@ -111,6 +125,15 @@ class ScalePoint:
     exposed_comm_ms: float | None  # median over steps, rank 0
     step_ms_p10: float | None = None  # with a default: older reports' points lack it
     hosts: int | None = None  # distinct hosts the ranks ran on (comm.select.host_id)
+    # False: no rank built a DDP model, each trained alone (steps from its optimizer, script_watch.py)
+    synchronized: bool = True
+    eval_steps: int = 0  # timed steps that held an evaluation: kept out of the step figures
+    checkpoint_steps: int = 0  # ... a checkpoint
+    phases: list[dict] | None = None  # per rank (script_phases.rank_phases); None: not measured
+    stragglers: list[dict] = field(default_factory=list)  # script_phases.stragglers
+    note: str | None = None  # why this row's figures compare, or do not, with the others
+    synced_per_optimizer_step: float = 1.0  # > 1: the script all-reduces on accumulation micro-steps
+    lost_points: dict[str, float] | None = None  # script_phases.efficiency_lost: where the loss went
 
     @property
     def spread(self) -> float | None:
@@ -164,12 +187,20 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
     if code != 0:
         raise ScriptFailed(f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}")
-    if len(ranks) != n:
+    wrapped = sum(r.get("ddp", True) for r in ranks)
+    if len(ranks) != n or 0 < wrapped < n:
         raise ScriptFailed(
-            f"{config.script} with {n} workers ({engine}): {len(ranks)} of {n} ranks wrapped a model in "
-            f"torch.nn.parallel.DistributedDataParallel; scale measures through it\n{tail}"
+            f"{config.script} with {n} workers ({engine}): {len(ranks)} of {n} ranks trained and {wrapped} "
+            "wrapped a model in torch.nn.parallel.DistributedDataParallel; scale measures ranks that all "
+            f"train, with DDP on every one or on none\n{tail}"
         )
     done = min(len(r["records"]) for r in ranks)
+    if done == 0 and not wrapped:
+        raise ScriptFailed(
+            f"{config.script} with {workers(n)} built no torch.nn.parallel.DistributedDataParallel model and "
+            "stepped no torch.optim optimizer after a training forward: scale finds steps through one of them"
+            f"\n{tail}"
+        )
     if done < limit:
         raise ConfigError(
             f"{config.script} ran {done} synchronized steps with {workers(n)}, fewer than --warmup "
@@ -178,17 +209,37 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
     return ranks
 
 
-def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> ScalePoint:
+def _timed_steps(ranks: list[dict], config: ScaleConfig) -> list[list[dict]]:
+    """Each rank's timed steps, as optimizer steps (script_phases.optimizer_steps), equally many."""
     timed = slice(config.warmup, config.warmup + config.steps)
-    per_rank = [r["records"][timed] for r in ranks]
-    step_ms = [max(rs[k]["step_ms"] for rs in per_rank) for k in range(config.steps)]
-    samples = [sum(rs[k]["samples"] for rs in per_rank) for k in range(config.steps)]
-    exposed = [r["exposed_comm_ms"] for r in per_rank[0] if r["exposed_comm_ms"] is not None]
+    per_rank = [script_phases.optimizer_steps(r["records"][timed]) for r in ranks]
+    k = min(len(steps) for steps in per_rank)
+    return [steps[:k] for steps in per_rank]
+
+
+def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> ScalePoint:
+    per_rank = _timed_steps(ranks, config)
+    if not per_rank[0]:
+        raise ScriptFailed(
+            f"{config.script} with {workers(n)}: no optimizer step ended within --steps {config.steps}; "
+            "raise --steps"
+        )
+    kinds = [script_phases.kind(s) for s in per_rank[0]]
+    # the script's own evaluations and checkpoints are not noise: their steps are counted apart
+    plain = [k for k, what in enumerate(kinds) if what is None] or list(range(len(kinds)))
+    counted = [max(rs[k]["step_ms"] for rs in per_rank) for k in range(len(kinds))]
+    step_ms = [counted[k] for k in plain]
+    samples = [sum(rs[k]["samples"] for rs in per_rank) for k in plain]
+    exposed = [
+        per_rank[0][k]["exposed_comm_ms"] for k in plain if per_rank[0][k]["exposed_comm_ms"] is not None
+    ]
+    plain_steps = [[rs[k] for k in plain] for rs in per_rank]
+    synchronized = n == 1 or all(r.get("ddp", True) for r in ranks)
     return ScalePoint(
         world_size=n,
         engine=engine,
         transport=ranks[0]["transport"],
-        steps=config.steps,
+        steps=len(step_ms),
         step_ms=statistics.median(step_ms),
         step_ms_p90=statistics.quantiles(step_ms, n=10)[-1] if len(step_ms) > 1 else step_ms[0],
         samples_per_step=statistics.mean(samples),
@@ -199,16 +250,36 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         exposed_comm_ms=statistics.median(exposed) if exposed else None,
         step_ms_p10=statistics.quantiles(step_ms, n=10)[0] if len(step_ms) > 1 else step_ms[0],
         hosts=len({r.get("host") for r in ranks}),
+        synchronized=synchronized,
+        eval_steps=kinds.count("evaluation"),
+        checkpoint_steps=kinds.count("checkpoint"),
+        phases=script_phases.rank_phases(plain_steps, step_ms),
+        # ranks that never synchronize hold nobody up: their steps do not even line up
+        stragglers=script_phases.stragglers(plain_steps) if n > 1 and synchronized else [],
+        synced_per_optimizer_step=script_phases.synced_per_optimizer_step(per_rank[0]),
     )
 
 
 def profile_from(rank0: dict, config: ScaleConfig, point: ScalePoint) -> dict:
-    """A `dpscale predict --profile` document from dpscale's one-worker run: forward and backward
-    as the engine timed them, the rest of the step (optimizer, data, the script's own work) as the
-    optimizer phase; gradients assumed ready evenly through backward (no per-parameter times)."""
-    timed = rank0["records"][config.warmup :]
-    forward = statistics.median(rank0["forward_ms"][config.warmup :] or [0.0])
-    backward = statistics.median([r["backward_ms"] for r in timed if r["backward_ms"] is not None] or [0.0])
+    """A `dpscale predict --profile` document from dpscale's one-worker run, per optimizer step:
+    forward and backward over all of its micro-steps, the rest (the optimizer, loading data, the
+    script's own work) as the optimizer phase. Gradients are assumed ready evenly through backward
+    (no per-parameter times). `measure` adds each world size's per-rank samples per optimizer step."""
+    steps = script_phases.optimizer_steps(rank0["records"][config.warmup : config.warmup + config.steps])
+    steps = [s for s in steps if script_phases.kind(s) is None] or steps
+    if all(
+        s.get("phases") for s in steps
+    ):  # the phases of each step: micro-steps are forwards and backwards too
+        backward = statistics.median(s["backward_total_ms"] - s["phases"]["exposed_comm_ms"] for s in steps)
+        work = statistics.median(
+            sum(s["phases"][p] for p in ("micro_steps_ms", "forward_ms", "backward_ms")) for s in steps
+        )
+        forward = max(0.0, work - backward)
+    else:  # records written before phases were kept: the synced forward and backward only
+        forward = statistics.median(rank0["forward_ms"][config.warmup :] or [0.0])
+        backward = statistics.median(
+            [r["backward_ms"] for r in steps if r["backward_ms"] is not None] or [0.0]
+        )
     return {
         "model": Path(config.script).name,
         "source": "measured",
@@ -230,6 +301,51 @@ def profile_from(rank0: dict, config: ScaleConfig, point: ScalePoint) -> dict:
     }
 
 
+def _note(p: ScalePoint, base: ScalePoint | None) -> str | None:
+    """What a reader must know to compare this row with its engine's 1-worker row."""
+    if not p.synchronized:
+        return "no rank built a DDP model: the ranks trained alone, without synchronizing; no efficiency"
+    notes = []
+    if p.transport == "none":  # run_child's record of a rank with no DDP model
+        notes.append("no DDP model at 1 worker: steps end at the optimizer's step()")
+    if base is not None and p.world_size > 1:
+        each, one = p.samples_per_step / p.world_size, base.samples_per_step
+        if round(each, 3) != round(one, 3):
+            notes.append(f"each rank does {each:g} samples per optimizer step against {one:g} at N=1")
+        if p.efficiency is not None and p.efficiency > 1.0:
+            why = "smaller per-rank steps can run faster per sample" if each < one else "check the spread"
+            notes.append(f"above 100%: {why}")
+    if p.world_size > 1 and p.synced_per_optimizer_step > 1:
+        notes.append(
+            f"all-reduce on every micro-step: {p.synced_per_optimizer_step:g} synced backwards per optimizer "
+            "step; run all but the last under model.no_sync()"
+        )
+    held = [
+        f"{k} held {what}"
+        for k, what in ((p.eval_steps, "an evaluation"), (p.checkpoint_steps, "a checkpoint"))
+        if k
+    ]
+    if held:
+        notes.append(f"{' and '.join(held)} (of the timed steps), kept out of the step figures")
+    return "; ".join(notes) or None
+
+
+def _efficiency(p: ScalePoint, base: ScalePoint | None) -> float | None:
+    """samples/s over N x the same engine's at N=1, both per optimizer step (script_phases.py)."""
+    if base is None or not p.synchronized:
+        return None
+    return p.samples_per_s / (p.world_size * base.samples_per_s)
+
+
+def _lost(p: ScalePoint, base: ScalePoint | None) -> dict[str, float] | None:
+    if base is None or p.world_size == 1 or p.efficiency is None or not (p.phases and base.phases):
+        return None
+    work = p.samples_per_step / p.world_size / base.samples_per_step
+    return script_phases.efficiency_lost(
+        p.phases, base.phases, p.stragglers, efficiency=p.efficiency, step_ms=p.step_ms, work=work
+    )
+
+
 def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
     """Run the script at every world size with every engine (engines alternate within a size).
     Across hosts, N = 1 runs only on the host that serves the rendezvous store."""
@@ -244,11 +360,17 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
             points.append(_point(n, engine, ranks, config))
             if n == 1 and engine == "dpscale":
                 profile = profile_from(next(r for r in ranks if r["rank"] == 0), config, points[-1])
-    base = {p.engine: p.samples_per_s for p in points if p.world_size == 1}
+    base = {p.engine: p for p in points if p.world_size == 1}
+    points = [replace(p, efficiency=_efficiency(p, base.get(p.engine))) for p in points]
     points = [
-        ScalePoint(**{**asdict(p), "efficiency": p.samples_per_s / (p.world_size * base[p.engine])})
-        if p.engine in base
-        else p
+        replace(p, note=_note(p, base.get(p.engine)), lost_points=_lost(p, base.get(p.engine)))
         for p in points
     ]
+    if profile is not None:
+        # the per-rank work of one optimizer step at each N: nanoGPT divides its accumulation by N
+        profile["per_worker_batch_by_world_size"] = {
+            str(p.world_size): round(p.samples_per_step / p.world_size)
+            for p in points
+            if p.engine == "dpscale"
+        }
     return ScaleResult(config, points, profile)

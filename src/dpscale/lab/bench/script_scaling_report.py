@@ -13,6 +13,7 @@ from pathlib import Path
 from dpscale.lab.bench import script_scaling
 from dpscale.lab.bench.bench import Bench, Figures, points, values
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
+from dpscale.lab.bench.script_phases import RANK_PHASES, lost_points
 from dpscale.lab.bench.script_scaling import ScaleConfig, ScaleResult
 from dpscale.lab.bench.trust import timing_warnings
 
@@ -29,7 +30,18 @@ _COLUMNS = {  # point field: (header, format)
     "samples_per_s": ("samples/s", ".0f"),
     "efficiency": ("efficiency", ".1%"),
     "exposed_comm_ms": ("exposed ms", ".2f"),
+    "note": ("note", ""),
 }
+_PHASE_HEADERS = {
+    "micro_steps_ms": "micro-steps",
+    "forward_ms": "forward",
+    "backward_ms": "backward",
+    "exposed_comm_ms": "exposed comm",
+    "optimizer_ms": "optimizer",
+    "data_wait_ms": "data wait",
+    "idle_ms": "idle at end",
+}
+_NESTED = ("phases", "stragglers")  # per-rank lists: phases.csv and the breakdown, not scale.csv
 
 
 def _command(result: ScaleResult) -> str:
@@ -41,7 +53,75 @@ def format_table(result: ScaleResult) -> str:
     formats = {k: f for k, (_, f) in _COLUMNS.items() if f}
     headers = {k: h for k, (h, _) in _COLUMNS.items()}
     table = text_table([asdict(p) for p in result.points], list(_COLUMNS), formats, headers)
-    return f"scaling of {_command(result)}\n{table}"
+    return "\n".join([f"scaling of {_command(result)}", table, *diagnosis(result)])
+
+
+def phase_rows(result: ScaleResult) -> list[dict]:
+    """One row per point, rank and statistic (median, p90): each phase in ms, and `step_ms` their sum."""
+    rows = []
+    for p in result.points:
+        for rank in p.phases or []:
+            for stat in ("median", "p90"):
+                phases = rank[stat]
+                rows.append(
+                    {
+                        "engine": p.engine,
+                        "world_size": p.world_size,
+                        "rank": rank["rank"],
+                        "stat": stat,
+                        **{k: phases[k] for k in RANK_PHASES},
+                        "step_ms": sum(phases[k] for k in RANK_PHASES),
+                        "sum_error": rank["sum_error"],
+                    }
+                )
+    return rows
+
+
+def diagnosis(result: ScaleResult) -> list[str]:
+    """One line per rank that holds the others up, with its cost."""
+    lines = []
+    for p in result.points:
+        if p.lost_points is not None:
+            ranked = sorted(p.lost_points.items(), key=lambda kv: -abs(kv[1]))
+            parts = ", ".join(f"{name} {pts:.1f}" for name, pts in ranked)
+            lost = sum(p.lost_points.values())
+            lines.append(f"N={p.world_size} ({p.engine}): {lost:.1f} efficiency points lost: {parts}")
+        for s in p.stragglers:
+            at = f"N={p.world_size} ({p.engine})"
+            if s["cause"] == "compute":
+                points = lost_points(p.step_ms, s["excess_ms"])
+                cost = f", about {points:.0f} efficiency points" if points is not None else ""
+                lines.append(
+                    f"{at}: rank {s['rank']} compute +{s['excess_ms']:.1f} ms/step over the other ranks: "
+                    f"a straggler{cost}"
+                )
+            else:
+                lines.append(
+                    f"{at}: rank {s['rank']} waits for data {s['share']:.0%} of its step "
+                    f"(+{s['excess_ms']:.1f} ms over the others): raise its DataLoader workers"
+                )
+    return lines
+
+
+def plot_phases(result: ScaleResult):
+    """Per measured point a panel: one stacked bar per rank of its median phases."""
+    pts = [p for p in result.points if p.phases]
+    fig = new_figure(max(5.0, 3.2 * len(pts)), 4.5)
+    axes = fig.subplots(1, max(1, len(pts)), squeeze=False)[0]
+    for ax, p in zip(axes, pts, strict=False):
+        ranks = [r["rank"] for r in p.phases or []]
+        bottom = [0.0] * len(ranks)
+        for i, name in enumerate(RANK_PHASES):
+            heights = [r["median"][name] for r in p.phases or []]
+            ax.bar(ranks, heights, bottom=bottom, color=f"C{i}", label=_PHASE_HEADERS[name])
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set_xticks(ranks, [str(r) for r in ranks])
+        ax.set(xlabel="rank", ylabel="ms per step (medians)", title=f"N={p.world_size} ({p.engine})")
+        ax.grid(True, axis="y", alpha=0.35)
+    if pts:
+        axes[0].legend(loc="lower left", fontsize="x-small")
+    fig.suptitle(f"where each rank's step goes: {Path(result.config.script).name}", fontsize="medium")
+    return fig
 
 
 def plot(result: ScaleResult):
@@ -98,8 +178,25 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
     """report.json, scale.csv, scale.png, profile.json (when measured) and report.md."""
     doc = result.to_dict()
     report.write_json(doc, config=doc["config"])
-    report.write_csv("scale", doc["points"])
+    report.write_csv("scale", [{k: v for k, v in p.items() if k not in _NESTED} for p in doc["points"]])
     report.save_figure(plot(result), "scale")
+    phases = phase_rows(result)
+    phase_blocks: list = ["Not measured: no step had a backward the worker saw."]
+    if phases:
+        report.write_csv("phases", phases)
+        report.save_figure(plot_phases(result), "phases")
+        columns = ["world_size", "engine", "rank", "stat", *RANK_PHASES, "step_ms"]
+        headers = {"world_size": "N", **_PHASE_HEADERS, "step_ms": "sum"}
+        phase_blocks = [
+            "Each rank's step, split (medians and p90 over the timed steps; phases.csv): the accumulation "
+            "micro-steps before the synced one, the synced forward (to its backward's start), backward less "
+            "the communication it waited for, that exposed communication, the optimizer, the wait for the "
+            "next step's first forward (its data, the script's own work) and the idle time at the end, "
+            "waiting for the slowest rank's step. The phases add up to the counted step.",
+            Table(phases, columns, dict.fromkeys([*RANK_PHASES, "step_ms"], ".2f"), headers),
+            Image("phases.png", "each rank's step by phase, per world size"),
+            *diagnosis(result),
+        ]
     blocks = []
     if result.profile is not None:
         (report.path / "profile.json").write_text(json.dumps(result.profile, indent=2) + "\n")
@@ -113,7 +210,11 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
         f"after {c.warmup} warm-up synchronized steps, {c.steps} were timed, then the script was stopped "
         "cleanly at the same step on every rank. A step runs from its first training forward to the next "
         "step's (backward, optimizer, data loading included) and counts at its slowest rank; samples are "
-        "dim 0 of the DDP module's first tensor input, over the step's micro-steps and all ranks."
+        "dim 0 of the DDP module's first tensor input, over the step's micro-steps and all ranks. A rank "
+        "without a DDP model is measured from its top-level model, each step ended by its optimizer "
+        "step. "
+        "Steps are compared per optimizer step; steps that held an evaluation or a checkpoint are counted "
+        "apart (the row's note), not in the step figures."
     )
     if c.nnodes is not None:
         method += (
@@ -133,6 +234,7 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
         [
             Section("Results", [method, definitions, Table(doc["points"], list(_COLUMNS), formats, headers)]),
             Section("Plot", [Image("scale.png", "throughput and efficiency vs workers"), *blocks]),
+            Section("Where each step goes", phase_blocks),
         ],
         warnings=warnings(result),
     )

@@ -241,7 +241,13 @@ def predict(
 
     `contention_by_world_size` (e.g. measured: the local engine's step at N over its step at 1)
     replaces `config.contention` for the world sizes it names.
+
+    A profile that records each rank's work per optimizer step at each world size (`dpscale
+    scale`'s) is predicted at that work for each N, unless --per-worker-batch sets one; efficiency
+    then compares with one worker doing the N=1 work.
     """
+    if profile.per_worker_batch_by_world_size and config.per_worker_batch is None:
+        return _predict_by_work(profile, cluster, config, contention_by_world_size)
     prof = profile.at_batch(config.per_worker_batch or profile.per_worker_batch)
     batch = prof.per_worker_batch
     overhead_ms, profiled_on = _engine_overhead(prof, config)
@@ -337,4 +343,21 @@ def predict(
                 spans=timeline.spans,
             )
         )
+    return out
+
+
+def _predict_by_work(
+    profile: ModelProfile,
+    cluster: Cluster,
+    config: PredictConfig,
+    contention_by_world_size: Mapping[int, float] | None,
+) -> list[Prediction]:
+    plain = replace(profile, per_worker_batch_by_world_size={})
+    at_one = replace(config, world_sizes=[1], per_worker_batch=profile.work_at(1))
+    one_worker = predict(plain, cluster, at_one)[0].samples_per_s
+    out = []
+    for n in config.world_sizes:
+        at_n = replace(config, world_sizes=[n], per_worker_batch=profile.work_at(n))
+        (p,) = predict(plain, cluster, at_n, contention_by_world_size=contention_by_world_size)
+        out.append(replace(p, efficiency=p.samples_per_s / (n * one_worker)))
     return out

@@ -22,7 +22,10 @@ JSON (`ModelProfile.to_dict()`):
      "input_samples_per_s": float | null (samples/s one process prepares: the task's dataset items
                and collate, as the trainer's loader does per batch),
      "threads": int | null,
-     "steps": int | null, "warmup": int | null, "system": {...} | null}
+     "steps": int | null, "warmup": int | null, "system": {...} | null,
+     "per_worker_batch_by_world_size": {"N": int, ...} (optional: each rank's samples per optimizer
+               step as `dpscale scale` measured them at each N; a script that divides its accumulation
+               by the world size, as nanoGPT, does less per rank at N=2)}
 """
 
 from __future__ import annotations
@@ -106,6 +109,20 @@ class ModelProfile:
     steps: int | None = None
     warmup: int | None = None
     system: dict | None = None
+    # each rank's samples per optimizer step at each world size the script ran at (`dpscale scale`);
+    # empty: the same per_worker_batch at every N
+    per_worker_batch_by_world_size: dict[int, int] = field(default_factory=dict)
+
+    def work_at(self, world_size: int) -> int:
+        """Each rank's samples per optimizer step at `world_size`: measured there; else, where every
+        measured size kept the global batch, that batch over `world_size`; else per_worker_batch."""
+        by_n = self.per_worker_batch_by_world_size
+        if world_size in by_n:
+            return by_n[world_size]
+        totals = {n * b for n, b in by_n.items()}
+        if len(totals) == 1 and len(by_n) > 1:
+            return max(1, round(totals.pop() / world_size))
+        return self.per_worker_batch
 
     def __post_init__(self) -> None:
         for name in ("forward_ms", "backward_ms", "optimizer_ms"):
@@ -179,6 +196,8 @@ class ModelProfile:
         doc = dict(doc)
         doc["params"] = tuple(ParamTiming(**p) for p in doc.get("params", ()))
         doc["contention"] = {int(k): v for k, v in doc.get("contention", {}).items()}  # JSON keys are str
+        by_n = doc.get("per_worker_batch_by_world_size", {})
+        doc["per_worker_batch_by_world_size"] = {int(k): int(v) for k, v in by_n.items()}
         doc["sync"] = tuple(
             SyncCost(**{**c, "bucket_bytes": tuple(c["bucket_bytes"])}) for c in doc.get("sync", ())
         )
