@@ -39,15 +39,21 @@ $(COMPAT_STAMP): pyproject.toml Makefile
 	$(COMPAT_PY) -m pip freeze | grep -iE $(TORCH_FAMILY) | diff $(COMPAT_VENV)/torch-family.before -
 	touch $(COMPAT_STAMP)
 
-test: venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# Tests run in PYTEST_WORKERS processes (pytest-xdist): on a 2-core host one test computes while
+# another waits (a timeout, a rendezvous, a process starting). Tests that must not overlap share an
+# xdist_group (the multi-host ones); PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
+XDIST = -n $(PYTEST_WORKERS) --dist loadgroup
 
-# the edit loop: every test that starts no process (starting one fails the test), under 90 s
+test: venv
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# the edit loop: every test that starts no process (starting one fails the test), under 60 s
 test-fast: venv
-	DPSCALE_TEST_NO_SPAWN=1 $(PY) -m pytest -q -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
+	DPSCALE_TEST_NO_SPAWN=1 $(PY) -m pytest -q $(XDIST) -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 test-compat: venv-compat
-	$(COMPAT_PY) -m pytest -q -m compat -p no:cacheprovider $(PYTEST_ARGS)
+	$(COMPAT_PY) -m pytest -q $(XDIST) -m compat -p no:cacheprovider $(PYTEST_ARGS)
 
 study: venv
 	$(VENV)/bin/dpscale study $(STUDY_ARGS)

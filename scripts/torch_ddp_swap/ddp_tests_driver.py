@@ -22,7 +22,10 @@ for name in ("BACKEND", "WORLD_SIZE", "TEMP_DIR", "INIT_METHOD"):
 class TorchDDPTests(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
-        self._spawn_processes()
+        if os.environ.get("DPSCALE_DDP_START") == "fork":
+            self._start_processes(torch.multiprocessing.get_context("fork").Process)
+        else:
+            self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
 
