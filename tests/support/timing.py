@@ -8,9 +8,11 @@ wait it must not do is set long (a minute) and the bound stays far below it.
 - `cpu_baseline_s()`: a fixed piece of Python work (~10 ms on a quiet 2-core host), for margins that
   cover thread scheduling in one process.
 - `process_baseline_s()`: starting a Python that imports dpscale's command line (~3 s quiet), for
-  margins that cover starting, stopping or killing processes.
+  margins that cover starting, stopping or killing processes; `process_baseline_once_s()` is the
+  same measured once per test process, for polls that end as soon as their condition holds.
 """
 
+import functools
 import statistics
 import subprocess
 import sys
@@ -36,3 +38,9 @@ def process_baseline_s() -> float:
     start = time.monotonic()
     subprocess.run([sys.executable, "-c", "import dpscale.cli.main"], check=True, timeout=600)
     return time.monotonic() - start
+
+
+@functools.cache
+def process_baseline_once_s() -> float:
+    """`process_baseline_s()` measured the first time it is asked for in this test process."""
+    return process_baseline_s()
