@@ -7,6 +7,7 @@ a lazy import is still a dependency). The layers, bottom up, are docs/architectu
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,11 @@ def _layer_key(name: str) -> str:
 
 
 def _graph() -> dict[str, set[str]]:
+    return {name: set(deps) for name, deps in _parsed_graph().items()}
+
+
+@functools.cache  # parsing every module takes a second; the tests here read one graph
+def _parsed_graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 

@@ -3,6 +3,7 @@ Each is checked by what it does: the configuration this very pytest runs under, 
 stand-in `make`, and `make test-fast` on two probe tests (tests/support/tier_probes.py)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,4 +63,6 @@ def test_make_test_fast_leaves_out_slow_tests_and_fails_one_that_starts_a_proces
     assert p.returncode != 0, out
     assert f"FAILED {probes}::test_probe_a_fast_test_that_starts_a_process" in out, out
     assert "mark it @pytest.mark.slow" in out, out  # conftest.py's refusal, saying what to do
-    assert "1 failed, 1 deselected" in out and "test_probe_a_slow_test" not in out, out
+    # the slow probe was left out: run, it fails too (under xdist the summary counts no deselected)
+    assert re.search(r"\b1 failed\b", out) and "passed" not in out, out
+    assert "test_probe_a_slow_test" not in out, out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import math
 import sys
@@ -65,10 +66,17 @@ class _StoreFlag(argparse.Action):
 
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring, also those of fields inherited from dataclass bases."""
+    return dict(_field_docs(cls))
+
+
+# Cached: reading a class's source costs ~10 ms, and every parse of the command line (main() in
+# process, as the tests and an embedding program call it) builds every command's parser again.
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for base in reversed(cls.__mro__[1:]):
         if dataclasses.is_dataclass(base):
-            docs |= field_docs(base)
+            docs |= _field_docs(base)
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     assert isinstance(tree.body[0], ast.ClassDef)
     body = tree.body[0].body

@@ -15,6 +15,7 @@ from dpscale.comm.attempt import (
     this_host,
     within,
 )
+from support.timing import cpu_baseline_s
 
 
 @pytest.fixture
@@ -50,9 +51,10 @@ def test_a_rank_is_named_with_its_host_when_known():
 
 def test_a_call_that_never_returns_is_abandoned_at_the_deadline():
     release = threading.Event()
+    slack_s = 300 * cpu_baseline_s()
     start = time.monotonic()
     assert within(0.3, lambda: release.wait(60), "gave up") == "gave up"
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 0.3 + slack_s
     release.set()
     assert within(5, lambda: 7, None) == 7
     assert within(5, lambda: 1 / 0, "failed") == "failed"  # an error is no answer

@@ -32,7 +32,7 @@ OF_RECORD = [
 ]
 
 
-@pytest.mark.timeout(900)  # 11 tests, each spawning 2 ranks that import torch's test utilities
+@pytest.mark.timeout(900)  # 11 tests, each forking 2 ranks (spawned: DPSCALE_DDP_START=spawn, slower)
 def test_torchs_ddp_tests_pass_on_dpscales_engine(tmp_path):
     pytest.importorskip("expecttest", reason="torch's test utilities need expecttest (the dev extra)")
     (tmp_path / "barrier").touch()

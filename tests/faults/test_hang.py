@@ -15,6 +15,7 @@ from dpscale.lab.multirank import MultiRankError, run_ranks
 from dpscale.testing.faults import FaultInjector
 from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
+from support.timing import process_baseline_s
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
@@ -45,6 +46,7 @@ def test_silent_rank_is_named_within_the_timeout(tmp_path, transport):
         transport=transport,
         collective_timeout_s=TIMEOUT_S,
     )
+    slack_s = 6 * process_baseline_s()  # ~16 s quiet, more under load
     t0 = time.monotonic()
     with pytest.raises(MultiRankError) as err:
         run_ranks(
@@ -53,7 +55,7 @@ def test_silent_rank_is_named_within_the_timeout(tmp_path, transport):
             cfg,
             str(tmp_path / "store"),
             backend=None,
-            timeout_s=60,
+            timeout_s=120,
             env={"DPSCALE_FAULTS": "hang@step=3,rank=1"},
         )
     elapsed = time.monotonic() - t0
@@ -66,5 +68,5 @@ def test_silent_rank_is_named_within_the_timeout(tmp_path, transport):
     assert "all_reduce of step flags" in rank0 and "all_reduce of bucket 0" in rank0, rank0
     if transport == "shm":
         assert "waited 2 s for rank 1" in rank0  # the transport's own words, kept as the cause
-    # timeout + the wait for reports + the harness's grace period, with room for a busy machine
-    assert elapsed < 40, elapsed
+    # timeout + the wait for reports + the harness's grace period, in process starts of this host now
+    assert elapsed < TIMEOUT_S + slack_s, (elapsed, slack_s)

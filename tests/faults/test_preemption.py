@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from support.cli_runs import TRAIN, StderrWatch, last_json, run_cli, start_cli, wait_until_gone
+from support.timing import process_baseline_once_s
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
@@ -25,7 +26,7 @@ def _stop_with(sig, args, after="step 20/"):
     proc.send_signal(sig)
     out = proc.stdout.read()  # stderr is the watch's to read
     proc.wait(timeout=120)
-    assert not wait_until_gone(tag, 5)
+    assert not wait_until_gone(tag, 2 * process_baseline_once_s())
     return proc.returncode, out, watch.text()
 
 

@@ -3,6 +3,7 @@
 Two ranks from the project's harness; Accelerate finds the process group already initialized.
 """
 
+import importlib.util
 import os
 
 import pytest
@@ -11,10 +12,15 @@ from torch import nn
 
 from dpscale.lab.multirank import run_ranks
 
-pytest.importorskip("accelerate")
-
-# every test here spawns ranks: not in make test-fast
-pytestmark = [pytest.mark.slow, pytest.mark.compat]
+# every test here spawns ranks: not in make test-fast. find_spec, not importorskip: importing
+# accelerate costs seconds at every collection, also in the fast tier, which runs none of these tests
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.compat,
+    pytest.mark.skipif(
+        importlib.util.find_spec("accelerate") is None, reason="needs accelerate (the integrations extra)"
+    ),
+]
 
 
 def train(rank, world, which, tmp):

@@ -4,6 +4,7 @@ Two ranks from the project's harness; Lightning sees LOCAL_RANK and an initializ
 so it trains in these processes instead of launching its own.
 """
 
+import importlib.util
 import os
 
 import pytest
@@ -12,10 +13,15 @@ from torch import nn
 
 from dpscale.lab.multirank import run_ranks
 
-pytest.importorskip("lightning")
-
-# every test here spawns ranks: not in make test-fast
-pytestmark = [pytest.mark.slow, pytest.mark.compat]
+# every test here spawns ranks: not in make test-fast. find_spec, not importorskip: importing
+# lightning costs seconds at every collection, also in the fast tier, which runs none of these tests
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.compat,
+    pytest.mark.skipif(
+        importlib.util.find_spec("lightning") is None, reason="needs lightning (the integrations extra)"
+    ),
+]
 
 
 def lightning_env(rank, world):

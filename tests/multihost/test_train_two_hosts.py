@@ -77,8 +77,13 @@ def _two_hosts(hosts, extra_torchrun: list[str], extra_worker: list[str], env1: 
     return next(r for r in results if r)
 
 
-def test_two_hosts_train_as_one_host_does(hosts):
-    reference = _one_host([])
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    """The one-host run without extra flags: two tests compare with it, and it is the same run."""
+    return _one_host([])
+
+
+def test_two_hosts_train_as_one_host_does(hosts, reference):
     multi = _two_hosts(hosts, [], [])
     assert multi["world_size"] == reference["world_size"] == 2
     # two workers: one addition per element, the same in either order, so bit-exact
@@ -106,9 +111,8 @@ def test_a_killed_worker_on_one_host_recovers_bit_exactly(hosts, tmp_path):
         assert recovered[key] == reference[key], key
 
 
-def test_static_rendezvous_with_node_rank_trains_as_one_host_does(hosts):
+def test_static_rendezvous_with_node_rank_trains_as_one_host_does(hosts, reference):
     # torchrun's --node-rank: each host is told its rank; host 0 serves the store at the endpoint
-    reference = _one_host([])
     train = [
         sys.executable,
         "-m",

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from support.timing import process_baseline_once_s
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 # 2 workers, 30 steps, a checkpoint every 10: kills at 15 lose 5 steps, resumes start at 10 or 20.
 # `synthetic` needs no scikit-learn import, which would cost each worker seconds.
@@ -102,7 +104,8 @@ def run_cli(
         kill_tagged(tag)
         out, err = proc.communicate()
         pytest.fail(f"dpscale {' '.join(args)} still ran after {timeout_s} s\n{err[-5000:]}")
-    if left := wait_until_gone(tag, 5):
+    # the launcher has exited: its workers end at once, so this poll returns at once unless one is left
+    if left := wait_until_gone(tag, 2 * process_baseline_once_s()):
         kill_tagged(tag)
         pytest.fail(f"dpscale {' '.join(args)} left processes running: {left}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -12,6 +12,7 @@ import functools
 import io
 import json
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -65,10 +66,18 @@ def _parsed_config(argv: list[str]):
     return CONFIG_OF[argv[2]](build_parser().parse_args(argv[1:]))
 
 
-def test_an_older_study_rerenders_with_every_part_and_runnable_part_commands(tmp_path):
-    d = _write(tmp_path / "study", STUDY_V0)
-    rc, out = _report_cli([str(d)])
-    assert rc == 0 and f"re-rendered {d / 'report.md'}" in out
+@pytest.fixture(scope="module")
+def rendered_study(tmp_path_factory) -> tuple[Path, int, str]:
+    """STUDY_V0 re-rendered once for the tests that read it (ten figures: seconds each time);
+    a test that changes it works on a copy."""
+    d = _write(tmp_path_factory.mktemp("rendered") / "study", STUDY_V0)
+    return d, *_report_cli([str(d)])
+
+
+def test_an_older_study_rerenders_with_every_part_and_runnable_part_commands(rendered_study, tmp_path):
+    rendered, rc, out = rendered_study
+    assert rc == 0 and f"re-rendered {rendered / 'report.md'}" in out
+    d = Path(shutil.copytree(rendered, tmp_path / "study"))  # its parts are re-rendered below
     md = (d / "report.md").read_text()
     assert "dpscale study --quick" in md and "| mlp | dpscale | shm | 2 |" in md
     result = study.StudyResult.from_dict(STUDY_V0["results"])
@@ -144,10 +153,12 @@ def _predict(tmp_path: Path, monkeypatch, *flags: str) -> Path:
     return d
 
 
-def test_a_predict_report_rerenders_byte_for_byte_with_a_measured_cluster(tmp_path, monkeypatch):
+def test_a_predict_report_rerenders_byte_for_byte_with_a_measured_cluster(
+    rendered_study, tmp_path, monkeypatch
+):
     # a cluster calibrated from the study's all-reduce part: the measured times go through JSON too
-    study_dir = _write(tmp_path / "study", STUDY_V0)
-    assert _report_cli([str(study_dir)])[0] == 0
+    study_dir, rc, _ = rendered_study
+    assert rc == 0
     explicit = ["--params", "2e6", "--step-compute-ms", "12", "--per-worker-batch", "32"]
     d = _predict(tmp_path / "p", monkeypatch, *explicit, "--calibrate", str(study_dir / "allreduce"))
     assert json.loads((d / "report.json").read_text())["results"]["cluster"]["measured"]
@@ -275,9 +286,9 @@ def test_trust_checks_warn_once_per_kind_naming_the_rows():
     assert "above 20% of the median (mlp dpscale N=2 35%, mlp torch N=2 25%)" in spread
 
 
-def test_trust_warnings_head_the_study_and_scaling_reports(tmp_path):
-    d = _write(tmp_path / "study", STUDY_V0)  # a loaded host: torch ran faster than local at N=1
-    assert _report_cli([str(d)])[0] == 0
+def test_trust_warnings_head_the_study_and_scaling_reports(rendered_study):
+    d, rc, _ = rendered_study  # a loaded host: torch ran faster than local at N=1
+    assert rc == 0
     for md in (d / "report.md", d / "scaling-mlp" / "report.md"):
         text = md.read_text()
         head = text[text.index("## Warnings") : text.index("## Summary" if md.parent == d else "## Results")]

@@ -20,6 +20,7 @@ from dpscale.lab.predict.profiling import measure
 WHY = emulate.unavailable()
 pytestmark = [
     pytest.mark.slow,  # starts processes (spawned ranks in network namespaces)
+    pytest.mark.xdist_group("emulated-hosts"),  # one emulated cluster at a time (tests/multihost/conftest.py)
     pytest.mark.skipif(WHY is not None, reason=f"cannot create network namespaces: {WHY}"),
 ]
 

@@ -1,0 +1,46 @@
+"""Time bounds for the tests that measure time, so that they hold on a busy host (issue #34).
+
+A bound is what the test checks (a wait or timeout it set) plus a margin in multiples of a baseline
+measured on this host at the time of the test, never a fixed number of seconds: a host at load 4 is
+slower at everything, the margin included. Where the behaviour under test is "did not wait", the
+wait it must not do is set long (a minute) and the bound stays far below it.
+
+- `cpu_baseline_s()`: a fixed piece of Python work (~10 ms on a quiet 2-core host), for margins that
+  cover thread scheduling in one process.
+- `process_baseline_s()`: starting a Python that imports dpscale's command line (~3 s quiet), for
+  margins that cover starting, stopping or killing processes; `process_baseline_once_s()` is the
+  same measured once per test process, for polls that end as soon as their condition holds.
+"""
+
+import functools
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _work() -> int:
+    return sum(i * i for i in range(100_000))
+
+
+def cpu_baseline_s(runs: int = 5) -> float:
+    """Median seconds of a fixed piece of Python work, measured now."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        _work()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def process_baseline_s() -> float:
+    """Seconds to start a Python that imports dpscale's command line and exit, measured now."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import dpscale.cli.main"], check=True, timeout=600)
+    return time.monotonic() - start
+
+
+@functools.cache
+def process_baseline_once_s() -> float:
+    """`process_baseline_s()` measured the first time it is asked for in this test process."""
+    return process_baseline_s()
