@@ -4,7 +4,8 @@
 would otherwise hang the first per-bucket collective); `broadcast_coalesced` makes the replicas
 identical; `sparse_gradient_params` finds the parameters whose gradients are sparse tensors.
 Collectives go through the group object itself, so a ProcessGroup that was never registered with
-init_process_group (one implemented in Python, say) works as well as the default group.
+init_process_group (one implemented in Python, say) works as well as the default group; the
+signatures travel on the group's device (comm/group_device.py: NCCL takes no CPU tensor).
 """
 
 from __future__ import annotations
