@@ -135,9 +135,11 @@ class Progress:
             print(f"step {m.step}/{self.total}  {info}  lr {m.lr:.3g}{skipped}", file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
+        """An event worth a line (a resume, a skipped step): shown in every mode, "none" included,
+        which hides only the per-step progress."""
         if self._bar is not None:
             self._bar.console.print(text)
-        elif self.mode != "none":
+        else:
             print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
