@@ -75,6 +75,10 @@ def check_before_start(cfg: TrainConfig) -> None:
         check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
     if cfg.metrics_dir:
         check_writable_dir("--metrics-dir", cfg.metrics_dir)
+        metrics = Path(cfg.metrics_dir) / "metrics.jsonl"
+        if metrics.is_symlink() or (metrics.exists() and not metrics.is_file()):
+            # rank 0 would refuse it only after the workers started (paths.open_no_follow)
+            raise ConfigError(f"--metrics-dir: {metrics} is a symbolic link or not a regular file; remove it")
     if cfg.transport == "nccl" and not torch.cuda.is_available():
         raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
 

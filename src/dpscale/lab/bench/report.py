@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from dpscale.errors import ConfigError, import_extra
 from dpscale.lab.bench.args import format_size
 from dpscale.lab.bench.sysinfo import collect_system_info, describe_system
+from dpscale.paths import open_no_follow, write_no_follow
 
 if TYPE_CHECKING:  # matplotlib is the lab extra's: imported when a plot is drawn, not before
     from matplotlib.axes import Axes
@@ -252,7 +253,7 @@ class ReportDir:
         path = self.path / "report.json"
         # allow_nan=False: NaN/Infinity are not JSON; a bench that produces them has a bug to fix
         # here rather than a file other tools cannot read.
-        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        write_no_follow(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return path
 
     def write_csv(self, name: str, rows: Sequence[Mapping[str, object]]) -> Path:
@@ -261,7 +262,7 @@ class ReportDir:
         for row in rows:
             columns.update(dict.fromkeys(row))
         path = self._file(name, ".csv")
-        with path.open("w", newline="") as f:
+        with open_no_follow(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(columns))
             writer.writeheader()
             writer.writerows(rows)
@@ -270,7 +271,8 @@ class ReportDir:
     def save_figure(self, fig: Figure, name: str) -> Path:
         """Save `fig` as `<name>.png` (use `new_figure()` to make one without pyplot)."""
         path = self._file(name, ".png")
-        fig.savefig(path, dpi=_DPI, format="png")
+        with open_no_follow(path, "wb") as f:
+            fig.savefig(f, dpi=_DPI, format="png")
         return path
 
     def write_markdown(
@@ -288,7 +290,7 @@ class ReportDir:
             for block in section.blocks:
                 lines += [self._render_block(block), ""]
         path = self.path / "report.md"
-        path.write_text("\n".join(lines))
+        write_no_follow(path, "\n".join(lines))
         return path
 
     def _render_block(self, block: str | Table | Image) -> str:

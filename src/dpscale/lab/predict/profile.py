@@ -38,6 +38,7 @@ from dpscale.engine.buckets import MB, assign_buckets
 from dpscale.errors import ConfigError
 from dpscale.lab.predict.sync import SyncCost
 from dpscale.lab.predict.timeline import ReadyBucket
+from dpscale.paths import write_no_follow
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,7 +189,7 @@ class ModelProfile:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         doc = {**self.to_dict(), "bytes_per_param": self.bytes_per_param}
-        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        write_no_follow(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return path
 
     @classmethod
