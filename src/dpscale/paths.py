@@ -36,11 +36,23 @@ def check_writable_dir(flag: str, path: str | os.PathLike[str]) -> None:
 
 
 def check_writable_file(flag: str, path: str | os.PathLike[str]) -> None:
-    """`path` can be written as a file: not a directory, in a directory that is or can be made."""
+    """`path` can be written as a file: not a directory, in a directory that is or can be made.
+
+    When its directory exists, the file is opened for writing (and a file made for the test removed
+    again): permission bits say nothing for root, and /proc or /sys refuse files whatever they say."""
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{flag} {path} is a directory; name a file in it, e.g. {p / 'profile.json'}")
     check_writable_dir(flag, p.absolute().parent)
+    if not p.absolute().parent.is_dir():
+        return  # it will be made: check_writable_dir vouched for where
+    existed = p.exists() or p.is_symlink()
+    try:
+        open_no_follow(p, "a").close()
+    except OSError as e:
+        raise ConfigError(f"{flag} {path} cannot be written ({e.strerror}); name another file") from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 def open_no_follow(path: str | os.PathLike[str], mode: str = "w", **kwargs) -> IO:

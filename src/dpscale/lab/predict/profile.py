@@ -196,8 +196,17 @@ class ModelProfile:
     def load(cls, path: str | Path, *, flag: str = "--profile") -> ModelProfile:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError, TypeError, KeyError) as e:
-            raise ConfigError(f"{flag}: cannot read a profile from {path}: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"{flag}: {path} is not a profile (not UTF-8 text); make one with dpscale profile"
+            ) from None
+        except RecursionError:
+            raise ConfigError(f"{flag}: {path} is not a profile (nested too deeply)") from None
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            text = " ".join(str(e).split())[:200]
+            raise ConfigError(
+                f"{flag}: cannot read a profile from {path}: {type(e).__name__}: {text}"
+            ) from None
 
 
 def step_to_step_cv(steps_ms: list[float], per_round: int) -> float:
@@ -227,6 +236,10 @@ def _even_buckets(total_bytes: int, backward_ms: float, cap: int, first_cap: int
     return buckets
 
 
+# beyond any model trained today; past it the numbers overflow the model's bucket layout
+MAX_PARAMS = 10**13
+
+
 def explicit(
     *,
     params: int,
@@ -238,8 +251,8 @@ def explicit(
 ) -> ModelProfile:
     """A profile from numbers: `step_compute_ms` split into backward (`backward_fraction`) and forward;
     named by its size unless `model` is given (reports' titles and headers show the name)."""
-    if params < 1:
-        raise ConfigError(f"--params: must be >= 1, got {params}")
+    if not 1 <= params <= MAX_PARAMS:
+        raise ConfigError(f"--params: must be between 1 and {MAX_PARAMS:.0e} (10 trillion), got {params:.3g}")
     if not bytes_per_param > 0:
         raise ConfigError(f"--bytes-per-param: must be > 0, got {bytes_per_param}")
     if not step_compute_ms > 0:
