@@ -30,7 +30,7 @@ from pathlib import Path
 from dpscale.errors import ConfigError
 from dpscale.lab.bench.bench import Figures, check_setups
 from dpscale.lab.bench.benches import FIGURES
-from dpscale.lab.bench.report import markdown_table, text_table
+from dpscale.lab.bench.report import load_untrusted_json, markdown_table, text_table
 from dpscale.lab.bench.sysinfo import describe_system
 from dpscale.paths import check_writable_dir, open_no_follow, write_no_follow
 
@@ -49,13 +49,12 @@ def load_report(directory: str | Path) -> dict:
             f"{directory}: no report.json there; give a report directory (written by dpscale bench, "
             "study, predict or scale)"
         )
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it as JSON ({e})") from None
+    doc = load_untrusted_json(path, where=str(path))
     missing = [k for k in ("command", "results") if not (isinstance(doc, dict) and k in doc)]
     if missing:
         raise ConfigError(f"{path}: not a bench report, it lacks {', '.join(missing)}")
+    if not isinstance(doc["command"], str):
+        raise ConfigError(f"{path}: command is {type(doc['command']).__name__}, not a command's name")
     if doc["command"].startswith("scaling-"):  # an older study's scaling part, named after its folder
         doc["command"] = "scaling"
     return doc
