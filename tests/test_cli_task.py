@@ -61,7 +61,10 @@ def test_a_broken_task_exits_2_with_one_line_before_workers_start(name, message)
     p = run(DPSCALE + ["train", "--task", f"user_tasks:{name}", "--nproc", "2"], timeout=60)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert message in lines[0], p.stderr
+    # a raise in the user's code is followed by its frames in their own file, and only those
+    assert all("user_tasks.py" in line for line in lines[1:] if line.startswith("  File")), p.stderr
+    assert "site-packages" not in p.stderr and "/dpscale/" not in p.stderr
     assert "transport" not in p.stderr  # no worker got as far as building the engine
 
 

@@ -68,7 +68,7 @@ def test_digits_with_two_workers_reaches_95_percent(tmp_path):
         (["--global-batch", "-4"], "global_batch"),
         (["--nproc", "3", "--global-batch", "64"], "multiple of 3"),
         (["--nproc", "4", "--global-batch", "2"], "larger than global_batch"),
-        (["--resume", "--checkpoint-dir", "MISSING"], "does not exist"),
+        (["--resume", "--start-over", "--checkpoint-dir", "MISSING"], "start_over"),
         (["--micro-batch", "5"], "divisor of 64"),
     ],
 )

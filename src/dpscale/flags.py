@@ -260,6 +260,9 @@ def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
         raise ConfigError(f"{flag}: cannot read {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{flag}: {path} is not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag}: {path} is not a TOML file (not UTF-8 text)") from None
+    hints = typing.get_type_hints(cls)
     by_key: dict[str, dataclasses.Field] = {}
     for f in dataclasses.fields(cls):
         by_key[f.name] = by_key[flag_name(f).removeprefix("--")] = f
@@ -273,10 +276,30 @@ def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
             )
             known = ", ".join(flag_name(f).removeprefix("--") for f in listed)
             raise ConfigError(f"{flag}: {path} sets {key!r}, which is not one of its keys: {known}")
-        parse = (found.metadata.get(_KEY) or {}).get("parse")
-        if isinstance(value, str) and parse:
-            value = parse(value)
-        elif isinstance(value, list) and isinstance(found.default, tuple):
-            value = tuple(value)
-        out[found.name] = value
+        out[found.name] = _file_value(
+            found, _base_type(hints[found.name]), value, f"{flag}: {path} sets {key!r}"
+        )
     return out
+
+
+def _file_value(f: dataclasses.Field, kind: type, value: Any, where: str) -> Any:
+    """A TOML value for field `f`: a string through the flag's parser (or its type, as the flag's
+    text would be), other values checked against the field's type; ConfigError naming the key."""
+    from dpscale.errors import ConfigError
+
+    parse = (f.metadata.get(_KEY) or {}).get("parse")
+    try:
+        if isinstance(value, str) and parse:
+            return parse(value)
+        if isinstance(value, str) and kind in (int, float):
+            return kind(value)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+        raise ConfigError(f"{where} to {value!r}: {e}") from None
+    if isinstance(value, list) and isinstance(f.default, tuple):
+        return tuple(value)
+    expected = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}.get(kind)
+    if expected and (not isinstance(value, expected) or (kind is not bool and isinstance(value, bool))):
+        raise ConfigError(f"{where} to {value!r}, a {type(value).__name__}; it takes a {kind.__name__}")
+    return value

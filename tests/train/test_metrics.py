@@ -45,3 +45,13 @@ def test_a_fresh_run_starts_the_file_over(tmp_path):
         w.write(_metrics(1, loss))
         w.close()
     assert _steps(tmp_path) == [(1, 2.0)]
+
+
+def test_progress_none_hides_the_progress_lines_but_keeps_the_summary(capsys):
+    """Issue #34: `--progress none` hid the run's summary too; it hides only the per-step progress."""
+    from dpscale.cli.main import main
+
+    assert main(["train", "--workload", "synthetic", "--max-steps", "4", "--progress", "none"]) == 0
+    err = capsys.readouterr().err
+    assert "workers x micro-batch x accumulation" in err  # the summary table
+    assert "step 4/4" not in err  # no progress line

@@ -110,3 +110,36 @@ def tiny_data():
 
 def factory_raises():
     raise FileNotFoundError("data.csv")
+
+
+class RaisesInForward(TwoInputs):
+    def forward(self, a, b):
+        raise KeyError("no such head")
+
+
+class ReturnsText(TwoInputs):
+    def forward(self, a, b):
+        return "logits"
+
+
+class NoParameters(nn.Module):
+    def forward(self, a, b):
+        return torch.zeros(a.shape[0], 3) + a.sum(1, keepdim=True) * 0
+
+
+def forward_raises():
+    return _task(model=RaisesInForward)
+
+
+def forward_returns_str():
+    return _task(model=ReturnsText)
+
+
+def no_parameters():
+    return _task(model=NoParameters)
+
+
+def exits_in_make():
+    import sys
+
+    sys.exit(0)

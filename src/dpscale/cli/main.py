@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from dpscale.errors import ConfigError
+from dpscale.errors import ConfigError, UserCodeError
 from dpscale.flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, finite_float
 from dpscale.launch.options import LaunchOptions
 from dpscale.train.config import TrainConfig
@@ -67,6 +67,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
             threads=launch_opts.threads,
             nodes=nodes,
         )
+    except SystemExit as e:  # the task's code exited the in-process run: it trained nothing, never exit 0
+        raise UserCodeError.from_exception("the task's code, during training,", e) from None
     except LaunchError as e:  # the workers ran and failed: not bad input, so exit 1 with their traceback
         print(f"dpscale train: error: {e}", file=sys.stderr, flush=True)
         return 1
@@ -198,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:  # a verdict on the input; any other exception is a bug, shown in full
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"dpscale {args.command}: error: {msg}", file=sys.stderr)
+        if isinstance(e, UserCodeError) and e.user_traceback:  # their bug, in their own frames only
+            print(e.user_traceback, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

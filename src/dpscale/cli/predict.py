@@ -29,7 +29,7 @@ from dpscale.lab.predict.cluster import (
     preset_cluster,
 )
 from dpscale.lab.predict.degrade import ScaleTerms, cv_from_tail
-from dpscale.lab.predict.model import PredictConfig, predict
+from dpscale.lab.predict.model import PredictConfig, check_bounds, predict
 from dpscale.lab.predict.options import DEFAULT_BATCH, PredictOptions
 from dpscale.paths import check_writable_dir, check_writable_file
 
@@ -269,6 +269,8 @@ def _run_goodput(
         if opts.per_worker_batches
         else [config.per_worker_batch or prof.per_worker_batch]
     )
+    # each batch is a prediction of its own: the one-call bound holds for all of them together
+    check_bounds(prof, config, batches=len(batches))
     step_ms = {}
     for b in batches:
         for p in predict(prof, cluster, replace(config, per_worker_batch=b)):

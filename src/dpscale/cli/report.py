@@ -6,6 +6,7 @@ import argparse
 import json
 
 from dpscale.cli.bench import add_config_flag, warn
+from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, config_kwargs, dataclass_kwargs
 from dpscale.lab.bench import compare, rerender, study
 from dpscale.lab.bench.report import ReportDir, require_plots
@@ -55,7 +56,13 @@ def run_report(args: argparse.Namespace) -> int:
         return 0
     if config.out is not None:
         check_writable_dir("--out", config.out)  # before the table is printed, not after
-    comparison = compare.compare(config.dirs)
+    try:
+        comparison = compare.compare(config.dirs)
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError) as e:
+        # the reports were read (compare.load_report checks what it can); a value of the wrong
+        # type under a known key is still input, not a bug of dpscale's
+        reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ConfigError(f"a report.json holds a value of the wrong type ({reason})") from None
     print(compare.format_comparison(comparison))
     path = compare.write_comparison(comparison, compare.output_dir(config.dirs[0], config.out))
     print(f"report: {path.parent}")

@@ -34,13 +34,21 @@ import torch
 import torch.distributed as dist
 
 from dpscale.cores import usable_cores
-from dpscale.errors import ConfigError
+from dpscale.errors import ConfigError, UserCodeError
 from dpscale.launch import dir_lock, rendezvous
 from dpscale.launch.nodes import Nodes, parse_min_max
-from dpscale.launch.preflight import check_before_start, check_resume_point, resume_note
+from dpscale.launch.preflight import check_before_start, check_run, resume_note
 from dpscale.launch.process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
-from dpscale.launch.protocol import LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV, LaunchSpec, WorkerFailure, read_record
+from dpscale.launch.protocol import (
+    LAUNCH_SPEC_ENV,
+    LAUNCHER_PID_ENV,
+    LaunchSpec,
+    WorkerFailure,
+    read_record,
+    refusals,
+)
 from dpscale.log import get_logger, workers
+from dpscale.train.checkpoint.files import remove_checkpoints
 from dpscale.train.config import TrainConfig
 from dpscale.train.device import backend_for, device_id_for, resolve_device
 from dpscale.train.result import TrainResult
@@ -135,17 +143,34 @@ def launch(
     with dir_lock.hold(lock) if lock else contextlib.nullcontext():
         if note := resume_note(cfg):
             logger.info("%s", note)
-        check_resume_point(cfg)
+        cfg, trusted = _settle_run(cfg, nodes, holds_lock=lock is not None)
         if nodes is not None:
-            return _launch_nodes(cfg, nproc, max_restarts, threads or default_threads(nproc), nodes)
-        return _launch_sizes(cfg, nproc, min_nproc, max_restarts, threads)
+            return _launch_nodes(cfg, nproc, max_restarts, threads or default_threads(nproc), nodes, trusted)
+        return _launch_sizes(cfg, nproc, min_nproc, max_restarts, threads, trusted)
 
 
-def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes):
+def _settle_run(
+    cfg: TrainConfig, nodes: Nodes | None, *, holds_lock: bool
+) -> tuple[TrainConfig, dict | None]:
+    """Which run this launch is (preflight.check_run): the workers get its id, so that a restart
+    resumes this run's checkpoints and pruning deletes only those; with start_over the directory's
+    checkpoints go first (by the host that holds its lock). Also the checkpoint verified for a
+    resume, which rank 0 then does not hash again."""
+    run_id, trusted = check_run(cfg, nodes.rdzv_id if nodes is not None else None)
+    if cfg.start_over and holds_lock and cfg.checkpoint_dir:
+        if removed := remove_checkpoints(cfg.checkpoint_dir):
+            logger.info("--start-over: deleted %d checkpoint(s) in %s", removed, cfg.checkpoint_dir)
+    # start_over is done: a restart, which resumes, must not see it
+    return replace(cfg, run_id=run_id, start_over=False), trusted
+
+
+def _launch_nodes(
+    cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes, trusted: dict | None
+):
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
     try:
-        return _finished(_launch_elastic(cfg, nproc, max_restarts, threads, nodes))
+        return _finished(_launch_elastic(cfg, nproc, max_restarts, threads, nodes, trusted))
     except _AttemptsFailed as e:
         raise LaunchError(str(e)) from None
     except rendezvous.HostsLost as e:  # this host is cut off: the message names whom it lost
@@ -161,13 +186,22 @@ def _launch_nodes(cfg: TrainConfig, nproc: int, max_restarts: int, threads: int,
         ) from None
 
 
-def _launch_sizes(cfg: TrainConfig, nproc: int, min_nproc: int, max_restarts: int, threads: int | None):
+def _launch_sizes(
+    cfg: TrainConfig,
+    nproc: int,
+    min_nproc: int,
+    max_restarts: int,
+    threads: int | None,
+    trusted: dict | None = None,
+):
     if nproc == 1 and max_restarts == 0:
-        return _finished(_run_in_process(cfg, threads or default_threads(1)))
+        return _finished(_run_in_process(cfg, threads or default_threads(1), trusted))
     n = nproc
     while True:
         try:
-            return _finished(_launch_elastic(cfg, n, max_restarts, threads or default_threads(n)))
+            return _finished(
+                _launch_elastic(cfg, n, max_restarts, threads or default_threads(n), None, trusted)
+            )
         except _AttemptsFailed as e:
             failure = str(e)
             # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
@@ -213,7 +247,12 @@ def _finished(result: TrainResult) -> TrainResult:
 
 
 def _launch_elastic(
-    cfg: TrainConfig, nproc: int, max_restarts: int, threads: int, nodes: Nodes | None = None
+    cfg: TrainConfig,
+    nproc: int,
+    max_restarts: int,
+    threads: int,
+    nodes: Nodes | None = None,
+    trusted: dict | None = None,
 ) -> TrainResult:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -254,7 +293,7 @@ def _launch_elastic(
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     with tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
-        spec = LaunchSpec.in_dir(tmp, config=cfg.to_dict(), threads=threads)
+        spec = LaunchSpec.in_dir(tmp, config=cfg.to_dict(), threads=threads, trusted_checkpoint=trusted)
         spec_path = Path(tmp) / "spec.json"
         spec.write(spec_path)
         stop = StopRequest(on_request=Path(spec.stop).write_text, on_second=_abort)
@@ -265,6 +304,7 @@ def _launch_elastic(
         try:
             elastic_launch(launch_cfg, sys.executable)("-m", "dpscale.launch.worker")
         except ChildFailedError as e:  # the failure records live in `tmp`: read them before it goes
+            _raise_refusal(spec.failures)
             raise _AttemptsFailed(_describe_failure(e, nproc, max_restarts, spec.failures)) from None
         except SignalException as e:  # a second signal (or SIGHUP, SIGQUIT): the workers were ended
             name = signal.Signals(e.sigval).name
@@ -275,10 +315,18 @@ def _launch_elastic(
             stop.restore()
             for key in (LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV):
                 os.environ.pop(key, None)
+        _raise_refusal(spec.failures)
         result = _read_result(spec.result)
     if result is None:
         raise LaunchError(f"training with {nproc} workers ended without a result from rank 0")
     return result
+
+
+def _raise_refusal(failures_dir: str) -> None:
+    """A worker refused its input (protocol.py): that is bad input, one line and exit 2, as if the
+    launcher had found it before starting, and no restart."""
+    if found := refusals(failures_dir):
+        raise UserCodeError(found[0].bad_input, found[0].user_traceback)
 
 
 def _abort(signum: int) -> None:
@@ -342,7 +390,7 @@ def _still_running(e: ChildFailedError, rank: int, failure: Any, nproc: int) -> 
     return [r for r in range(first, first + nproc) if r not in e.failures]
 
 
-def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
+def _run_in_process(cfg: TrainConfig, threads: int, trusted: dict | None = None) -> TrainResult:
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     device = resolve_device(cfg.device, local_rank=0)
@@ -360,7 +408,7 @@ def _run_in_process(cfg: TrainConfig, threads: int) -> TrainResult:
     # signal handlers can only be installed from the main thread (an API caller may be elsewhere)
     stop = StopRequest().install() if threading.current_thread() is threading.main_thread() else None
     try:
-        return Trainer(cfg, stop_requested=stop).fit()
+        return Trainer(cfg, stop_requested=stop, trusted_checkpoint=trusted).fit()
     finally:
         if stop is not None:
             stop.restore()

@@ -6,12 +6,15 @@ use. `preflight` (the CLI's, given the task the config names): the task is probe
 a couple of items of each dataset run through the model, loss and metrics) and its training set
 compared with the global batch. `check_before_start` (the
 launcher's, for API callers too): the file system and the transport; `check_resume_point` (the
-launcher's, under the directory's lock): the checkpoint a `--resume` would continue. They look,
-never create: a run refused here has written nothing.
+launcher's, under the directory's lock): the run a checkpoint directory holds, and the checkpoint a
+`--resume` would continue. They look, never create: a run refused here has written nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+import uuid
 import warnings
 from collections.abc import Collection, Sized
 from pathlib import Path
@@ -21,7 +24,7 @@ import torch
 
 from dpscale.errors import ConfigError
 from dpscale.paths import check_writable_dir
-from dpscale.train.checkpoint.files import CheckpointWarning, load_latest
+from dpscale.train.checkpoint.files import CheckpointWarning, LoadedCheckpoint, load_latest, runs_in
 from dpscale.train.checkpoint.resume import check_resumable
 from dpscale.train.config import TrainConfig
 from dpscale.train.device import check_gpu_count
@@ -66,30 +69,66 @@ def preflight(cfg: TrainConfig, task: Task, given: Collection[str] = ()) -> None
 
 
 def check_before_start(cfg: TrainConfig) -> None:
-    """What fails only inside the workers or after training: directories, the transport."""
-    if cfg.resume and cfg.checkpoint_dir and not Path(cfg.checkpoint_dir).is_dir():
-        raise ConfigError(
-            f"--resume: checkpoint directory {cfg.checkpoint_dir} does not exist; check --checkpoint-dir"
-        )
+    """What fails only inside the workers or after training: directories, the transport. (A
+    `--resume` whose directory does not exist yet starts fresh: a supervisor's first launch.)"""
     if cfg.checkpoint_dir:
         check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
     if cfg.metrics_dir:
         check_writable_dir("--metrics-dir", cfg.metrics_dir)
+        metrics = Path(cfg.metrics_dir) / "metrics.jsonl"
+        if metrics.is_symlink() or (metrics.exists() and not metrics.is_file()):
+            # rank 0 would refuse it only after the workers started (paths.open_no_follow)
+            raise ConfigError(f"--metrics-dir: {metrics} is a symbolic link or not a regular file; remove it")
     if cfg.transport == "nccl" and not torch.cuda.is_available():
         raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
 
 
-def check_resume_point(cfg: TrainConfig) -> None:
-    """With --resume: the newest checkpoint that verifies can continue this run (same global batch),
-    or there is none yet. Otherwise every worker would fail on it with a traceback (and be
-    restarted to fail again). Every file is verified; only the trainer's state is loaded."""
+def check_run(cfg: TrainConfig, shared_id: str | None = None) -> tuple[str | None, dict | None]:
+    """The run a launch continues or starts in checkpoint_dir: (its run id, the checkpoint that
+    verified, for the workers not to hash it again). A fresh run on a directory holding checkpoints
+    is refused unless start_over (the launcher then deletes them); with resume, the newest
+    checkpoint must fit (check_resume_point). `shared_id` (several hosts: the rendezvous id) names
+    a fresh run alike on every host; across hosts a resume leaves the id to rank 0 (None), as not
+    every host may see the checkpoints."""
+    if not cfg.checkpoint_dir:
+        return cfg.run_id, None
+    if cfg.resume:
+        loaded = check_resume_point(cfg)
+        if loaded is not None:
+            return (loaded.run_id if shared_id is None else None), loaded.verified
+    elif not cfg.start_over and (runs := runs_in(cfg.checkpoint_dir)):
+        held = "; ".join(f"run {run}, steps {_steps(steps)}" for run, steps in runs.items())
+        raise ConfigError(
+            f"--checkpoint-dir {cfg.checkpoint_dir} holds the checkpoints of another run ({held}): "
+            "continue it with --resume, delete them and start a new run with --start-over, or "
+            "name another --checkpoint-dir"
+        )
+    if cfg.run_id is not None:
+        return cfg.run_id, None
+    if shared_id is not None:  # every host computes the same name
+        readable = re.sub(r"[^A-Za-z0-9_-]", "", shared_id)[:32]
+        return f"{readable}-{hashlib.sha256(shared_id.encode()).hexdigest()[:8]}", None
+    return uuid.uuid4().hex[:16], None
+
+
+def _steps(steps: list[int]) -> str:
+    return ", ".join(map(str, steps)) if len(steps) <= 4 else f"{steps[0]} to {steps[-1]}"
+
+
+def check_resume_point(cfg: TrainConfig) -> LoadedCheckpoint | None:
+    """With --resume: the newest checkpoint (of run_id, when given) that verifies can continue this
+    run (same global batch), or there is none yet; returns it. Otherwise every worker would fail on
+    it with a traceback (and be restarted to fail again). Every file is verified; only the
+    trainer's state is loaded."""
     if not cfg.resume or not cfg.checkpoint_dir:
-        return
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)  # rank 0 names each rejected one again
-        loaded = load_latest(cfg.checkpoint_dir, expected_stems=("trainer",), only=("trainer",))
+        loaded = load_latest(
+            cfg.checkpoint_dir, expected_stems=("trainer",), only=("trainer",), run_id=cfg.run_id
+        )
     if loaded is None:
-        return
+        return None
     saved = TrainState.from_state_dict(loaded.payload["trainer"], loaded.path / "trainer.pt")
     assert cfg.global_batch is not None  # TrainConfig resolves it
     check_resumable(
@@ -99,6 +138,7 @@ def check_resume_point(cfg: TrainConfig) -> None:
         where=loaded.path,
         auto_batch=cfg.auto_batch,
     )
+    return loaded
 
 
 def resume_note(cfg: TrainConfig) -> str | None:
@@ -108,6 +148,7 @@ def resume_note(cfg: TrainConfig) -> str | None:
     """
     if not cfg.resume or not cfg.checkpoint_dir:
         return None
-    if any(p.name.startswith("step-") for p in Path(cfg.checkpoint_dir).iterdir()):
+    directory = Path(cfg.checkpoint_dir)
+    if directory.is_dir() and any(p.name.startswith("step-") for p in directory.iterdir()):
         return None
     return f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0"

@@ -33,7 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dpscale.comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
 from dpscale.engine.collective_log import CollectiveError
-from dpscale.errors import ConfigError
+from dpscale.errors import ConfigError, UserCodeError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.launch import torch_private
 from dpscale.launch.nodes import rendezvous_warning
@@ -54,8 +54,11 @@ from dpscale.train.trainer import Trainer
 logger = get_logger(__name__)
 
 
-def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
-    """One worker: join the group the agent (or torchrun) describes in the environment, train."""
+def run_worker(
+    config: dict, threads: int, stop_requested=None, trusted_checkpoint: dict | None = None
+) -> dict:
+    """One worker: join the group the agent (or torchrun) describes in the environment, train.
+    `trusted_checkpoint`: what the launcher verified for a resume (LaunchSpec)."""
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(config)
     if is_restart() and cfg.checkpoint_dir:
@@ -67,7 +70,13 @@ def run_worker(config: dict, threads: int, stop_requested=None) -> dict:
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
     _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), device)
     try:
-        return Trainer(cfg, stop_requested=stop_requested, callbacks=callbacks_from_env()).fit().to_dict()
+        trainer = Trainer(
+            cfg,
+            stop_requested=stop_requested,
+            callbacks=callbacks_from_env(),
+            trusted_checkpoint=trusted_checkpoint,
+        )
+        return trainer.fit().to_dict()
     finally:
         dist.destroy_process_group()
 
@@ -163,7 +172,15 @@ def _launched() -> int:
     stop_file = Path(spec.stop)
     try:
         # one stat per step; the file holds the signal's name
-        result = run_worker(spec.config, spec.threads, lambda: _read(stop_file))
+        result = run_worker(spec.config, spec.threads, lambda: _read(stop_file), spec.trusted_checkpoint)
+    except ConfigError as e:
+        # bad input is the same on every attempt: exit 0 so that the agent does not restart it
+        # (protocol.py); the launcher reads the record, prints the line and exits 2
+        _write_refusal(e, spec.failures)
+        return 0
+    except SystemExit as e:  # the user's code called sys.exit: never a success, never restarted
+        _write_refusal(UserCodeError.from_exception("the task's code, during training,", e), spec.failures)
+        return 0
     except Exception as e:
         _write_failure(e, spec.failures)
         raise
@@ -180,6 +197,15 @@ def _write_failure(error: BaseException, directory: str) -> None:
     if isinstance(error, CollectiveError) and error.silent_ranks:
         rank = int(os.environ.get("RANK", "0"))
         WorkerFailure(rank=rank, pid=os.getpid(), silent_ranks=error.silent_ranks).write(directory)
+
+
+def _write_refusal(error: ConfigError, directory: str) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    trace = error.user_traceback if isinstance(error, UserCodeError) else ""
+    WorkerFailure(rank=rank, pid=os.getpid(), silent_ranks=[], bad_input=message, user_traceback=trace).write(
+        directory
+    )
 
 
 def _read(path: Path) -> str | None:

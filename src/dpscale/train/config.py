@@ -8,6 +8,7 @@ micro-batch and accumulation steps there and says which numbers to change when t
 from __future__ import annotations
 
 import math
+import re
 import typing
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field, fields
@@ -86,7 +87,16 @@ class TrainConfig:
     max_skipped_steps: int = 10
     """Stop the run (exit code 3) when this many steps in a row had a non-finite gradient (0: never)."""
     resume: bool = False
-    """Resume from the newest valid checkpoint in checkpoint_dir."""
+    """Resume from the newest valid checkpoint in checkpoint_dir (a directory without one, or that
+    does not exist yet, starts a fresh run); without it, a checkpoint_dir that holds another run's
+    checkpoints is refused, unless start_over."""
+    start_over: bool = False
+    """Start a new run in a checkpoint_dir that holds another run's checkpoints: they are deleted
+    before the first worker starts."""
+    run_id: str | None = None
+    """The run's identity, written into each of its checkpoints: a resume or restart continues
+    only this run's, and pruning deletes only this run's (default: the resumed checkpoint's, or a
+    new one; `dpscale train` sets it before the workers start)."""
     metrics_dir: str | None = None
     """Rank 0 writes metrics.jsonl (and TensorBoard events if installed) here."""
     log_every: int = 0
@@ -266,6 +276,13 @@ def _check_checkpoint(cfg: TrainConfig) -> None:
     _positive("keep_checkpoints", cfg.keep_checkpoints)
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("resume needs checkpoint_dir: say where the checkpoints are")
+    if cfg.start_over and (cfg.resume or not cfg.checkpoint_dir):
+        raise ConfigError(
+            "start_over deletes the checkpoints in checkpoint_dir to begin a new run: it needs "
+            "checkpoint_dir, and cannot go with resume (which continues them)"
+        )
+    if cfg.run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", cfg.run_id):
+        raise ConfigError(f"run_id {cfg.run_id!r} must be 1 to 64 letters, digits, '_' or '-'")
     if cfg.checkpoint_every and not cfg.checkpoint_dir:
         raise ConfigError("checkpoint_every needs checkpoint_dir: say where the checkpoints go")
 

@@ -12,7 +12,9 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
+
+from dpscale.paths import open_no_follow, write_no_follow
 
 
 @dataclass
@@ -36,7 +38,7 @@ class MetricsWriter:
     def __init__(self, directory: str | None, resumed_from: int | None = None):
         """`resumed_from`: the step a resumed run continues from; the file keeps the lines up to it
         and goes on after them (a fresh run, None, starts the file over)."""
-        self._file: TextIO | None = None
+        self._file: IO[str] | None = None
         self._tb = None
         if directory is None:
             return
@@ -45,7 +47,7 @@ class MetricsWriter:
         file = path / "metrics.jsonl"
         if resumed_from is not None:
             _keep_steps_up_to(file, resumed_from)
-        self._file = open(file, "a" if resumed_from is not None else "w", buffering=1)  # noqa: SIM115
+        self._file = open_no_follow(file, "a" if resumed_from is not None else "w", buffering=1)
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -85,8 +87,8 @@ def _keep_steps_up_to(path: Path, step: int) -> None:
     """Drop the lines of steps after `step`: a run that resumes from an earlier checkpoint (after
     a kill, a restart, a damaged newest checkpoint) logs those steps again, and one line per step
     is what a plot of the file needs. A line a kill cut short goes too."""
-    if not path.is_file():
-        return
+    if path.is_symlink() or not path.is_file():
+        return  # a link is refused when the file is opened
     kept = []
     for line in path.read_text().splitlines():
         try:
@@ -95,7 +97,7 @@ def _keep_steps_up_to(path: Path, step: int) -> None:
         except (ValueError, KeyError, TypeError):
             continue
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
+    write_no_follow(tmp, "".join(kept))
     os.replace(tmp, path)
 
 
@@ -135,9 +137,11 @@ class Progress:
             print(f"step {m.step}/{self.total}  {info}  lr {m.lr:.3g}{skipped}", file=self.stream, flush=True)
 
     def note(self, text: str) -> None:
+        """An event worth a line (a resume, a skipped step): shown in every mode, "none" included,
+        which hides only the per-step progress."""
         if self._bar is not None:
             self._bar.console.print(text)
-        elif self.mode != "none":
+        else:
             print(text, file=self.stream, flush=True)
 
     def close(self) -> None:

@@ -104,10 +104,12 @@ class Trainer:
         process_group: dist.ProcessGroup | None = None,
         callbacks: Sequence[TrainerCallback] = (),
         stop_requested: Callable[[], str | None] | None = None,
+        trusted_checkpoint: dict | None = None,
     ):
         """`stop_requested()` returns why to stop (e.g. "SIGTERM") or None; it is asked once per step
         and any rank's request stops every rank at the end of that step, after a checkpoint.
-        `callbacks` see the loop's points (see callbacks.py)."""
+        `callbacks` see the loop's points (see callbacks.py). `trusted_checkpoint`: the checkpoint
+        the launcher verified before starting (files.load_latest's `verified`), not hashed again."""
         if task is not None and not isinstance(task, Task):
             raise ConfigError(f"task must be a dpscale.Task, got {type(task).__name__}")
         self.cfg = config
@@ -181,7 +183,9 @@ class Trainer:
             callbacks=self.callbacks,
             directory=config.checkpoint_dir,
             keep_last=config.keep_checkpoints,
+            run_id=config.run_id,
         )
+        self._trusted_checkpoint = trusted_checkpoint
         self.stopped_by: str | None = None
         self.stop_message: str | None = None
         self.last_checkpoint: str | None = None
@@ -348,7 +352,7 @@ class Trainer:
                 scores = self.evaluate()
         samples_per_s = (self.state.samples_seen - samples_start) / elapsed if elapsed > 0 else 0.0
         result = self._result(scores, samples_per_s)
-        if lead and self.cfg.progress != "none":
+        if lead:  # progress "none" hides the bar, not what the run did
             print_summary(result)
         return result
 
@@ -592,7 +596,9 @@ class Trainer:
     def _resume(self) -> None:
         """Collective: continue from the newest checkpoint that verifies; a fresh start if there is none."""
         saved: list[TrainState] = []
-        path = self.states.resume(lambda ckpt: saved.append(self.load_state_dict(ckpt.payload, ckpt.path)))
+        path = self.states.resume(
+            lambda ckpt: saved.append(self.load_state_dict(ckpt.payload, ckpt.path)), self._trusted_checkpoint
+        )
         if path is None:
             return
         self.resumed_from, self.last_checkpoint = self.step, path

@@ -4,7 +4,9 @@ Specs are strings so they travel to spawned workers, where each resolves its own
 current directory goes on `sys.path` first, as for `python -m`, so `mytask:make` finds the
 user's mytask.py. Torch's RNG is seeded before the user's module is imported and again before
 its callable runs, so data either generates with torch's random functions is the same on every
-rank (the caller's RNG state is left as it was).
+rank (the caller's RNG state is left as it was). The user's module and callable may raise or call
+sys.exit anywhere: that is bad input (UserCodeError, exit 2 naming what failed), never an exit
+code of theirs, which could make a run that trained nothing look like a success.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 
 import torch
 
-from dpscale.errors import ConfigError
+from dpscale.errors import ConfigError, UserCodeError
 from dpscale.workloads.builtin import WORKLOADS
 from dpscale.workloads.task import Task
 
@@ -47,8 +49,18 @@ def load_task(spec: str, *, seed: int = 0, flag: str = "--task") -> Task:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name is None or not module_name.startswith(e.name):
+                raise _user_error(f"{flag}: the import of {module_name}", e) from None
+            raise ConfigError(
+                f"{flag}: cannot load {spec!r} ({_first_line(e)}); expected {TASK_CONVENTION}"
+            ) from None
+        except (Exception, SystemExit) as e:  # their module's own code failed
+            raise _user_error(f"{flag}: the import of {module_name}", e) from None
+        try:
+            factory = getattr(module, attr)
+        except AttributeError as e:
             raise ConfigError(
                 f"{flag}: cannot load {spec!r} ({_first_line(e)}); expected {TASK_CONVENTION}"
             ) from None
@@ -57,16 +69,20 @@ def load_task(spec: str, *, seed: int = 0, flag: str = "--task") -> Task:
         torch.manual_seed(seed)
         try:
             task = factory()
-        except ValueError as e:  # Task's own validation, or the user's
+        except ConfigError as e:  # Task's own validation: it names the field
             raise ConfigError(f"{flag}: {spec}() raised ValueError: {_first_line(e)}") from None
-        except Exception as e:
-            raise ConfigError(f"{flag}: {spec}() raised {type(e).__name__}: {_first_line(e)}") from None
+        except (Exception, SystemExit) as e:
+            raise _user_error(f"{flag}: {spec}()", e) from None
     if not isinstance(task, Task):
         raise ConfigError(
             f"{flag}: {spec}() returned {type(task).__name__}; it must return a dpscale.Task(model, "
             "train_data, eval_data, loss=..., metrics=...)"
         )
     return task
+
+
+def _user_error(what: str, e: BaseException) -> UserCodeError:
+    return UserCodeError.from_exception(what, e)
 
 
 def _first_line(e: BaseException) -> str:

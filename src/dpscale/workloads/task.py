@@ -9,6 +9,7 @@ Everything here runs on one process; the trainer and the lab decide how batches 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
-from dpscale.errors import ConfigError
+from dpscale.errors import ConfigError, UserCodeError
 
 PER_SAMPLE_HINT = 'return one value per sample, shape [batch], e.g. F.cross_entropy(out, y, reduction="none")'
 
@@ -138,25 +139,61 @@ def split_item(item: Any, where: str) -> tuple[Any, Any]:
 
 def probe(task: Task, samples: int = 2) -> None:
     """Build the model and run a few items of each dataset through it, loss and metrics: every
-    contract violation surfaces here as one ValueError, before any worker starts."""
-    try:
-        model = task.model()
-    except Exception as e:
-        raise ConfigError(f"Task.model() raised {type(e).__name__}: {e}".splitlines()[0]) from None
+    contract violation surfaces here as one ValueError, before any worker starts; a raise or
+    sys.exit in the user's code as a UserCodeError naming the call (`Task.model()`, `forward`)."""
+    model = user_call("Task.model()", task.model)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"Task.model() returned {type(model).__name__}; it must return a torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(
+            f"Task.model() built a {type(model).__name__} with no trainable parameters: there is "
+            "nothing to train or to synchronize; give the model at least one nn.Parameter that requires grad"
+        )
     for name in ("train_data", "eval_data"):
-        data = getattr(task, name)
-        if data is None:
-            continue
-        n = min(samples, len(data))
-        items = [data[i] for i in range(n)]
-        for item in items:
-            split_item(item, f"Task.{name}")
-        x, y = task.collate(items)
-        model.eval()  # BatchNorm refuses a batch of one in training mode
-        with torch.no_grad():
-            out = call_model(model, x)
-            per_sample(f"Task.loss on {name}", task.per_sample_loss(out, y), n)
-            for metric, fn in task.metrics.items():
-                per_sample(f"Task.metrics[{metric!r}]", fn(out, y), n)
+        if getattr(task, name) is not None:
+            _probe_data(task, model, name, samples)
+
+
+def _probe_data(task: Task, model: nn.Module, name: str, samples: int) -> None:
+    data = getattr(task, name)
+    n = min(samples, len(data))
+    items = [user_call(f"Task.{name}[{i}]", functools.partial(data.__getitem__, i)) for i in range(n)]
+    for item in items:
+        split_item(item, f"Task.{name}")
+    x, y = user_call(
+        "Task.collate_fn" if task.collate_fn else f"collating Task.{name}", lambda: task.collate(items)
+    )
+    model.eval()  # BatchNorm refuses a batch of one in training mode
+    with torch.no_grad():
+        out = user_call(f"forward of Task.model() on {name}", lambda: call_model(model, x))
+        if not _holds_tensor(out):
+            raise ConfigError(
+                f"forward of Task.model() on {name} returned {type(out).__name__}, which holds no "
+                "tensor; return the model's output as a tensor (or a tuple or dict of tensors)"
+            )
+        loss = user_call("Task.loss", lambda: task.per_sample_loss(out, y))
+        per_sample(f"Task.loss on {name}", loss, n)
+        for metric, fn in task.metrics.items():
+            value = user_call(f"Task.metrics[{metric!r}]", functools.partial(fn, out, y))
+            per_sample(f"Task.metrics[{metric!r}]", value, n)
+
+
+def user_call(what: str, fn: Callable[[], Any]) -> Any:
+    """`fn()`, which runs the user's code: a ConfigError (a check of ours inside it) passes, and any
+    other raise, or sys.exit, becomes a UserCodeError naming `what` with the user's frames."""
+    try:
+        return fn()
+    except ConfigError:
+        raise
+    except (Exception, SystemExit) as e:
+        raise UserCodeError.from_exception(what, e) from None
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensor(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return any(_holds_tensor(v) for v in value)
+    return hasattr(value, "__dataclass_fields__") or hasattr(value, "to_tuple")  # ModelOutput-like

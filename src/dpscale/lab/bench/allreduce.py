@@ -54,6 +54,10 @@ WARMUP_ITERS = 3
 # Adaptive iteration count: enough for a stable median, short enough for a 13-size sweep.
 TARGET_POINT_S = 0.3
 MIN_ITERS, MAX_ITERS = 5, 200
+# bounds on what one may ask for, so that a bench ends in a time stated up front: --iters 1e12 ran
+# forever, and a message is allocated on every rank (plus a copy), so a terabyte one exhausts memory
+MAX_GIVEN_ITERS = 10_000
+MAX_SIZE_BYTES = 1 << 30
 
 
 # ---- config and results -------------------------------------------------------------------------
@@ -106,8 +110,17 @@ class AllReduceConfig:
                     raise ConfigError(f"--transport: {t} cannot run at world size {n}: {why}")
         if not self.sizes_bytes or any(s < 1 for s in self.sizes_bytes):
             raise ConfigError(f"--sizes: give at least one size, each >= 1 byte; got {self.sizes_bytes}")
-        if self.iters is not None and self.iters < 1:
-            raise ConfigError(f"--iters: must be >= 1 (or omitted for adaptive), got {self.iters}")
+        if self.iters is not None and not 1 <= self.iters <= MAX_GIVEN_ITERS:
+            raise ConfigError(
+                f"--iters: must be between 1 and {MAX_GIVEN_ITERS:,} (a point of {MAX_GIVEN_ITERS:,} "
+                f"iterations of 1 ms takes 10 s), or omitted for adaptive (about {TARGET_POINT_S} s a "
+                f"point); got {self.iters}"
+            )
+        if max(self.sizes_bytes) > MAX_SIZE_BYTES:
+            raise ConfigError(
+                f"--sizes: {max(self.sizes_bytes):,} bytes is more than the {MAX_SIZE_BYTES >> 30} GiB "
+                "a message may be (each rank holds it twice); give smaller sizes"
+            )
 
     def message_numels(self) -> list[int]:
         """float32 element counts to sweep, ascending; sizes that round alike are measured once."""

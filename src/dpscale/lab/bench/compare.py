@@ -30,9 +30,9 @@ from pathlib import Path
 from dpscale.errors import ConfigError
 from dpscale.lab.bench.bench import Figures, check_setups
 from dpscale.lab.bench.benches import FIGURES
-from dpscale.lab.bench.report import markdown_table, text_table
+from dpscale.lab.bench.report import load_untrusted_json, markdown_table, text_table
 from dpscale.lab.bench.sysinfo import describe_system
-from dpscale.paths import check_writable_dir
+from dpscale.paths import check_writable_dir, open_no_follow, write_no_follow
 
 # Which way is better, for the note under the table; every other metric: higher is better.
 LOWER_IS_BETTER = ("time_us", "final_loss", "step_ms")
@@ -49,13 +49,12 @@ def load_report(directory: str | Path) -> dict:
             f"{directory}: no report.json there; give a report directory (written by dpscale bench, "
             "study, predict or scale)"
         )
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it as JSON ({e})") from None
+    doc = load_untrusted_json(path, where=str(path))
     missing = [k for k in ("command", "results") if not (isinstance(doc, dict) and k in doc)]
     if missing:
         raise ConfigError(f"{path}: not a bench report, it lacks {', '.join(missing)}")
+    if not isinstance(doc["command"], str):
+        raise ConfigError(f"{path}: command is {type(doc['command']).__name__}, not a command's name")
     if doc["command"].startswith("scaling-"):  # an older study's scaling part, named after its folder
         doc["command"] = "scaling"
     return doc
@@ -251,10 +250,10 @@ def output_dir(first: str | Path, out: str | Path | None) -> Path:
 
 def write_comparison(comparison: Comparison, directory: Path) -> Path:
     """Write report.md, compare.json and compare.csv into `directory`; returns report.md's path."""
-    (directory / "compare.json").write_text(
-        json.dumps(comparison.to_dict(), indent=2, allow_nan=False) + "\n"
+    write_no_follow(
+        directory / "compare.json", json.dumps(comparison.to_dict(), indent=2, allow_nan=False) + "\n"
     )
-    with (directory / "compare.csv").open("w", newline="") as f:
+    with open_no_follow(directory / "compare.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=comparison.columns)
         writer.writeheader()
         writer.writerows(comparison.flat_rows())
@@ -270,5 +269,5 @@ def write_comparison(comparison: Comparison, directory: Path) -> Path:
     lines += ["## Results", "", _note(comparison), ""]
     lines += [markdown_table(comparison.flat_rows(), comparison.columns, formats), ""]
     path = directory / "report.md"
-    path.write_text("\n".join(lines))
+    write_no_follow(path, "\n".join(lines))
     return path

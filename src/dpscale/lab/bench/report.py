@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from dpscale.errors import ConfigError, import_extra
 from dpscale.lab.bench.args import format_size
 from dpscale.lab.bench.sysinfo import collect_system_info, describe_system
+from dpscale.paths import open_no_follow, write_no_follow
 
 if TYPE_CHECKING:  # matplotlib is the lab extra's: imported when a plot is drawn, not before
     from matplotlib.axes import Axes
@@ -252,7 +253,7 @@ class ReportDir:
         path = self.path / "report.json"
         # allow_nan=False: NaN/Infinity are not JSON; a bench that produces them has a bug to fix
         # here rather than a file other tools cannot read.
-        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        write_no_follow(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return path
 
     def write_csv(self, name: str, rows: Sequence[Mapping[str, object]]) -> Path:
@@ -261,7 +262,7 @@ class ReportDir:
         for row in rows:
             columns.update(dict.fromkeys(row))
         path = self._file(name, ".csv")
-        with path.open("w", newline="") as f:
+        with open_no_follow(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(columns))
             writer.writeheader()
             writer.writerows(rows)
@@ -270,7 +271,8 @@ class ReportDir:
     def save_figure(self, fig: Figure, name: str) -> Path:
         """Save `fig` as `<name>.png` (use `new_figure()` to make one without pyplot)."""
         path = self._file(name, ".png")
-        fig.savefig(path, dpi=_DPI, format="png")
+        with open_no_follow(path, "wb") as f:
+            fig.savefig(f, dpi=_DPI, format="png")
         return path
 
     def write_markdown(
@@ -288,7 +290,7 @@ class ReportDir:
             for block in section.blocks:
                 lines += [self._render_block(block), ""]
         path = self.path / "report.md"
-        path.write_text("\n".join(lines))
+        write_no_follow(path, "\n".join(lines))
         return path
 
     def _render_block(self, block: str | Table | Image) -> str:
@@ -321,10 +323,67 @@ def read_report(location: str | Path, *, flag: str) -> dict:
     """
     path = Path(location)
     path = path / "report.json" if path.is_dir() else path
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{flag}: cannot read a report at {path}: {e}") from None
+    doc = load_untrusted_json(path, where=f"{flag}: {path}")
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), dict | list):
         raise ConfigError(f"{flag}: {path} is not a dpscale report (it has no results)")
     return doc
+
+
+# what a report.json may hold: it is read back from disk (re-rendered, compared, calibrated from),
+# where anyone may have edited it; dpscale never writes deeper nesting or larger numbers
+MAX_JSON_DEPTH = 32
+MAX_JSON_NUMBER = 1e18
+# characters that would act in report.md (HTML, autolinks, markdown links and images, table cells)
+# become entities; control characters (ANSI escapes among them, which act on a terminal) are
+# dropped. Backticks stay: dpscale's own texts quote commands with them, and a code span runs nothing
+_ACTIVE = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "[": "&#91;", "]": "&#93;"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def load_untrusted_json(path: Path, *, where: str) -> Any:
+    """A JSON document from a file anyone may have edited, made safe to render: every string with
+    `_ACTIVE` characters as entities and control characters dropped. A ConfigError (one line,
+    `where` first, naming the key) for a file that is not UTF-8 JSON, nests deeper than
+    MAX_JSON_DEPTH, or holds NaN, Infinity or a number beyond MAX_JSON_NUMBER."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror})") from None
+    try:
+        doc = json.loads(text, parse_constant=float)  # NaN and Infinity are refused below, by key
+    except RecursionError:
+        raise ConfigError(f"{where}: not a report (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of thousands of digits
+        raise ConfigError(f"{where}: cannot read it as JSON ({' '.join(str(e).split())[:160]})") from None
+    return _safe(doc, "", 0, where)
+
+
+def _safe(value: Any, key: str, depth: int, where: str) -> Any:
+    if depth > MAX_JSON_DEPTH:
+        raise ConfigError(
+            f"{where}: {_CONTROL.sub('', key) or 'the document'} nests more than {MAX_JSON_DEPTH} levels deep"
+        )
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {
+            safe_text(k): _safe(v, f"{key}.{k}" if key else k, depth + 1, where) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_safe(v, f"{key}[{i}]", depth + 1, where) for i, v in enumerate(value)]
+    if isinstance(value, bool) or value is None:
+        return value
+    if not abs(value) <= MAX_JSON_NUMBER:  # NaN fails this too
+        shown = f"{value:.3g}" if isinstance(value, float) else f"an integer of {len(str(abs(value)))} digits"
+        raise ConfigError(
+            f"{where}: {_CONTROL.sub('', key)} is {shown}, not a finite number within +-{MAX_JSON_NUMBER:.0e}"
+        )
+    return value
+
+
+def safe_text(text: str) -> str:
+    """`text` with nothing in it that acts in markdown, HTML or a terminal (see _ACTIVE)."""
+    text = _CONTROL.sub("", text)
+    return "".join(_ACTIVE.get(c, c) for c in text) if any(c in _ACTIVE for c in text) else text

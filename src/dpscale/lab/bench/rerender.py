@@ -42,12 +42,21 @@ def rerender(directory: str | Path) -> Path:
             f"{directory}: its report.json results are not a {command} result ({reason}); was it "
             "edited, or written by another version of dpscale?"
         ) from None
-    if not isinstance(doc.get("system"), dict):
+    if not isinstance(doc.get("system"), dict) or not isinstance(doc.get("argv") or [], list):
         raise ConfigError(f"{directory}: its report.json lacks the system it was measured on")
     # The original command line and system, not this process's: the report describes that run.
     argv = list(doc.get("argv") or [])
     if _OLD_PART_ARGUMENT in argv:
         argv = study.part_argv(command, result.config)
     report = ReportDir(path=Path(directory), command=command, argv=argv, system=doc["system"])
-    write_report(result, report)
+    try:
+        write_report(result, report)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        # a value of the wrong type that from_dict let through, met while rendering
+        reason = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        raise ConfigError(
+            f"{directory}: its report.json holds a value report.md cannot show ({reason})"
+        ) from None
     return report.path / "report.md"

@@ -48,6 +48,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from dpscale.cores import usable_cores
 from dpscale.engine.factory import RUN_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
@@ -103,6 +104,12 @@ class ScaleConfig(HostFlags):
             raise ConfigError(f"--steps must be at least 1, got {self.steps}")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
+        cores = usable_cores()
+        if not 1 <= self.threads_per_worker <= 4 * cores:
+            raise ConfigError(
+                f"--threads-per-worker must be between 1 and {4 * cores} (4 x the {cores} usable "
+                f"cores), got {self.threads_per_worker}"
+            )
         if not self.world_sizes or min(self.world_sizes) < 1:
             raise ConfigError(f"--nproc: world sizes must be >= 1, got {self.world_sizes}")
         for e in self.engines:

@@ -16,6 +16,7 @@ from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figur
 from dpscale.lab.bench.script_phases import RANK_PHASES, lost_points
 from dpscale.lab.bench.script_scaling import ScaleConfig, ScaleResult
 from dpscale.lab.bench.trust import timing_warnings
+from dpscale.paths import write_no_follow
 
 _COLUMNS = {  # point field: (header, format)
     "engine": ("engine", ""),
@@ -199,7 +200,7 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
         ]
     blocks = []
     if result.profile is not None:
-        (report.path / "profile.json").write_text(json.dumps(result.profile, indent=2) + "\n")
+        write_no_follow(report.path / "profile.json", json.dumps(result.profile, indent=2) + "\n")
         blocks = [
             "profile.json is dpscale's one-worker run as a `dpscale predict` profile: "
             f"`dpscale predict --profile {report.path / 'profile.json'} --preset dgx-a100`."

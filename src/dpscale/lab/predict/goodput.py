@@ -53,6 +53,23 @@ def load_noise_scale(text: str) -> NoiseScaleSource:
         raise ConfigError(
             f"--noise-scale: {text!r} is neither a number nor a file; give B_simple or a run's JSON"
         )
+    try:
+        gns, steps, batch = _read_noise_scale(path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        # a file is input: a binary file, strings where numbers go, a list for a record
+        reason = " ".join(str(e).split())[:160]
+        raise ConfigError(f"--noise-scale: cannot read {text}: {type(e).__name__}: {reason}") from None
+    if gns is None or not gns > 0:
+        raise ConfigError(
+            f"--noise-scale: {text} holds no positive noise scale (the run measured none: one worker "
+            "without accumulation, or --no-noise-scale); give the number instead"
+        )
+    return NoiseScaleSource(float(gns), steps, batch, source=str(path))
+
+
+def _read_noise_scale(path: Path) -> tuple[float | None, int | None, int | None]:
+    """(noise scale, steps, global batch) from a train summary or metrics lines; the types are
+    checked: a string where a number goes is a TypeError here, not a crash in the prediction."""
     lines = [line for line in path.read_text().splitlines() if line.strip()]
     try:
         records = [json.loads(line) for line in lines]
@@ -66,12 +83,16 @@ def load_noise_scale(text: str) -> NoiseScaleSource:
         gns = values[-1] if values else None
         steps = records[-1].get("step") if records else None
         batch = None  # metrics lines do not carry the global batch
-    if gns is None or not gns > 0:
-        raise ConfigError(
-            f"--noise-scale: {text} holds no positive noise scale (the run measured none: one worker "
-            "without accumulation, or --no-noise-scale); give the number instead"
-        )
-    return NoiseScaleSource(float(gns), steps, batch, source=str(path))
+    for name, value, kinds in (
+        ("noise scale", gns, (int, float)),
+        ("steps", steps, (int,)),
+        ("global_batch", batch, (int,)),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise TypeError(f"{name} is {value!r}, not a number")
+    if gns is not None and not math.isfinite(gns):
+        raise ValueError(f"noise scale is {gns}, not a finite number")
+    return gns, steps, batch
 
 
 def steps_to_target(batch: float, *, s_min: float, noise_scale: float) -> float:

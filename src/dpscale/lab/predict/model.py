@@ -35,6 +35,7 @@ bottleneck is the largest of them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 
@@ -43,13 +44,18 @@ from dpscale.errors import ConfigError
 from dpscale.lab.predict.cluster import Cluster
 from dpscale.lab.predict.costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
 from dpscale.lab.predict.degrade import INPUT_PIPELINE, INTERFERENCE, STRAGGLERS, ScaleTerms
-from dpscale.lab.predict.profile import ModelProfile
+from dpscale.lab.predict.profile import MB, ModelProfile
 from dpscale.lab.predict.sync import SyncCost
 from dpscale.lab.predict.timeline import BucketSpan, ReadyBucket, simulate
 
 ENGINE_CHOICES = (*PROFILE_ENGINES, "none")
 # Exposed communication below this share of the step is noise next to compute.
 COMPUTE_BOUND_SHARE = 0.05
+# what one prediction handles within a second (docs/performance-model.md): its work grows with
+# buckets x world sizes, and straggler terms with the world size
+MAX_BUCKET_PREDICTIONS = 6000  # buckets x world sizes: ~0.5 s measured at load 5 on 2 cores
+MAX_WORLD_SIZES = 64
+MAX_WORLD_SIZE = 1 << 20
 IN_STEP_LABEL = "in-step call overhead (waiting for peers, thread wake-ups)"
 ENGINE_PROFILE_TRANSPORT = "gloo"  # profiling.py times the engines on a one-worker gloo group
 SHM_TRANSPORTS = ("shm",)  # all in shared memory (hierarchical also calls gloo between hosts)
@@ -98,6 +104,12 @@ class PredictConfig:
     def __post_init__(self) -> None:
         if not self.world_sizes or any(n < 1 for n in self.world_sizes):
             raise ConfigError(f"--world-sizes: give world sizes >= 1, got {self.world_sizes}")
+        if len(self.world_sizes) > MAX_WORLD_SIZES or max(self.world_sizes) > MAX_WORLD_SIZE:
+            raise ConfigError(
+                f"--world-sizes: at most {MAX_WORLD_SIZES} world sizes of at most {MAX_WORLD_SIZE:,} "
+                f"workers each (one prediction stays within a second); got {len(self.world_sizes)}, "
+                f"up to {max(self.world_sizes):,}"
+            )
         if self.per_worker_batch is not None and self.per_worker_batch < 1:
             raise ConfigError(f"--per-worker-batch: must be >= 1, got {self.per_worker_batch}")
         if not self.bucket_mb > 0 or not self.first_bucket() > 0:
@@ -230,6 +242,25 @@ def _variation(
     return cv, node_cv, interference, per_doubling
 
 
+def check_bounds(profile: ModelProfile, config: PredictConfig, *, batches: int = 1) -> None:
+    """ConfigError when the model's gradients make more buckets than a prediction handles within a
+    second (each world size times each bucket); say so before laying them out (--params 1e300
+    made the layout loop until memory ran out)."""
+    if not profile.param_bytes >= 1:
+        raise ConfigError(f"--params: the model has {profile.param_bytes} bytes of gradients; give >= 1")
+    cap = config.bucket_mb * MB
+    sizes = len(config.world_sizes) * batches  # goodput predicts each per-worker batch
+    buckets = profile.param_bytes / cap
+    if buckets * sizes > MAX_BUCKET_PREDICTIONS:
+        most = MAX_BUCKET_PREDICTIONS // sizes
+        raise ConfigError(
+            f"--params: {profile.param_bytes:.3g} bytes of gradients make {buckets:.3g} buckets of "
+            f"--bucket-mb {config.bucket_mb:g}; {sizes} prediction(s) (world sizes x batches) handle at most "
+            f"{most} (one call within a second): give --bucket-mb "
+            f"{math.ceil(profile.param_bytes / max(1, most) / MB)} or more, or fewer --world-sizes"
+        )
+
+
 def predict(
     profile: ModelProfile,
     cluster: Cluster,
@@ -246,6 +277,7 @@ def predict(
     scale`'s) is predicted at that work for each N, unless --per-worker-batch sets one; efficiency
     then compares with one worker doing the N=1 work.
     """
+    check_bounds(profile, config)
     if profile.per_worker_batch_by_world_size and config.per_worker_batch is None:
         return _predict_by_work(profile, cluster, config, contention_by_world_size)
     prof = profile.at_batch(config.per_worker_batch or profile.per_worker_batch)

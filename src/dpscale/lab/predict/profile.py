@@ -41,6 +41,7 @@ from dpscale.engine.buckets import MB, assign_buckets
 from dpscale.errors import ConfigError
 from dpscale.lab.predict.sync import SyncCost
 from dpscale.lab.predict.timeline import ReadyBucket
+from dpscale.paths import write_no_follow
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -207,15 +208,24 @@ class ModelProfile:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         doc = {**self.to_dict(), "bytes_per_param": self.bytes_per_param}
-        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+        write_no_follow(path, json.dumps(doc, indent=2, allow_nan=False) + "\n")
         return path
 
     @classmethod
     def load(cls, path: str | Path, *, flag: str = "--profile") -> ModelProfile:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError, TypeError, KeyError) as e:
-            raise ConfigError(f"{flag}: cannot read a profile from {path}: {e}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(
+                f"{flag}: {path} is not a profile (not UTF-8 text); make one with dpscale profile"
+            ) from None
+        except RecursionError:
+            raise ConfigError(f"{flag}: {path} is not a profile (nested too deeply)") from None
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            text = " ".join(str(e).split())[:200]
+            raise ConfigError(
+                f"{flag}: cannot read a profile from {path}: {type(e).__name__}: {text}"
+            ) from None
 
 
 def step_to_step_cv(steps_ms: list[float], per_round: int) -> float:
@@ -245,6 +255,10 @@ def _even_buckets(total_bytes: int, backward_ms: float, cap: int, first_cap: int
     return buckets
 
 
+# beyond any model trained today; past it the numbers overflow the model's bucket layout
+MAX_PARAMS = 10**13
+
+
 def explicit(
     *,
     params: int,
@@ -256,8 +270,8 @@ def explicit(
 ) -> ModelProfile:
     """A profile from numbers: `step_compute_ms` split into backward (`backward_fraction`) and forward;
     named by its size unless `model` is given (reports' titles and headers show the name)."""
-    if params < 1:
-        raise ConfigError(f"--params: must be >= 1, got {params}")
+    if not 1 <= params <= MAX_PARAMS:
+        raise ConfigError(f"--params: must be between 1 and {MAX_PARAMS:.0e} (10 trillion), got {params:.3g}")
     if not bytes_per_param > 0:
         raise ConfigError(f"--bytes-per-param: must be > 0, got {bytes_per_param}")
     if not step_compute_ms > 0:

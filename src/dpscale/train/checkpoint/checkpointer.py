@@ -9,10 +9,15 @@ Both directions are collective and keep ranks in lockstep: rank 0 reads or write
 the outcome, an error included, so a failure on rank 0 stops every rank with the same message
 instead of leaving the others in a collective. Per-rank states (RNG streams, a comm hook's error
 feedback) are gathered to rank 0 and saved as `{"ranks": [one per rank]}`.
+
+Each checkpoint names the run that wrote it (files.py); a resume loads only its run's, and a
+checkpointer not told its run (`run_id=None`) takes the run of the checkpoint it resumes, or a new
+one. Only rank 0 reads or writes, so only rank 0's run id matters.
 """
 
 from __future__ import annotations
 
+import uuid
 import warnings
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
@@ -50,15 +55,19 @@ class Checkpointer:
         keep_last: int,
         expected_stems: Collection[str],
         on_file: Callable[[int, str], None] | None = None,
+        run_id: str | None = None,
     ):
         """`expected_stems`: the files every checkpoint must hold (others, like a hook's, may be
-        absent); `on_file(step, stem)` runs on rank 0 after each file is written (trainer callbacks)."""
+        absent); `on_file(step, stem)` runs on rank 0 after each file is written (trainer callbacks);
+        `run_id`: the run whose checkpoints these are (None: the resumed checkpoint's, or a new one)."""
         self.directory = Path(directory)
         self.group = group
         self.log = log
         self.keep_last = keep_last
         self.expected_stems = tuple(expected_stems)
         self.on_file = on_file
+        self.run_id_given = run_id is not None
+        self.run_id = run_id if run_id is not None else uuid.uuid4().hex[:16]
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
 
@@ -85,7 +94,12 @@ class Checkpointer:
                 payload[name] = {**(extra or {}).get(name, {}), "ranks": states}
             try:
                 path = save_checkpoint(
-                    self.directory, step, payload, keep_last=self.keep_last, on_file=self.on_file
+                    self.directory,
+                    step,
+                    payload,
+                    keep_last=self.keep_last,
+                    on_file=self.on_file,
+                    run_id=self.run_id,
                 )
                 outcome = [str(path), None]
             except Exception as e:  # every rank must learn of it, or the others wait for a path forever
@@ -98,16 +112,26 @@ class Checkpointer:
             raise RuntimeError(f"rank 0 could not write the checkpoint of step {step}: {outcome[1]}")
         return outcome[0]
 
-    def resume(self, apply: Callable[[LoadedCheckpoint], None]) -> str | None:
-        """Collective: `apply` the newest checkpoint that verifies on every rank; its path, or None
-        (a fresh start) when there is none. Raises CheckpointError on every rank if one rank fails."""
+    def resume(
+        self, apply: Callable[[LoadedCheckpoint], None], trusted: dict[str, Any] | None = None
+    ) -> str | None:
+        """Collective: `apply` the newest checkpoint of this run that verifies on every rank; its
+        path, or None (a fresh start) when there is none. Raises CheckpointError on every rank if
+        one rank fails. `trusted`: what the launcher verified (files.load_latest), not hashed again."""
         choice: list = [None, None]  # path, error
         loaded: LoadedCheckpoint | None = None
         if self.rank == 0:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", CheckpointWarning)  # reported below, one line each
-                    loaded = load_latest(self.directory, expected_stems=self.expected_stems)
+                    loaded = load_latest(
+                        self.directory,
+                        expected_stems=self.expected_stems,
+                        run_id=self.run_id if self.run_id_given else None,
+                        trusted=trusted,
+                    )
+                if loaded is not None:
+                    self.run_id = loaded.run_id
                 choice = [str(loaded.path) if loaded else None, None]
                 for line in loaded.skipped if loaded else []:
                     logger.warning("rejected %s; trying an older checkpoint", line)
@@ -126,18 +150,28 @@ class Checkpointer:
             apply(loaded or load_checkpoint(choice[0], expected_stems=self.expected_stems))
             error = None
         except Exception as e:  # noqa: BLE001 - reported to every rank, then raised everywhere
-            error = f"rank {self.rank}: {type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"
         errors: list = [None] * self.world_size
         self.log.record("all_gather_object", "resume outcome")
         dist.all_gather_object(errors, error, group=self.group)
-        failed = [e for e in errors if e]
-        if failed:
-            raise CheckpointError(f"cannot resume from {choice[0]}: {'; '.join(failed)}")
+        if any(errors):
+            raise CheckpointError(f"cannot resume from {choice[0]}: {_by_rank(errors)}")
         return choice[0]
 
     @property
     def _rank0(self) -> int:
         return global_rank(self.group, 0)
+
+
+def _by_rank(errors: list[str | None]) -> str:
+    """Each distinct error once, with the ranks that had it ("every rank" when all did the same)."""
+    ranks: dict[str, list[int]] = {}
+    for rank, error in enumerate(errors):
+        if error:
+            ranks.setdefault(error, []).append(rank)
+    if len(ranks) == 1 and len(next(iter(ranks.values()))) == len(errors) > 1:
+        return f"every rank: {next(iter(ranks))}"
+    return "; ".join(f"rank {', '.join(map(str, r))}: {e}" for e, r in ranks.items())
 
 
 def load_into(load_state_dict: Callable[[Any], Any], state: object, path: Path) -> None:

@@ -1,7 +1,9 @@
 """Checkpoints on disk: atomic writes and verified loads (the RNG states they hold: rank_state.py).
 
 A checkpoint is a directory `step-XXXXXXXX` holding one `torch.save` file per payload entry and a
-`manifest.json` (written last) with each file's size and SHA-256. Files on disk are untrusted: every
+`manifest.json` (written last) with each file's size and SHA-256 and the id of the run that wrote
+it: a directory may hold the checkpoints of another run (copied in, or left by an earlier job), and
+pruning and loading then keep to one run's. Files on disk are untrusted: every
 load is checked against the manifest and goes through `torch.load(weights_only=True)`, so a tampered
 file is reported and skipped, never executed. There is a single writer (rank 0); no torch.distributed here.
 """
@@ -39,6 +41,9 @@ _STEM = re.compile(r"[A-Za-z0-9_-]+")
 # OrderedDict, torch.Size and Parameter are what state_dict() and optimizers actually produce
 _CONTAINERS = (dict, OrderedDict, list, tuple, torch.Size)
 _LEAVES = (int, float, str, bool, type(None))
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# the run of a checkpoint written before manifests named their run: all such belong to one run
+UNNAMED_RUN = "unnamed"
 
 
 class CheckpointError(ConfigError):
@@ -56,6 +61,9 @@ class LoadedCheckpoint:
     payload: dict[str, Any]
     # one line per newer checkpoint that was rejected on the way to this one (empty if none)
     skipped: list[str]
+    run_id: str = UNNAMED_RUN
+    # what was verified: hand it to a later load (`trusted`) so the files are not hashed twice
+    verified: dict[str, Any] | None = None
 
 
 class _Rejected(Exception):
@@ -74,10 +82,13 @@ def save_checkpoint(
     *,
     keep_last: int = 3,
     on_file: Callable[[int, str], None] | None = None,
+    run_id: str = UNNAMED_RUN,
 ) -> Path:
-    """Write `payload` (stem -> weights_only-safe object) as checkpoint `step` under `root`; returns its path.
+    """Write `payload` (stem -> weights_only-safe object) as checkpoint `step` of run `run_id` under
+    `root`; returns its path.
 
-    Keeps `keep_last` checkpoints: this one and the `keep_last - 1` others with the highest steps.
+    Keeps `keep_last` checkpoints of this run: this one and the `keep_last - 1` others with the
+    highest steps; another run's are never touched (an unreadable entry counts as this run's).
     Also removes `.tmp-*` directories left by a writer that was killed: a writer holds a lock on
     its temporary directory while it writes, so one still being written is never taken for a leftover.
     `on_file(step, stem)` is called after each file is written into the temporary directory
@@ -87,6 +98,8 @@ def save_checkpoint(
         raise ConfigError(f"keep_last must be >= 1 (got {keep_last}); it is how many checkpoints to keep")
     if type(step) is not int or step < 0:
         raise ConfigError(f"step must be a non-negative int (got {step!r})")
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise ConfigError(f"run_id {run_id!r} must be 1 to 64 letters, digits, '_' or '-'")
     if not payload:
         raise ConfigError("payload is empty; pass at least one entry such as {'model': model.state_dict()}")
     for stem, obj in payload.items():
@@ -105,8 +118,8 @@ def save_checkpoint(
     final = root / step_dir_name(step)
     with contextlib.ExitStack() as held:
         tmp = _locked_tmp_dir(root, step, held)  # released when the write is done, or by the writer's death
-        _write(root, tmp, final, step, payload, on_file)
-    older = sorted((s, p) for s, p in _step_entries(root) if p != final)
+        _write(root, tmp, final, step, payload, on_file, run_id)
+    older = sorted((s, p) for s, p in _step_entries(root) if p != final and _run_of(p) in (run_id, None))
     for old_step, path in older[: max(0, len(older) - (keep_last - 1))]:
         _discard(path, old_step)
     return final
@@ -119,6 +132,7 @@ def _write(
     step: int,
     payload: dict[str, Any],
     on_file: Callable[[int, str], None] | None,
+    run_id: str,
 ) -> None:
     aside = None
     try:
@@ -133,7 +147,7 @@ def _write(
             if on_file is not None:
                 on_file(step, stem)
         # the manifest goes last: a directory without one is by definition incomplete
-        manifest = {"format_version": FORMAT_VERSION, "step": step, "files": files}
+        manifest = {"format_version": FORMAT_VERSION, "step": step, "run_id": run_id, "files": files}
         with open(tmp / MANIFEST_NAME, "w") as f:
             json.dump(manifest, f, indent=1)
             f.flush()
@@ -161,8 +175,14 @@ def load_latest(
     *,
     expected_stems: Collection[str] = (),
     only: Collection[str] | None = None,
+    run_id: str | None = None,
+    trusted: dict[str, Any] | None = None,
 ) -> LoadedCheckpoint | None:
     """Load the newest checkpoint under `root` that verifies; None if there is none at all.
+
+    With `run_id`, only that run's checkpoints count (another run's are neither loaded nor
+    rejected). `trusted` is an earlier load's `verified`: its files, unchanged since (same inode,
+    size and change time), are not hashed again.
 
     Each rejected newer checkpoint is warned about (CheckpointWarning) and listed in `skipped`.
     Raises CheckpointError if checkpoints exist but none verifies. A checkpoint lacking any of
@@ -178,7 +198,9 @@ def load_latest(
         try:
             if path.is_symlink() or not path.is_dir():
                 raise _Rejected(path, "is not a directory (a checkpoint is a directory dpscale writes)")
-            manifest_step, stems = _verify(path, expected_stems)
+            if run_id is not None and _run_of(path) not in (run_id, None):
+                continue  # another run's: not ours to load, nor to call damaged
+            manifest_step, stems, verified = _verify(path, expected_stems, trusted)
             if manifest_step != step:
                 raise _Rejected(path / MANIFEST_NAME, f"manifest says step {manifest_step}, not {step}")
             payload = _load(path, [s for s in stems if only is None or s in only])
@@ -187,7 +209,14 @@ def load_latest(
             warnings.warn(f"{e}; trying an older checkpoint", CheckpointWarning, stacklevel=2)
             continue
         _remove_tmp_dirs_before(root, step)
-        return LoadedCheckpoint(path=path, step=step, payload=payload, skipped=skipped)
+        return LoadedCheckpoint(
+            path=path,
+            step=step,
+            payload=payload,
+            skipped=skipped,
+            run_id=_run_of(path) or UNNAMED_RUN,
+            verified=verified,
+        )
     if skipped:
         # one line (the CLI shows a ConfigError's first line only), newest first
         raise CheckpointError(f"no valid checkpoint under {root}: " + "; ".join(skipped))
@@ -200,15 +229,58 @@ def load_checkpoint(
     """Verify and load the one checkpoint directory `path`; CheckpointError names the bad file and why."""
     path = Path(path)
     try:
-        step, stems = _verify(path, expected_stems)
+        step, stems, verified = _verify(path, expected_stems)
         payload = _load(path, stems)
     except _Rejected as e:
         raise CheckpointError(str(e)) from None
-    return LoadedCheckpoint(path=path, step=step, payload=payload, skipped=[])
+    run_id = _run_of(path) or UNNAMED_RUN
+    return LoadedCheckpoint(
+        path=path, step=step, payload=payload, skipped=[], run_id=run_id, verified=verified
+    )
 
 
-def _verify(directory: Path, expected_stems: Collection[str]) -> tuple[int, list[str]]:
-    """Check `directory` against its manifest; returns the step and the file stems it lists."""
+def runs_in(root: str | os.PathLike[str]) -> dict[str, list[int]]:
+    """The runs whose checkpoints are under `root`: run id -> its steps, ascending (entries whose
+    manifest cannot be read are left out: they are no run's, and loading skips them)."""
+    root = Path(root)
+    if not root.is_dir():
+        return {}
+    runs: dict[str, list[int]] = {}
+    for step, path in sorted(_step_entries(root)):
+        if (run := _run_of(path)) is not None:
+            runs.setdefault(run, []).append(step)
+    return runs
+
+
+def remove_checkpoints(root: str | os.PathLike[str]) -> int:
+    """Delete every checkpoint under `root` (starting a run over); returns how many there were."""
+    entries = _step_entries(Path(root)) if Path(root).is_dir() else []
+    for step, path in entries:
+        _discard(path, step)
+    return len(entries)
+
+
+def _run_of(directory: Path) -> str | None:
+    """The run that wrote checkpoint `directory` (UNNAMED_RUN before manifests named it); None
+    when its manifest cannot be read (not a checkpoint, or a damaged one)."""
+    manifest_path = directory / MANIFEST_NAME
+    try:
+        if manifest_path.is_symlink() or manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
+            return None
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    run = manifest.get("run_id", UNNAMED_RUN) if isinstance(manifest, dict) else None
+    return run if isinstance(run, str) and RUN_ID.fullmatch(run) else None
+
+
+def _verify(
+    directory: Path, expected_stems: Collection[str], trusted: dict[str, Any] | None = None
+) -> tuple[int, list[str], dict[str, Any]]:
+    """Check `directory` against its manifest; returns the step, the file stems it lists and what
+    was verified (for `trusted`: each file's identity once its hash matched)."""
+    known = trusted.get("files", {}) if trusted and trusted.get("path") == str(directory) else {}
+    verified: dict[str, Any] = {"path": str(directory), "files": {}}
     manifest_path = directory / MANIFEST_NAME
     if not manifest_path.is_file():
         raise _Rejected(manifest_path, "missing (partial checkpoint: the writer did not finish)")
@@ -233,28 +305,35 @@ def _verify(directory: Path, expected_stems: Collection[str]) -> tuple[int, list
         # names come from an untrusted file: no path separators, so nothing outside `directory` is read
         if not isinstance(name, str) or not name.endswith(".pt") or not _STEM.fullmatch(name[:-3]):
             raise _Rejected(manifest_path, f"lists an invalid file name {name!r}")
-        path = directory / name
-        if not path.is_file():
-            raise _Rejected(path, "missing")
-        if path.is_symlink():
-            # the writer never makes links; one could point at any file this user can read
-            raise _Rejected(path, "is a symbolic link; a checkpoint holds regular files only")
-        actual_size = path.stat().st_size
-        if actual_size != size_bytes:
-            raise _Rejected(
-                path, f"size {actual_size} bytes, manifest says {size_bytes} (truncated or changed)"
-            )
+        verified["files"][name] = _verify_file(directory / name, size_bytes, sha256, known.get(name))
+        stems.append(name[:-3])
+    missing = sorted(set(expected_stems) - set(stems))
+    if missing:
+        raise _Rejected(manifest_path, f"lists no file for {missing}")
+    return step, stems, verified
+
+
+def _verify_file(path: Path, size_bytes: object, sha256: object, known: object) -> list:
+    """Check one listed file; returns its identity (device, inode, size, times, hash), with which
+    a later load whose `trusted` holds it skips the hash."""
+    if not path.is_file():
+        raise _Rejected(path, "missing")
+    if path.is_symlink():
+        # the writer never makes links; one could point at any file this user can read
+        raise _Rejected(path, "is a symbolic link; a checkpoint holds regular files only")
+    st = path.stat()
+    if st.st_size != size_bytes:
+        raise _Rejected(path, f"size {st.st_size} bytes, manifest says {size_bytes} (truncated or changed)")
+    # any write to a file changes its ctime, which no user call can set back
+    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha256]
+    if known != identity:
         try:
             digest = _sha256(path)
         except OSError as e:
             raise _Rejected(path, f"unreadable ({type(e).__name__}: {e.strerror})") from None
         if digest != sha256:
             raise _Rejected(path, "sha256 mismatch (file changed or corrupt)")
-        stems.append(name[:-3])
-    missing = sorted(set(expected_stems) - set(stems))
-    if missing:
-        raise _Rejected(manifest_path, f"lists no file for {missing}")
-    return step, stems
+    return identity
 
 
 def _load(directory: Path, stems: list[str]) -> dict[str, Any]:

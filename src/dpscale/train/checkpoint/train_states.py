@@ -56,16 +56,18 @@ class TrainStates:
         callbacks: Sequence[TrainerCallback],
         directory: str | None,
         keep_last: int,
+        run_id: str | None = None,
     ):
         """`comm_state`: the comm hook's state (PowerSGD's Qs and errors), None for stateless hooks;
-        `directory`: where checkpoints go, None when the run saves none."""
+        `directory`: where checkpoints go, None when the run saves none; `run_id`: the run they
+        belong to (Checkpointer)."""
         self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
         self.state, self.precision, self.noise_scale, self.growth = state, precision, noise_scale, growth
         self.comm_state, self.compression = comm_state, compression
         self.group, self.log, self.callbacks = group, log, callbacks
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self.checkpointer = self._checkpointer(directory, keep_last) if directory else None
+        self.checkpointer = self._checkpointer(directory, keep_last, run_id) if directory else None
 
     def shared(self, sampler: Stateful) -> dict[str, Stateful]:
         """The named objects a checkpoint saves from rank 0."""
@@ -79,7 +81,7 @@ class TrainStates:
             states["comm_hook"] = HookState(self.comm_state, self.module)
         return states
 
-    def _checkpointer(self, directory: str, keep_last: int) -> Checkpointer:
+    def _checkpointer(self, directory: str, keep_last: int, run_id: str | None) -> Checkpointer:
         def on_file(step: int, stem: str) -> None:
             for c in self.callbacks:
                 c.on_checkpoint_file(step, stem)
@@ -91,6 +93,7 @@ class TrainStates:
             keep_last=keep_last,
             expected_stems=(*SHARED, "rng"),  # a hook's state is there only with a hook
             on_file=on_file,
+            run_id=run_id,
         )
 
     def save(self, sampler: Stateful) -> str:
@@ -102,10 +105,12 @@ class TrainStates:
         extra = {"comm_hook": {"compression": self.compression}}
         return self.checkpointer.save(self.state.step, self.shared(sampler), self.per_rank(), extra)
 
-    def resume(self, apply: Callable[[LoadedCheckpoint], None]) -> str | None:
+    def resume(
+        self, apply: Callable[[LoadedCheckpoint], None], trusted: dict[str, Any] | None = None
+    ) -> str | None:
         """Collective: `apply` the newest checkpoint that verifies; its path, None for a fresh start."""
         assert self.checkpointer is not None, "config validation: resume needs checkpoint_dir"
-        return self.checkpointer.resume(apply)
+        return self.checkpointer.resume(apply, trusted)
 
     def load_progress(self, payload: dict, saved: TrainState, where: Path) -> None:
         """The model, optimizer (with fp16's loss scale), scheduler, the loop's counters and the
@@ -116,8 +121,12 @@ class TrainStates:
             ("scheduler", self.scheduler),
         ):
             load_into(obj.load_state_dict, payload[name], where / f"{name}.pt")
+            if name == "scheduler":
+                continue  # below, once the model and optimizer are known to fit
             if name == "optimizer":  # the loss scale with the optimizer state it scaled
                 load_into(self.precision.load_state_dict, saved.grad_scaler, where / "trainer.pt")
+        _check_same_lr(self.scheduler.base_lrs, payload["scheduler"], where)
+        load_into(self.scheduler.load_state_dict, payload["scheduler"], where / "scheduler.pt")
         state = self.state
         state.step, state.samples_seen = saved.step, saved.samples_seen
         state.skipped_steps, state.last_loss = saved.skipped_steps, saved.last_loss
@@ -140,3 +149,22 @@ class TrainStates:
             raise CheckpointError(f"checkpoint {where / 'rng.pt'} holds no RNG states")
         # a restart with more workers than before: ranks beyond the old world reuse a saved stream
         RngState().load_state_dict(rngs[self.rank % len(rngs)])
+
+
+def _check_same_lr(configured: list, saved_scheduler: object, where: Path) -> None:
+    """A resume continues the saved schedule, whose base rates would silently replace the
+    configured ones: a run that asks for another rate is refused instead of ignored."""
+    saved = saved_scheduler.get("base_lrs") if isinstance(saved_scheduler, dict) else None
+    if not isinstance(saved, list) or len(saved) != len(configured) or saved == configured:
+        return  # a malformed state is load_into's to report
+    raise CheckpointError(
+        f"lr: checkpoint {where} was trained with lr {_rates(saved)}, and this run asks for "
+        f"{_rates(configured)}; a resume continues the saved schedule: give lr {_rates(saved)}, "
+        "or start_over (--start-over) for a new run"
+    )
+
+
+def _rates(lrs: list) -> str:
+    return ", ".join(
+        f"{lr:g}" if isinstance(lr, float | int) else repr(lr) for lr in sorted(set(lrs), key=str)
+    )
