@@ -115,14 +115,9 @@ class TrainStates:
     def load_progress(self, payload: dict, saved: TrainState, where: Path) -> None:
         """The model, optimizer (with fp16's loss scale), scheduler, the loop's counters and the
         noise scale's sums, from a checkpoint whose trainer.pt is `saved`."""
-        for name, obj in (
-            ("model", self.module),
-            ("optimizer", self.optimizer),
-            ("scheduler", self.scheduler),
-        ):
+        # the scheduler last, once the model and optimizer are known to fit: its rates are checked
+        for name, obj in (("model", self.module), ("optimizer", self.optimizer)):
             load_into(obj.load_state_dict, payload[name], where / f"{name}.pt")
-            if name == "scheduler":
-                continue  # below, once the model and optimizer are known to fit
             if name == "optimizer":  # the loss scale with the optimizer state it scaled
                 load_into(self.precision.load_state_dict, saved.grad_scaler, where / "trainer.pt")
         _check_same_lr(self.scheduler.base_lrs, payload["scheduler"], where)
