@@ -91,6 +91,19 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def flag_fields(cls: type) -> list[tuple[str, dataclasses.Field, type]]:
+    """(name, field, the dataclass declaring it) for each flag of `cls`, in --help's order.
+
+    A config made of sections (TrainConfig) lists its sections' fields itself, flat, through a
+    `flat_fields()` classmethod; the name is then the flag's in snake case (`checkpoint_dir` for
+    `CheckpointConfig.dir`), which is also the argparse dest and the TOML key. Any other dataclass:
+    its own fields under their own names."""
+    flat = getattr(cls, "flat_fields", None)
+    if flat is not None:
+        return flat()
+    return [(f.name, f, cls) for f in dataclasses.fields(cls)]
+
+
 def _base_type(annotation) -> type:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
@@ -135,53 +148,55 @@ def add_dataclass_arguments(
     A field without a default is a required flag (argparse refuses the command without it); a
     field with `flag_spec(group=...)` is listed under that argument group. `aliases` gives a
     field more spellings in this command only (`dpscale run` takes torchrun's)."""
-    docs = field_docs(cls)
-    hints = typing.get_type_hints(cls)
+    docs: dict[type, dict[str, str]] = {}
+    hints: dict[type, dict[str, Any]] = {}
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
+    for key, f, owner in flag_fields(cls):
+        if key in skip:
             continue
+        if owner not in docs:
+            docs[owner], hints[owner] = field_docs(owner), typing.get_type_hints(owner)
         meta = f.metadata.get(_KEY) or {}
         title = meta.get("group")
         if title and title not in groups:
             groups[title] = parser.add_argument_group(title)
         add = groups[title].add_argument if title else parser.add_argument
-        kind = _base_type(hints[f.name])
-        help_text = meta.get("help") or docs.get(f.name, "")
+        kind = _base_type(hints[owner][f.name])
+        help_text = meta.get("help") or docs[owner].get(f.name, "")
         if "default" not in help_text:  # a text that names its default knows it better than the field
             help_text += _default_text(f)
         help_text = help_text.replace("%", "%%")  # argparse %-formats help
         deprecated = meta.get("deprecated", ())
-        names = (flag_name(f), *meta.get("aliases", ()), *(aliases or {}).get(f.name, ()), *deprecated)
+        names = (flag_name(f), *meta.get("aliases", ()), *(aliases or {}).get(key, ()), *deprecated)
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if kind is bool:
-            action = add(*names, dest=f.name, action="store_true", default=None, help=help_text)
+            action = add(*names, dest=key, action="store_true", default=None, help=help_text)
         else:
             action = add(
                 *names,
                 action=_StoreFlag,
                 deprecated=deprecated,
-                dest=f.name,
+                dest=key,
                 type=str if meta.get("parse") else kind,  # float flags: the CLI refuses nan/inf (cli/main.py)
                 default=None,
-                metavar=meta.get("metavar") or (None if meta.get("choices") else f.name.upper()),
+                metavar=meta.get("metavar") or (None if meta.get("choices") else key.upper()),
                 choices=meta.get("choices"),
                 required=required,
                 help=help_text,
             )
         # which field the flag sets: tests/test_flags.py finds hand-written flags by its absence
-        action.config_field = f"{cls.__name__}.{f.name}"  # type: ignore[attr-defined]
+        action.config_field = f"{owner.__name__}.{f.name}"  # type: ignore[attr-defined]
 
 
 def dataclass_kwargs(args: argparse.Namespace, cls: type) -> dict:
     """The fields whose flags were given, each through its parser when it has one."""
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        value = getattr(args, f.name, None)
+    for key, f, _ in flag_fields(cls):
+        value = getattr(args, key, None)
         if value is None:
             continue
         parse = (f.metadata.get(_KEY) or {}).get("parse")
-        kwargs[f.name] = parse(value) if parse else value
+        kwargs[key] = parse(value) if parse else value
     return kwargs
 
 
@@ -262,22 +277,22 @@ def config_file_kwargs(path: str, cls: type, *, flag: str = "--config") -> dict:
         raise ConfigError(f"{flag}: {path} is not valid TOML: {e}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{flag}: {path} is not a TOML file (not UTF-8 text)") from None
-    hints = typing.get_type_hints(cls)
-    by_key: dict[str, dataclasses.Field] = {}
-    for f in dataclasses.fields(cls):
-        by_key[f.name] = by_key[flag_name(f).removeprefix("--")] = f
+    by_key: dict[str, tuple[str, dataclasses.Field, type]] = {}
+    for name, f, owner in flag_fields(cls):
+        by_key[name] = by_key[flag_name(f).removeprefix("--")] = (name, f, owner)
     out = {}
     for key, value in raw.items():
-        found = by_key.get(key) or by_key.get(key.replace("-", "_"))
+        name, found, owner = by_key.get(key) or by_key.get(key.replace("-", "_")) or ("", None, cls)
         if found is None:
             # in --help's order: ungrouped fields first (inherited ones may be grouped)
             listed = sorted(
-                dataclasses.fields(cls), key=lambda f: bool((f.metadata.get(_KEY) or {}).get("group"))
+                (f for _, f, _ in flag_fields(cls)),
+                key=lambda f: bool((f.metadata.get(_KEY) or {}).get("group")),
             )
             known = ", ".join(flag_name(f).removeprefix("--") for f in listed)
             raise ConfigError(f"{flag}: {path} sets {key!r}, which is not one of its keys: {known}")
-        out[found.name] = _file_value(
-            found, _base_type(hints[found.name]), value, f"{flag}: {path} sets {key!r}"
+        out[name] = _file_value(
+            found, _base_type(typing.get_type_hints(owner)[found.name]), value, f"{flag}: {path} sets {key!r}"
         )
     return out
 

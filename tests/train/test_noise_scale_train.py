@@ -8,7 +8,7 @@ from torch import nn
 
 from dpscale import Task
 from dpscale.lab.multirank import run_ranks
-from dpscale.train.config import TrainConfig
+from dpscale.train.config import AdaptiveConfig, TrainConfig
 from dpscale.train.trainer import Trainer
 from dpscale.workloads.datasets import TensorData
 
@@ -68,7 +68,7 @@ BASE["noise_scale_every"] = 1  # every step: the steadiest estimate in the fewes
 @pytest.mark.parametrize(
     ("world", "extra", "steps"),
     [
-        (2, dict(global_batch=128, noise_scale_every=TrainConfig.noise_scale_every), 3200),
+        (2, dict(global_batch=128, noise_scale_every=AdaptiveConfig.noise_scale_every), 3200),
         (1, dict(global_batch=128, accumulation_steps=2), 1600),
     ],
     ids=["2-workers-default-every-8", "1-worker-accumulation"],

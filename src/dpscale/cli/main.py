@@ -53,7 +53,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     fields.update(flags)
     if fields.get("task") is None and fields.get("workload") is None:
         fields["workload"] = "digits"
-    cfg = TrainConfig(**fields)
+    cfg = TrainConfig.from_flat(**fields)
     min_nproc, nproc = launch_opts.nproc_range
     nodes = launch_opts.nodes()
     check_config(cfg, [nproc, min_nproc])

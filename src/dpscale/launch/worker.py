@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         fields = dataclass_kwargs(args, TrainConfig)
         if fields.get("task") is None and fields.get("workload") is None:
             fields["workload"] = "digits"
-        cfg = TrainConfig(**fields)
+        cfg = TrainConfig.from_flat(**fields)
         options = WorkerOptions(**dataclass_kwargs(args, WorkerOptions))
     except ConfigError as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")

@@ -250,7 +250,7 @@ class Trainer:
         with self._explained():
             model = wrap(
                 module,
-                cfg.engine,
+                cfg.engine.name,
                 device_ids=device_ids,
                 process_group=self.group,
                 bucket_cap_mb=cfg.bucket_cap_mb,
@@ -567,7 +567,7 @@ class Trainer:
             checkpoint=self.last_checkpoint,
             skipped_steps=state.skipped_steps,
             resumed_from_step=self.resumed_from,
-            engine=cfg.engine,
+            engine=cfg.engine.name,
             transport=transport,
             eval=scores,
             stopped_by=self.stopped_by,

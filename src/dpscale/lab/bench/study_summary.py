@@ -27,7 +27,7 @@ from dpscale.lab.bench.convergence import ConvergenceResult
 from dpscale.lab.bench.report import CellFormat, text_table
 from dpscale.lab.bench.scaling import ScalingResult
 from dpscale.lab.bench.weak import WeakResult
-from dpscale.train.config import TrainConfig
+from dpscale.train.config import EngineConfig
 
 COLUMNS = [
     "model",
@@ -109,7 +109,7 @@ def summary_rows(
                 "busbw_GBps": busbw.get((p.transport, p.world_size)),
             }
     # `bench convergence` trains through the Trainer with its default engine unless it says otherwise
-    engine = getattr(convergence.config, "engine", TrainConfig.engine)
+    engine = getattr(convergence.config, "engine", EngineConfig.name)
     for r in convergence.runs:
         key = (convergence.config.workload, engine, r.world_size)
         rows.setdefault(key, _row(*key))["convergence_gap"] = r.max_rel_gap
