@@ -70,7 +70,7 @@ def _variant(rank: int, task: str, k: int | str, seed: int) -> dict:
     if grow is not None:
         callbacks.append(grow)
     with tempfile.TemporaryDirectory() as tmp:
-        config = TrainConfig(
+        config = TrainConfig.from_flat(
             workload=task,
             global_batch=start,
             micro_batch=micro,

@@ -25,7 +25,7 @@ from dpscale.train.trainer import Trainer
 
 
 def fit(rank: int, world: int, cfg: dict) -> dict:
-    return Trainer(TrainConfig(**cfg)).fit().to_dict()
+    return Trainer(TrainConfig.from_flat(**cfg)).fit().to_dict()
 
 
 def timed(world: int, cfg: dict) -> tuple[dict, float]:

@@ -71,7 +71,7 @@ def _long_run(
     base = 2 * micro
     watch = TargetWatch(name="loss", value=-math.inf, every_samples=base * every)  # never met
     with tempfile.TemporaryDirectory() as tmp:
-        config = TrainConfig(
+        config = TrainConfig.from_flat(
             workload=task,
             global_batch=base,
             micro_batch=micro,
@@ -107,7 +107,7 @@ def _step_times(
     for _ in range(ROUNDS):
         for k in ks:
             with tempfile.TemporaryDirectory() as tmp:
-                config = TrainConfig(
+                config = TrainConfig.from_flat(
                     workload=task,
                     global_batch=2 * micro * k,
                     micro_batch=micro,

@@ -210,7 +210,7 @@ def _train_seed(
         if hessian:
             callbacks.append(hessian)
         with tempfile.TemporaryDirectory() as tmp:
-            config = TrainConfig(
+            config = TrainConfig.from_flat(
                 global_batch=batch,
                 micro_batch=spec.base_batch // 2,
                 max_steps=spec.max_steps,

@@ -237,14 +237,16 @@ def test_compression_names_map_to_hooks():
         compression_hook("zip", None)
 
 
-# ---- wiring: TrainConfig.compression and `dpscale bench convergence --compression` ----------------
+# ---- wiring: TrainConfig.engine.compression and `dpscale bench convergence --compression` ----------------
 
 
 def train_compressed(rank, world):
     from dpscale.train.config import TrainConfig
     from dpscale.train.trainer import Trainer
 
-    config = TrainConfig(workload="synthetic", max_steps=12, compression="powersgd", progress="none")
+    config = TrainConfig.from_flat(
+        workload="synthetic", max_steps=12, compression="powersgd", progress="none"
+    )
     trainer = Trainer(config)
     result = trainer.fit()
     state = trainer.model.reducer.comm_hook[0]
@@ -264,7 +266,7 @@ def test_compression_is_validated_where_it_is_configured():
     from dpscale.train.config import TrainConfig
 
     with pytest.raises(ValueError, match="^compression: unknown 'zip'"):
-        TrainConfig(compression="zip")
+        TrainConfig.from_flat(compression="zip")
     with pytest.raises(ValueError, match="^--compression: unknown 'zip'"):
         ConvergenceConfig(samples=640, compression="zip")
     assert ConvergenceConfig(samples=640, compression="powersgd").compression == "powersgd"

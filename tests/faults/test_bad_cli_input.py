@@ -83,7 +83,7 @@ def test_non_finite_numbers_are_refused_by_the_config_too():
     floats = ("lr", "weight_decay", "bucket_cap_mb", "grad_clip_norm", "momentum", "collective_timeout_s")
     for field in floats:
         with pytest.raises(ValueError, match=f"{field} must be a finite number"):
-            TrainConfig(**{field: float("nan")})
+            TrainConfig.from_flat(**{field: float("nan")})
 
 
 @pytest.fixture
@@ -241,8 +241,8 @@ def test_a_grown_auto_batch_checkpoint_passes_the_launchers_resume_check(tmp_pat
     found = types.SimpleNamespace(payload={"trainer": grown.state_dict()}, path=tmp_path / "step-00000016")
     monkeypatch.setattr(preflight, "load_latest", lambda *a, **k: found)
     common = dict(workload="digits", checkpoint_dir=str(tmp_path), resume=True)
-    preflight.check_resume_point(TrainConfig(global_batch="auto", **common))
+    preflight.check_resume_point(TrainConfig.from_flat(global_batch="auto", **common))
     with pytest.raises(
         ValueError, match="had grown to global batch 256 under global_batch auto; resume with"
     ):
-        preflight.check_resume_point(TrainConfig(global_batch=64, **common))
+        preflight.check_resume_point(TrainConfig.from_flat(global_batch=64, **common))

@@ -32,7 +32,7 @@ def train_with_own_group(rank, world, cfg, store_path):
         timeout=datetime.timedelta(seconds=cfg["collective_timeout_s"]),
     )
     try:
-        return Trainer(TrainConfig(**cfg), callbacks=[FaultInjector()]).fit().steps
+        return Trainer(TrainConfig.from_flat(**cfg), callbacks=[FaultInjector()]).fit().steps
     finally:
         dist.destroy_process_group()
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 
 def fit(rank, world, cfg):
-    return Trainer(TrainConfig(**cfg), callbacks=[FaultInjector()]).fit().steps
+    return Trainer(TrainConfig.from_flat(**cfg), callbacks=[FaultInjector()]).fit().steps
 
 
 def test_perturbed_parameter_stops_the_run_within_one_check_interval():

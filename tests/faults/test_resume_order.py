@@ -22,7 +22,7 @@ TOTAL, STOP = 24, 13
 
 
 def fit_and_record(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg))
+    trainer = Trainer(TrainConfig.from_flat(**cfg))
     seen = record_batches(trainer)
     result = trainer.fit()
     params = {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}

@@ -35,12 +35,14 @@ def test_which_sizes_can_start_under_each_world_change_policy(tmp_path):
     """64 does not split over 3 workers. keep-global-batch never starts 3; scale-lr may be asked for
     3 (a checkpoint may exist by the time it comes to it) and starts 3 only once one does."""
     ckpt = tmp_path / "ckpt"
-    keep = TrainConfig(workload="digits", global_batch=64, checkpoint_dir=str(ckpt), resume=True)
-    scale = replace(keep, world_change="scale-lr")
+    keep = TrainConfig.from_flat(workload="digits", global_batch=64, checkpoint_dir=str(ckpt), resume=True)
+    scale = replace(keep, checkpoint=replace(keep.checkpoint, world_change="scale-lr"))
     assert not _splits(keep, 3) and not _can_start(keep, 3) and _can_start(keep, 2)
     assert _splits(scale, 3) and not _can_start(scale, 3)
     (ckpt / "step-00000010").mkdir(parents=True)
     assert _can_start(scale, 3) and not _can_start(keep, 3)
-    assert not _can_start(replace(scale, resume=False), 3), "a fresh start splits the configured batch"
+    assert not _can_start(replace(scale, checkpoint=replace(scale.checkpoint, resume=False)), 3), (
+        "a fresh start splits the configured batch"
+    )
     with pytest.raises(ValueError, match="global_batch 64 is not divisible by the world size 3"):
-        launch(replace(scale, checkpoint_dir=str(tmp_path / "empty")), 3)
+        launch(replace(scale, checkpoint=replace(scale.checkpoint, dir=str(tmp_path / "empty"))), 3)

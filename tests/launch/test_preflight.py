@@ -19,7 +19,7 @@ def test_preflight_imports_nothing_of_the_trainer():
 
 
 def test_preflight_checks_the_task_it_is_given():
-    cfg = TrainConfig(workload="digits", global_batch=10**6)
+    cfg = TrainConfig.from_flat(workload="digits", global_batch=10**6)
     task = WORKLOADS["digits"].task(cfg.seed)
     with pytest.raises(ValueError, match="fewer than one global batch of 1000000"):
         preflight(cfg, task)
@@ -28,4 +28,4 @@ def test_preflight_checks_the_task_it_is_given():
 
 def test_check_config_refuses_a_batch_that_does_not_split():
     with pytest.raises(ValueError):
-        check_config(TrainConfig(workload="digits", global_batch=10), [3])
+        check_config(TrainConfig.from_flat(workload="digits", global_batch=10), [3])

@@ -42,7 +42,7 @@ def test_a_worker_binds_its_gpu_to_the_group(init_calls, monkeypatch, device):
 
 def test_the_in_process_run_gets_the_collective_timeout_and_its_gpu(init_calls, monkeypatch):
     monkeypatch.setattr(launcher, "resolve_device", lambda name, local_rank=None: torch.device("cuda", 0))
-    cfg = TrainConfig(collective_timeout_s=17)
+    cfg = TrainConfig.from_flat(collective_timeout_s=17)
     with pytest.raises(_Started):
         launcher._run_in_process(cfg, threads=1)
     (backend, kwargs) = init_calls[0]

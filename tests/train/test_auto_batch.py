@@ -165,7 +165,7 @@ def _grow_run(rank, world, cfg):
     # the probe of 32 is then halved back to 16 (this rank process is the only one patched)
     GrowBatch.agreed_step_s = lambda self, trainer: {k: 0.01 * k * k for k in self.step_s}
     grow = GrowBatch(max_global_batch=128, check_every=4, min_updates=4, grow_at=1.0)
-    result = Trainer(TrainConfig(**cfg), callbacks=[grow, AdaScaleGain(base_batch=16)]).fit()
+    result = Trainer(TrainConfig.from_flat(**cfg), callbacks=[grow, AdaScaleGain(base_batch=16)]).fit()
     return result.to_dict(), grow.changes
 
 
@@ -191,16 +191,18 @@ def test_a_run_grows_its_batch_and_keeps_counting_samples(tmp_path):
 
 
 def test_global_batch_auto_starts_at_the_default_and_survives_the_trip_to_the_workers():
-    config = TrainConfig(workload="digits", global_batch="auto")
-    assert (config.global_batch, config.auto_batch) == (64, True)
-    assert TrainConfig.from_dict(config.to_dict()).auto_batch is True
+    config = TrainConfig.from_flat(workload="digits", global_batch="auto")
+    assert (config.data.global_batch, config.adaptive.auto_batch) == (64, True)
+    assert TrainConfig.from_dict(config.to_dict()).adaptive.auto_batch is True
     with pytest.raises(ValueError, match="^global_batch auto: engine torch does not measure"):
-        TrainConfig(workload="digits", global_batch="auto", engine="torch")
-    TrainConfig(workload="digits", global_batch="auto", resume=True, checkpoint_dir="/tmp/x")  # resumes
+        TrainConfig.from_flat(workload="digits", global_batch="auto", engine="torch")
+    TrainConfig.from_flat(
+        workload="digits", global_batch="auto", resume=True, checkpoint_dir="/tmp/x"
+    )  # resumes
     with pytest.raises(ValueError, match="^global_batch auto keeps the batch it grew to"):
-        TrainConfig(workload="digits", global_batch="auto", world_change="scale-lr")
+        TrainConfig.from_flat(workload="digits", global_batch="auto", world_change="scale-lr")
     with pytest.raises(ValueError, match="^global_batch auto: a growing batch needs the noise scale"):
-        TrainConfig(workload="digits", global_batch="auto", no_noise_scale=True)
+        TrainConfig.from_flat(workload="digits", global_batch="auto", no_noise_scale=True)
 
 
 def test_the_growth_state_round_trips_and_a_bad_one_is_refused():
@@ -252,7 +254,7 @@ def _auto_run(rank, world, cfg):
     # outcome does not depend on how fast this host ran each batch (the goodput side has
     # process-free tests with given times); this rank process is the only one patched
     GrowBatch.agreed_step_s = lambda self, trainer: {}
-    trainer = Trainer(TrainConfig(**cfg), regression_task())
+    trainer = Trainer(TrainConfig.from_flat(**cfg), regression_task())
     result = trainer.fit()
     grow = next(c for c in trainer.callbacks if isinstance(c, GrowBatch))
     return result.to_dict(), grow.changes
@@ -281,7 +283,7 @@ def _auto_resume_run(rank, world, cfg, dear_from=None):
         return {k: 0.1 if dear_from and k >= dear_from else 0.01 for k in sorted(self.step_s)}
 
     GrowBatch.agreed_step_s = agreed
-    trainer = Trainer(TrainConfig(**cfg), regression_task())
+    trainer = Trainer(TrainConfig.from_flat(**cfg), regression_task())
     result = trainer.fit()
     return result.to_dict(), trainer._growth.step_s
 

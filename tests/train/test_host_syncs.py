@@ -21,7 +21,7 @@ BUDGET = 1
 
 
 def count_per_step(rank, world, overrides):
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flat(
         workload="synthetic",
         max_steps=6,
         progress="none",
@@ -44,7 +44,7 @@ def count_per_step(rank, world, overrides):
     trainer._train_step = counted
     result = trainer.fit()
     assert result.gradient_noise_scale is not None or world == 1
-    return counts[cfg.check_collectives_steps :], sites[cfg.check_collectives_steps :]
+    return counts[cfg.engine.check_collectives_steps :], sites[cfg.engine.check_collectives_steps :]
 
 
 @pytest.fixture

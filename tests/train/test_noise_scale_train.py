@@ -52,7 +52,7 @@ def brute_force_b_simple() -> float:
 
 
 def fit(rank, world, cfg):
-    result = Trainer(TrainConfig(**cfg), _task()).fit()
+    result = Trainer(TrainConfig.from_flat(**cfg), _task()).fit()
     return result.to_dict()
 
 

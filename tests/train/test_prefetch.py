@@ -41,7 +41,7 @@ def _task():
 
 def _config(**kw):
     base = dict(global_batch=8, lr=0.5, optimizer="sgd", progress="none", seed=1, data_workers=0)
-    return TrainConfig(**(base | kw))
+    return TrainConfig.from_flat(**(base | kw))
 
 
 @pytest.fixture

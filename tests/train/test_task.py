@@ -18,7 +18,7 @@ ONE_SGD_STEP = dict(
 
 
 def fit(rank, world, task_name, cfg):
-    trainer = Trainer(TrainConfig(**cfg), getattr(user_tasks, task_name)())
+    trainer = Trainer(TrainConfig.from_flat(**cfg), getattr(user_tasks, task_name)())
     result = trainer.fit()
     return result.to_dict(), {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
 
@@ -124,7 +124,7 @@ def test_task_checks_its_fields():
 
 def fit_fp16(rank, world):
     trainer = Trainer(
-        TrainConfig(global_batch=32, max_steps=4, progress="none", precision="fp16"),
+        TrainConfig.from_flat(global_batch=32, max_steps=4, progress="none", precision="fp16"),
         user_tasks.tensor_task(),
         callbacks=[FaultInjector()],  # DPSCALE_FAULTS below
     )
@@ -156,6 +156,6 @@ def test_an_fp16_run_resumes_bit_exactly_loss_scale_included(tmp_path):
 
 
 def fit_steps(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg), user_tasks.tensor_task(), callbacks=[FaultInjector()])
+    trainer = Trainer(TrainConfig.from_flat(**cfg), user_tasks.tensor_task(), callbacks=[FaultInjector()])
     result = trainer.fit()
     return result.param_sha256, result.skipped_steps, trainer.precision.scaler.get_scale()

@@ -31,7 +31,7 @@ def register_tiny():
 
 def fit_tiny(rank, world, cfg):
     register_tiny()
-    trainer = Trainer(TrainConfig(**cfg))
+    trainer = Trainer(TrainConfig.from_flat(**cfg))
     trainer.fit()
     return {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
 
@@ -73,7 +73,7 @@ def test_accumulated_gradient_equals_full_batch_gradient_with_short_last_batch()
 
 
 def fit_digits(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg))
+    trainer = Trainer(TrainConfig.from_flat(**cfg))
     result = trainer.fit()
     return result.to_dict(), {n: p.detach().clone() for n, p in trainer.model.module.named_parameters()}
 
@@ -143,7 +143,7 @@ def test_resume_continues_the_noise_scale_estimate_exactly(world, split, tmp_pat
 
 
 def nan_on_one_rank(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg), callbacks=[FaultInjector()])
+    trainer = Trainer(TrainConfig.from_flat(**cfg), callbacks=[FaultInjector()])
     before = {}
 
     step_fn = trainer._train_step
@@ -218,14 +218,14 @@ def test_param_sha256_is_order_and_bit_sensitive():
 )
 def test_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        TrainConfig(**kwargs)
+        TrainConfig.from_flat(**kwargs)
 
 
 def test_batch_split_errors_say_what_to_change():
     with pytest.raises(ValueError, match="multiple of 3"):
-        TrainConfig(global_batch=64).resolve_batch(3)
+        TrainConfig.from_flat(global_batch=64).resolve_batch(3)
     with pytest.raises(ValueError, match="at least 128"):
-        TrainConfig(global_batch=64).resolve_batch(128)
+        TrainConfig.from_flat(global_batch=64).resolve_batch(128)
     with pytest.raises(ValueError, match="divisor of 32"):
-        TrainConfig(global_batch=64, micro_batch=5).resolve_batch(2)
-    assert TrainConfig(global_batch=64, micro_batch=8).resolve_batch(2) == (8, 4)
+        TrainConfig.from_flat(global_batch=64, micro_batch=5).resolve_batch(2)
+    assert TrainConfig.from_flat(global_batch=64, micro_batch=8).resolve_batch(2) == (8, 4)

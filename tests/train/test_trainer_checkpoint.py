@@ -21,7 +21,7 @@ def world_of_one():
 
 
 def fit(rank, world, cfg):
-    return Trainer(TrainConfig(**cfg)).fit().steps
+    return Trainer(TrainConfig.from_flat(**cfg)).fit().steps
 
 
 @pytest.mark.slow
@@ -49,9 +49,11 @@ def test_checksum_valid_but_wrong_content_is_refused_naming_the_file(
     tmp_path, world_of_one, name, content, words
 ):
     ckpt = tmp_path / "ckpt"
-    Trainer(TrainConfig(**BASE, checkpoint_dir=str(ckpt))).fit()
+    Trainer(TrainConfig.from_flat(**BASE, checkpoint_dir=str(ckpt))).fit()
     bad = replace_checkpoint_file(ckpt / "step-00000002", name, content)
-    trainer = Trainer(TrainConfig(**{**BASE, "max_steps": 4}, checkpoint_dir=str(ckpt), resume=True))
+    trainer = Trainer(
+        TrainConfig.from_flat(**{**BASE, "max_steps": 4}, checkpoint_dir=str(ckpt), resume=True)
+    )
     with pytest.raises(CheckpointError) as err:
         trainer.fit()
     assert str(bad) in str(err.value) and words in str(err.value)
@@ -61,9 +63,9 @@ def test_a_plain_resume_keeps_the_runs_micro_batch_and_is_bit_exact(tmp_path, wo
     # trained with --micro-batch 8 (4 accumulation steps); `--resume` without it must go on with
     # 8 x 4, not the default 32 x 1 (4x the memory per forward, another summation order)
     run = dict(BASE, global_batch=32, seed=1, max_steps=4)
-    whole = Trainer(TrainConfig(**run, micro_batch=8)).fit()
+    whole = Trainer(TrainConfig.from_flat(**run, micro_batch=8)).fit()
     ckpt = str(tmp_path / "ckpt")
-    Trainer(TrainConfig(**{**run, "max_steps": 2}, micro_batch=8, checkpoint_dir=ckpt)).fit()
-    result = Trainer(TrainConfig(**run, checkpoint_dir=ckpt, resume=True)).fit()
+    Trainer(TrainConfig.from_flat(**{**run, "max_steps": 2}, micro_batch=8, checkpoint_dir=ckpt)).fit()
+    result = Trainer(TrainConfig.from_flat(**run, checkpoint_dir=ckpt, resume=True)).fit()
     assert (result.micro_batch, result.accumulation_steps) == (8, 4)
     assert result.param_sha256 == whole.param_sha256

@@ -30,7 +30,7 @@ BASE = dict(
 
 
 def fit_and_record(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg))
+    trainer = Trainer(TrainConfig.from_flat(**cfg))
     seen = record_batches(trainer)
     return trainer.fit().to_dict(), seen
 
@@ -126,7 +126,7 @@ def world_of_one():
 @pytest.mark.slow
 def test_keep_global_batch_refuses_a_checkpoint_whose_batch_scale_lr_changed(two_then_one, world_of_one):
     root, *_ = two_then_one
-    cfg = TrainConfig(
+    cfg = TrainConfig.from_flat(
         **{**BASE, "world_change": "keep-global-batch"},
         max_steps=40,
         checkpoint_dir=str(root / "ckpt"),
@@ -175,13 +175,13 @@ def test_epochs_are_not_exceeded_after_a_regroup_at_the_end(tmp_path):
 def test_a_checkpoint_from_before_world_change_resumes(tmp_path, world_of_one):
     """trainer.pt without base_global_batch and batch_scale, and no comm_hook file: still loads."""
     ckpt = tmp_path / "ckpt"
-    Trainer(TrainConfig(**BASE, max_steps=2, checkpoint_dir=str(ckpt))).fit()
+    Trainer(TrainConfig.from_flat(**BASE, max_steps=2, checkpoint_dir=str(ckpt))).fit()
     step_dir = ckpt / "step-00000002"
     assert not (step_dir / "comm_hook.pt").exists()
     state = torch.load(step_dir / "trainer.pt", weights_only=True)
     del state["base_global_batch"], state["batch_scale"]
     replace_checkpoint_file(step_dir, "trainer.pt", state)
-    result = Trainer(TrainConfig(**BASE, max_steps=3, checkpoint_dir=str(ckpt), resume=True)).fit()
+    result = Trainer(TrainConfig.from_flat(**BASE, max_steps=3, checkpoint_dir=str(ckpt), resume=True)).fit()
     assert (result.resumed_from_step, result.steps) == (2, 3)
 
 
@@ -195,17 +195,17 @@ def test_a_checkpoint_from_before_world_change_resumes(tmp_path, world_of_one):
 )
 def test_a_forged_world_change_state_is_refused_naming_the_file(tmp_path, world_of_one, change, words):
     ckpt = tmp_path / "ckpt"
-    Trainer(TrainConfig(**BASE, max_steps=2, checkpoint_dir=str(ckpt))).fit()
+    Trainer(TrainConfig.from_flat(**BASE, max_steps=2, checkpoint_dir=str(ckpt))).fit()
     step_dir = ckpt / "step-00000002"
     state = torch.load(step_dir / "trainer.pt", weights_only=True)
     replace_checkpoint_file(step_dir, "trainer.pt", {**state, **change})
     with pytest.raises(CheckpointError) as err:
-        Trainer(TrainConfig(**BASE, max_steps=3, checkpoint_dir=str(ckpt), resume=True)).fit()
+        Trainer(TrainConfig.from_flat(**BASE, max_steps=3, checkpoint_dir=str(ckpt), resume=True)).fit()
     assert str(step_dir / "trainer.pt") in str(err.value) and words in str(err.value)
 
 
 def fit(rank, world, cfg):
-    return Trainer(TrainConfig(**cfg)).fit().to_dict()
+    return Trainer(TrainConfig.from_flat(**cfg)).fit().to_dict()
 
 
 @pytest.mark.slow
@@ -228,6 +228,6 @@ def test_a_powersgd_run_resumes_with_its_hook_state(tmp_path):
 
 
 def hook_iteration(rank, world, cfg):
-    trainer = Trainer(TrainConfig(**cfg))
+    trainer = Trainer(TrainConfig.from_flat(**cfg))
     trainer.fit()
     return trainer.comm_state.iteration

@@ -1,6 +1,6 @@
 """Every data-parallel engine dpscale can run, by name, and the one factory that builds them.
 
-Training (`TrainConfig.engine`), the benches (`--engines`) and the performance model's profile
+Training (`TrainConfig.engine.name`), the benches (`--engines`) and the performance model's profile
 all pick from this table, so a new engine (or a new transport pinned to an engine) is one entry:
 
 - `dpscale`: this project's DistributedDataParallel (transport "auto": shared memory on one host).

@@ -6,7 +6,7 @@ ddp_comm_hooks`) run here unchanged and ours run there: `hook(state, bucket)` re
 `torch.futures.Future` whose value is the tensor of *averaged* gradients, shaped like the buffer.
 `state` is whatever was passed to `register_comm_hook`; for the built-ins it is the process group
 (None for the default group). `compression_hook(name, group)` picks a built-in by the name
-`TrainConfig.compression` and `dpscale bench convergence --compression` use (PowerSGD's own
+`TrainConfig.engine.compression` and `dpscale bench convergence --compression` use (PowerSGD's own
 algorithm lives in powersgd.py).
 
 Each built-in divides by the world size *before* the reduction: the sum of W already-averaged
@@ -113,7 +113,7 @@ fp16_compress_hook = _compress_hook(torch.float16)
 bf16_compress_hook = _compress_hook(torch.bfloat16)
 
 
-# -- choosing a hook by name (TrainConfig.compression, `dpscale bench convergence --compression`) --
+# -- choosing a hook by name (TrainConfig.engine.compression, `dpscale bench convergence --compression`) --
 
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 

@@ -139,7 +139,7 @@ def launch(
         )
     # the lock belongs to the job: across hosts (one shared directory) the store's host holds it,
     # so a second job is refused there and the other hosts of one job do not refuse each other
-    lock = cfg.checkpoint_dir if nodes is None or nodes.serves_store() else None
+    lock = cfg.checkpoint.dir if nodes is None or nodes.serves_store() else None
     with dir_lock.hold(lock) if lock else contextlib.nullcontext():
         if note := resume_note(cfg):
             logger.info("%s", note)
@@ -157,11 +157,11 @@ def _settle_run(
     checkpoints go first (by the host that holds its lock). Also the checkpoint verified for a
     resume, which rank 0 then does not hash again."""
     run_id, trusted = check_run(cfg, nodes.rdzv_id if nodes is not None else None)
-    if cfg.start_over and holds_lock and cfg.checkpoint_dir:
-        if removed := remove_checkpoints(cfg.checkpoint_dir):
-            logger.info("--start-over: deleted %d checkpoint(s) in %s", removed, cfg.checkpoint_dir)
+    if cfg.checkpoint.start_over and holds_lock and cfg.checkpoint.dir:
+        if removed := remove_checkpoints(cfg.checkpoint.dir):
+            logger.info("--start-over: deleted %d checkpoint(s) in %s", removed, cfg.checkpoint.dir)
     # start_over is done: a restart, which resumes, must not see it
-    return replace(cfg, run_id=run_id, start_over=False), trusted
+    return replace(cfg, checkpoint=replace(cfg.checkpoint, run_id=run_id, start_over=False)), trusted
 
 
 def _launch_nodes(
@@ -181,7 +181,7 @@ def _launch_nodes(
         # the agent's store calls time out (read_timeout) when this host is cut off from the store's
         raise LaunchError(
             f"lost the rendezvous store at {nodes.rdzv_endpoint} (host {nodes.endpoint_host}): it closed "
-            f"the connection or did not answer within {nodes.read_timeout_s(cfg.collective_timeout_s)} s, "
+            f"the connection or did not answer within {nodes.read_timeout_s(cfg.engine.collective_timeout_s)} s, "
             "so that host ended, is gone or is cut off from this one; this host's workers were stopped"
         ) from None
 
@@ -205,7 +205,7 @@ def _launch_sizes(
         except _AttemptsFailed as e:
             failure = str(e)
             # a fresh agent counts restarts from 0, so resuming must be asked for explicitly
-            cfg = replace(cfg, resume=bool(cfg.checkpoint_dir))
+            cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, resume=bool(cfg.checkpoint.dir)))
             smaller = (m for m in range(n - 1, min_nproc - 1, -1) if _can_start(cfg, m))
             fewer = next(smaller, None)
             if fewer is None:
@@ -217,15 +217,15 @@ def _launch_sizes(
 def _splits(cfg: TrainConfig, n: int) -> bool:
     """Whether n workers may be asked for: the configured batch splits, or scale-lr may take a
     checkpoint's per-worker batch (whether one exists is known only when it comes to it)."""
-    if cfg.world_change == "scale-lr" and cfg.checkpoint_dir:
+    if cfg.checkpoint.world_change == "scale-lr" and cfg.checkpoint.dir:
         return True
     return _configured_split(cfg, n)
 
 
 def _can_start(cfg: TrainConfig, n: int) -> bool:
     """Whether n workers can start now: the configured batch splits, or a scale-lr resume has a checkpoint."""
-    if cfg.world_change == "scale-lr" and cfg.resume and cfg.checkpoint_dir:
-        if any(Path(cfg.checkpoint_dir).glob("step-*")):
+    if cfg.checkpoint.world_change == "scale-lr" and cfg.checkpoint.resume and cfg.checkpoint.dir:
+        if any(Path(cfg.checkpoint.dir).glob("step-*")):
             return True
     return _configured_split(cfg, n)
 
@@ -276,7 +276,7 @@ def _launch_elastic(
             if nodes.node_rank is None
             else rendezvous.register_static(),
             rdzv_endpoint=nodes.rdzv_endpoint,
-            rdzv_configs=nodes.rdzv_configs(cfg.collective_timeout_s),
+            rdzv_configs=nodes.rdzv_configs(cfg.engine.collective_timeout_s),
             local_addr=nodes.local_addr,
         )
     # torch 2.11's LaunchConfig has no shutdown_timeout: there the agent waits its own 30 s
@@ -402,7 +402,7 @@ def _run_in_process(cfg: TrainConfig, threads: int, trusted: dict | None = None)
         store=dist.HashStore(),
         rank=0,
         world_size=1,
-        timeout=datetime.timedelta(seconds=cfg.collective_timeout_s),
+        timeout=datetime.timedelta(seconds=cfg.engine.collective_timeout_s),
         device_id=device_id_for(device),
     )
     # signal handlers can only be installed from the main thread (an API caller may be elsewhere)

@@ -58,28 +58,28 @@ def preflight(cfg: TrainConfig, task: Task, given: Collection[str] = ()) -> None
             f"{'it' if len(ignored) == 1 else 'them'}, or drop Task.optimizer so that the flags "
             "choose the optimizer"
         )
-    assert cfg.global_batch is not None  # TrainConfig resolves it (auto: the start batch)
+    assert cfg.data.global_batch is not None  # TrainConfig resolves it (auto: the start batch)
     samples = len(cast(Sized, task.train_data))  # probe() checked that it has a length
     # drop: no complete batch; pad: a step of mostly repeated samples (and 10**12 of them allocated)
-    if cfg.tail in ("drop", "pad") and samples < cfg.global_batch:
+    if cfg.data.tail in ("drop", "pad") and samples < cfg.data.global_batch:
         raise ConfigError(
             f"train_data has {samples} samples, fewer than one global batch of "
-            f"{cfg.global_batch}; use --global-batch {samples} or less, or --tail keep"
+            f"{cfg.data.global_batch}; use --global-batch {samples} or less, or --tail keep"
         )
 
 
 def check_before_start(cfg: TrainConfig) -> None:
     """What fails only inside the workers or after training: directories, the transport. (A
     `--resume` whose directory does not exist yet starts fresh: a supervisor's first launch.)"""
-    if cfg.checkpoint_dir:
-        check_writable_dir("--checkpoint-dir", cfg.checkpoint_dir)
-    if cfg.metrics_dir:
-        check_writable_dir("--metrics-dir", cfg.metrics_dir)
-        metrics = Path(cfg.metrics_dir) / "metrics.jsonl"
+    if cfg.checkpoint.dir:
+        check_writable_dir("--checkpoint-dir", cfg.checkpoint.dir)
+    if cfg.metrics.dir:
+        check_writable_dir("--metrics-dir", cfg.metrics.dir)
+        metrics = Path(cfg.metrics.dir) / "metrics.jsonl"
         if metrics.is_symlink() or (metrics.exists() and not metrics.is_file()):
             # rank 0 would refuse it only after the workers started (paths.open_no_follow)
             raise ConfigError(f"--metrics-dir: {metrics} is a symbolic link or not a regular file; remove it")
-    if cfg.transport == "nccl" and not torch.cuda.is_available():
+    if cfg.engine.transport == "nccl" and not torch.cuda.is_available():
         raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
 
 
@@ -90,21 +90,21 @@ def check_run(cfg: TrainConfig, shared_id: str | None = None) -> tuple[str | Non
     checkpoint must fit (check_resume_point). `shared_id` (several hosts: the rendezvous id) names
     a fresh run alike on every host; across hosts a resume leaves the id to rank 0 (None), as not
     every host may see the checkpoints."""
-    if not cfg.checkpoint_dir:
-        return cfg.run_id, None
-    if cfg.resume:
+    if not cfg.checkpoint.dir:
+        return cfg.checkpoint.run_id, None
+    if cfg.checkpoint.resume:
         loaded = check_resume_point(cfg)
         if loaded is not None:
             return (loaded.run_id if shared_id is None else None), loaded.verified
-    elif not cfg.start_over and (runs := runs_in(cfg.checkpoint_dir)):
+    elif not cfg.checkpoint.start_over and (runs := runs_in(cfg.checkpoint.dir)):
         held = "; ".join(f"run {run}, steps {_steps(steps)}" for run, steps in runs.items())
         raise ConfigError(
-            f"--checkpoint-dir {cfg.checkpoint_dir} holds the checkpoints of another run ({held}): "
+            f"--checkpoint-dir {cfg.checkpoint.dir} holds the checkpoints of another run ({held}): "
             "continue it with --resume, delete them and start a new run with --start-over, or "
             "name another --checkpoint-dir"
         )
-    if cfg.run_id is not None:
-        return cfg.run_id, None
+    if cfg.checkpoint.run_id is not None:
+        return cfg.checkpoint.run_id, None
     if shared_id is not None:  # every host computes the same name
         readable = re.sub(r"[^A-Za-z0-9_-]", "", shared_id)[:32]
         return f"{readable}-{hashlib.sha256(shared_id.encode()).hexdigest()[:8]}", None
@@ -120,23 +120,23 @@ def check_resume_point(cfg: TrainConfig) -> LoadedCheckpoint | None:
     run (same global batch), or there is none yet; returns it. Otherwise every worker would fail on
     it with a traceback (and be restarted to fail again). Every file is verified; only the
     trainer's state is loaded."""
-    if not cfg.resume or not cfg.checkpoint_dir:
+    if not cfg.checkpoint.resume or not cfg.checkpoint.dir:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)  # rank 0 names each rejected one again
         loaded = load_latest(
-            cfg.checkpoint_dir, expected_stems=("trainer",), only=("trainer",), run_id=cfg.run_id
+            cfg.checkpoint.dir, expected_stems=("trainer",), only=("trainer",), run_id=cfg.checkpoint.run_id
         )
     if loaded is None:
         return None
     saved = TrainState.from_state_dict(loaded.payload["trainer"], loaded.path / "trainer.pt")
-    assert cfg.global_batch is not None  # TrainConfig resolves it
+    assert cfg.data.global_batch is not None  # TrainConfig resolves it
     check_resumable(
         saved,
-        global_batch=cfg.global_batch,
-        world_change=cfg.world_change,
+        global_batch=cfg.data.global_batch,
+        world_change=cfg.checkpoint.world_change,
         where=loaded.path,
-        auto_batch=cfg.auto_batch,
+        auto_batch=cfg.adaptive.auto_batch,
     )
     return loaded
 
@@ -146,9 +146,9 @@ def resume_note(cfg: TrainConfig) -> str | None:
 
     Not an error: a supervisor that always passes --resume must be able to start a job's first run.
     """
-    if not cfg.resume or not cfg.checkpoint_dir:
+    if not cfg.checkpoint.resume or not cfg.checkpoint.dir:
         return None
-    directory = Path(cfg.checkpoint_dir)
+    directory = Path(cfg.checkpoint.dir)
     if directory.is_dir() and any(p.name.startswith("step-") for p in directory.iterdir()):
         return None
-    return f"--resume: no checkpoint in {cfg.checkpoint_dir} yet; starting from step 0"
+    return f"--resume: no checkpoint in {cfg.checkpoint.dir} yet; starting from step 0"

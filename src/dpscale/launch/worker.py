@@ -61,14 +61,14 @@ def run_worker(
     `trusted_checkpoint`: what the launcher verified for a resume (LaunchSpec)."""
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(config)
-    if is_restart() and cfg.checkpoint_dir:
+    if is_restart() and cfg.checkpoint.dir:
         # a restarted attempt continues from the last good checkpoint (replace() checks the config
         # again), a growing batch (--global-batch auto) at the batch it had grown to
-        cfg = dataclasses.replace(cfg, resume=True)
+        cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=True))
     device = resolve_device(cfg.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
-    _init_process_group(datetime.timedelta(seconds=cfg.collective_timeout_s), device)
+    _init_process_group(datetime.timedelta(seconds=cfg.engine.collective_timeout_s), device)
     try:
         trainer = Trainer(
             cfg,

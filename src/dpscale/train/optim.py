@@ -23,23 +23,25 @@ from dpscale.train.config import TrainConfig
 
 
 def build_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    assert cfg.lr is not None, "TrainConfig fills lr in"
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    assert cfg.optim.lr is not None, "TrainConfig fills lr in"
+    if cfg.optim.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay
+        )
+    if cfg.optim.optimizer == "adam":
+        return torch.optim.Adam(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
     """Multiplier on cfg.lr for the optimizer step with index `step` (0-based)."""
-    assert cfg.global_batch is not None, "TrainConfig fills global_batch in"
-    scale = cfg.global_batch / cfg.lr_reference_batch if cfg.lr_reference_batch else 1.0
-    if cfg.warmup_steps and step < cfg.warmup_steps:
+    assert cfg.data.global_batch is not None, "TrainConfig fills global_batch in"
+    scale = cfg.data.global_batch / cfg.optim.lr_reference_batch if cfg.optim.lr_reference_batch else 1.0
+    if cfg.optim.warmup_steps and step < cfg.optim.warmup_steps:
         # Goyal et al. ramp from the reference rate to the scaled one; with no scaling the
         # usual warm-up from zero. (step + 1) so the first step does not waste a zero rate.
-        start = 1.0 if cfg.lr_reference_batch else 0.0
-        frac = (step + 1) / cfg.warmup_steps
+        start = 1.0 if cfg.optim.lr_reference_batch else 0.0
+        frac = (step + 1) / cfg.optim.warmup_steps
         return start + (scale - start) * frac
     return scale
 

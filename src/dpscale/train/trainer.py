@@ -123,7 +123,7 @@ class Trainer:
         self.task = task if task is not None else resolve_task(config)
         self.train_data = self.task.train_data
         self.num_samples = num_samples(self.train_data)
-        if self.num_samples < self.state.global_batch and config.tail == "drop":
+        if self.num_samples < self.state.global_batch and config.data.tail == "drop":
             raise ConfigError(
                 f"train_data has {self.num_samples} samples, fewer than one global batch of "
                 f"{self.state.global_batch}; use a global batch of at most {self.num_samples}"
@@ -135,8 +135,10 @@ class Trainer:
         # what this rank asked of the others: for hang reports and the first steps' agreement check
         self.log = CollectiveLog(process_group)
         self.model = self._wrapped_model()
-        every = config.noise_scale_every
-        self.noise_scale = NoiseScaleMeter(self.world_size, enabled=not config.no_noise_scale, every=every)
+        every = config.adaptive.noise_scale_every
+        self.noise_scale = NoiseScaleMeter(
+            self.world_size, enabled=not config.adaptive.no_noise_scale, every=every
+        )
         # dpscale's engine measures this rank's gradient norm for the noise scale (W > 1)
         self._engine_noise: NoiseScaleObserver | None = None
         if isinstance(self.model, DistributedDataParallel):
@@ -145,11 +147,11 @@ class Trainer:
             # it
             reduced_norm = self.model.has_sparse_gradients
             observer = NoiseScaleObserver(every=every, reduced_norm=reduced_norm)
-            self._engine_noise = None if config.no_noise_scale else observer
+            self._engine_noise = None if config.adaptive.no_noise_scale else observer
             self.model.set_noise_scale_observer(self._engine_noise)
         # the hook's state (PowerSGD's Qs and errors) goes into checkpoints; None for stateless hooks
         self.comm_state = None
-        if (hook := compression_hook(config.compression, process_group)) is not None:
+        if (hook := compression_hook(config.engine.compression, process_group)) is not None:
             self.model.register_comm_hook(*hook)
             self.comm_state = hook[0] if hasattr(hook[0], "state_dict") else None
         self.optimizer = self._build_optimizer()
@@ -158,7 +160,7 @@ class Trainer:
         self.batches = MicroBatches(
             self.train_data,
             self.task.collate,
-            workers=config.data_workers,
+            workers=config.data.data_workers,
             pin_memory=self.device.type == "cuda",
             device=self.device if self.device.type == "cuda" else None,
         )
@@ -177,13 +179,13 @@ class Trainer:
             noise_scale=self.noise_scale,
             growth=self._growth,
             comm_state=self.comm_state,
-            compression=config.compression,
+            compression=config.engine.compression,
             group=process_group,
             log=self.log,
             callbacks=self.callbacks,
-            directory=config.checkpoint_dir,
-            keep_last=config.keep_checkpoints,
-            run_id=config.run_id,
+            directory=config.checkpoint.dir,
+            keep_last=config.checkpoint.keep,
+            run_id=config.checkpoint.run_id,
         )
         self._trusted_checkpoint = trusted_checkpoint
         self.stopped_by: str | None = None
@@ -197,17 +199,17 @@ class Trainer:
     def _initial_state(self) -> TrainState:
         """The progress of a fresh run, with the configured global batch split over this world."""
         cfg = self.cfg
-        assert cfg.global_batch is not None, "TrainConfig fills global_batch in"
+        assert cfg.data.global_batch is not None, "TrainConfig fills global_batch in"
         # the configured global batch; with world_change=scale-lr a resume may change it (see
         # resume.py), and the LR follows through the state's `batch_scale`
-        global_batch = cfg.global_batch
+        global_batch = cfg.data.global_batch
         self._split_error: ValueError | None = None
         try:
             micro_batch, accumulation_steps = cfg.resolve_batch(self.world_size)
         except ValueError as e:
             # scale-lr restarts at a world size the configured batch may not split over; the
             # checkpoint's per-worker batch decides, so wait for it (fit raises if there is none)
-            if not (cfg.resume and cfg.world_change == "scale-lr"):
+            if not (cfg.checkpoint.resume and cfg.checkpoint.world_change == "scale-lr"):
                 raise
             self._split_error = e
             micro_batch, accumulation_steps = max(1, global_batch // self.world_size), 1
@@ -215,7 +217,7 @@ class Trainer:
         return TrainState(
             world_size=self.world_size,
             global_batch=global_batch,
-            base_global_batch=cfg.global_batch,
+            base_global_batch=cfg.data.global_batch,
             micro_batch=micro_batch,
             accumulation_steps=accumulation_steps,
         )
@@ -223,7 +225,7 @@ class Trainer:
     def _batch_growth(self) -> GrowBatch | None:
         """global_batch auto: the batch grows with the noise scale (auto_batch.py), the LR with
         AdaScale's gain; None for a fixed batch."""
-        if not self.cfg.auto_batch:
+        if not self.cfg.adaptive.auto_batch:
             return None
         if self.world_size == 1 and self._accumulation_steps < 2:
             raise ConfigError(
@@ -253,9 +255,9 @@ class Trainer:
                 cfg.engine.name,
                 device_ids=device_ids,
                 process_group=self.group,
-                bucket_cap_mb=cfg.bucket_cap_mb,
-                transport=cfg.transport,
-                collective_timeout_s=cfg.collective_timeout_s,
+                bucket_cap_mb=cfg.engine.bucket_cap_mb,
+                transport=cfg.engine.transport,
+                collective_timeout_s=cfg.engine.collective_timeout_s,
                 collective_log=self.log,
             )
         assert isinstance(model, Wrapped), "TRAIN_ENGINES are dpscale's and torch's DDP"
@@ -281,7 +283,7 @@ class Trainer:
             rank=self.rank,
             accumulation_steps=self._accumulation_steps,
             seed=self.cfg.seed,
-            tail=self.cfg.tail,
+            tail=self.cfg.data.tail,
         )
 
     def set_batch_split(self, micro_batch: int, accumulation_steps: int) -> None:
@@ -320,19 +322,21 @@ class Trainer:
         return module
 
     def _explained(self) -> AbstractContextManager[None]:
-        return explain_failures(self.log, min(self.cfg.collective_timeout_s, _REPORT_WAIT_S))
+        return explain_failures(self.log, min(self.cfg.engine.collective_timeout_s, _REPORT_WAIT_S))
 
     # -- the loop --------------------------------------------------------------------------
     def fit(self) -> TrainResult:
         """Train to the end (or a stop), evaluate, and return what the run did; collective."""
-        if self.cfg.resume:
+        if self.cfg.checkpoint.resume:
             with self._explained():
                 self._resume()
         if self._split_error is not None and self.resumed_from is None:
             raise self._split_error  # nothing to resume from: the configured batch must split
         lead = self.rank == 0
-        metrics = MetricsWriter(self.cfg.metrics_dir if lead else None, resumed_from=self.resumed_from)
-        progress = Progress(self.total_steps, self.cfg.progress if lead else "none", self.cfg.log_every)
+        metrics = MetricsWriter(self.cfg.metrics.dir if lead else None, resumed_from=self.resumed_from)
+        progress = Progress(
+            self.total_steps, self.cfg.metrics.progress if lead else "none", self.cfg.metrics.log_every
+        )
         if lead and self.resumed_from is not None:
             progress.note(f"resumed from {self.last_checkpoint} at step {self.step}")
         t_start, samples_start = time.perf_counter(), self.state.samples_seen
@@ -362,7 +366,7 @@ class Trainer:
             batch = self._next_batch()
             for c in self.callbacks:
                 c.on_batch(self, batch)
-            self.log.verify = self._steps_run < self.cfg.check_collectives_steps
+            self.log.verify = self._steps_run < self.cfg.engine.check_collectives_steps
             m = self._train_step(batch)
             self._steps_run += 1
             if metrics is not None:
@@ -383,13 +387,13 @@ class Trainer:
         """The step's checks, checkpoint and stop, the same on every rank; True: the loop ends."""
         cfg = self.cfg
         # from the step count, so every rank checks and saves at the same steps
-        if cfg.drift_check_every and self.step % cfg.drift_check_every == 0:
+        if cfg.engine.drift_check_every and self.step % cfg.engine.drift_check_every == 0:
             check_replicas(self._module, self.group, step=self.step, log=self.log)
-        if cfg.max_skipped_steps and self.flags.skipped_in_a_row >= cfg.max_skipped_steps:
+        if cfg.optim.max_skipped_steps and self.flags.skipped_in_a_row >= cfg.optim.max_skipped_steps:
             self._stop("diverged", self._divergence_message(m))
             return True  # no checkpoint: the last one holds the state before the divergence
-        if cfg.checkpoint_dir and (
-            (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+        if cfg.checkpoint.dir and (
+            (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0)
             or self.step == self.total_steps
             or self.flags.stop_agreed
         ):
@@ -505,8 +509,8 @@ class Trainer:
         """The optimizer and scheduler step, or a skipped step's count; gradients cleared either way."""
         if skipped:
             self.state.skipped_steps += 1
-        elif self.cfg.grad_clip_norm is not None:
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.grad_clip_norm, norm)
+        elif self.cfg.optim.grad_clip_norm is not None:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.optim.grad_clip_norm, norm)
         self.precision.step(self.optimizer, skipped)
         if not skipped:
             self.scheduler.step()
@@ -529,7 +533,7 @@ class Trainer:
     def _signal_message(self) -> str:
         why = self.flags.stop_requested() or "a signal to another rank"
         saved = (
-            f"; checkpoint {self.last_checkpoint}, continue with --resume" if self.cfg.checkpoint_dir else ""
+            f"; checkpoint {self.last_checkpoint}, continue with --resume" if self.cfg.checkpoint.dir else ""
         )
         return f"stopped by {why} after step {self.step}{saved}"
 
@@ -620,7 +624,7 @@ class Trainer:
         check_resumable(
             saved,
             global_batch=self.state.base_global_batch,
-            world_change=cfg.world_change,
+            world_change=cfg.checkpoint.world_change,
             where=where,
             auto_batch=auto,
         )
@@ -644,8 +648,8 @@ class Trainer:
             current=current,
             global_batch=state.global_batch,
             configured_global_batch=state.base_global_batch,
-            world_change=cfg.world_change,
-            split_given=cfg.micro_batch is not None or cfg.accumulation_steps is not None,
+            world_change=cfg.checkpoint.world_change,
+            split_given=cfg.data.micro_batch is not None or cfg.data.accumulation_steps is not None,
             where=where / "trainer.pt",
             auto_batch=auto,
         )
@@ -668,7 +672,7 @@ class Trainer:
             state.batch_scale.retarget(
                 state.global_batch / state.base_global_batch,
                 self.scheduler.last_epoch,
-                cfg.rescale_warmup_steps,
+                cfg.checkpoint.rescale_warmup_steps,
             )
 
     @property

@@ -266,7 +266,7 @@ def compare_curves(
 
 
 def _train_rank(rank: int, world_size: int, train_kwargs: dict) -> dict:
-    return Trainer(TrainConfig(**train_kwargs)).fit().to_dict()
+    return Trainer(TrainConfig.from_flat(**train_kwargs)).fit().to_dict()
 
 
 def _finite(x: float | None) -> float | None:
@@ -279,7 +279,7 @@ def _train(
     """One training run at `world_size`, its curve read from metrics.jsonl and compared with `reference`
     (None: this is the reference)."""
     with tempfile.TemporaryDirectory(prefix="dpscale-convergence-") as metrics_dir:
-        train = TrainConfig(
+        train = TrainConfig.from_flat(
             workload=config.workload,
             global_batch=config.global_batch,
             accumulation_steps=config.accumulation_steps(world_size),

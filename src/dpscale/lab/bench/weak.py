@@ -295,7 +295,7 @@ def _train_rank(
     callbacks: list[TrainerCallback] = [target]
     if adascale_base is not None:
         callbacks.append(AdaScaleGain(base_batch=adascale_base))
-    Trainer(TrainConfig(**train_kwargs), callbacks=callbacks).fit()
+    Trainer(TrainConfig.from_flat(**train_kwargs), callbacks=callbacks).fit()
     return {"checks": target.checks, "eval_s": target.eval_s}
 
 
@@ -305,7 +305,7 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
     assert config.max_samples is not None  # set by __post_init__
     adascale = config.lr_rule == "adascale"
     with tempfile.TemporaryDirectory(prefix="dpscale-weak-") as metrics_dir:
-        train = TrainConfig(
+        train = TrainConfig.from_flat(
             workload=config.workload,
             global_batch=g,
             accumulation_steps=1,
@@ -320,7 +320,7 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
             noise_scale_every=1 if adascale else 8,
         )
         train.resolve_batch(n)
-        assert train.max_steps is not None and train.lr is not None  # both given above
+        assert train.max_steps is not None and train.optim.lr is not None  # both given above
         threads = max(1, usable_cores() // max(config.world_sizes))  # the same compute per rank at every N
         watch = {"name": name, "value": value, "every_samples": config.eval_every_samples}
         out = run_ranks(
@@ -343,7 +343,7 @@ def _run_one(config: WeakConfig, n: int) -> WeakRun:
     return WeakRun(
         world_size=n,
         global_batch=g,
-        lr=train.lr,
+        lr=train.optim.lr,
         reached=reached,
         steps_to_target=to_target,
         samples_to_target=to_target * g if to_target is not None else None,
