@@ -34,7 +34,7 @@ def build_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> t
 
 
 def lr_factor(cfg: TrainConfig, step: int) -> float:
-    """Multiplier on cfg.lr for the optimizer step with index `step` (0-based)."""
+    """Multiplier on cfg.optim.lr for the optimizer step with index `step` (0-based)."""
     assert cfg.data.global_batch is not None, "TrainConfig fills global_batch in"
     scale = cfg.data.global_batch / cfg.optim.lr_reference_batch if cfg.optim.lr_reference_batch else 1.0
     if cfg.optim.warmup_steps and step < cfg.optim.warmup_steps:
