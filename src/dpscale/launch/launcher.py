@@ -179,9 +179,10 @@ def _launch_nodes(
         raise LaunchError(str(e)) from None
     except RendezvousConnectionError:
         # the agent's store calls time out (read_timeout) when this host is cut off from the store's
+        waited_s = nodes.read_timeout_s(cfg.engine.collective_timeout_s)
         raise LaunchError(
             f"lost the rendezvous store at {nodes.rdzv_endpoint} (host {nodes.endpoint_host}): it closed "
-            f"the connection or did not answer within {nodes.read_timeout_s(cfg.engine.collective_timeout_s)} s, "
+            f"the connection or did not answer within {waited_s} s, "
             "so that host ended, is gone or is cut off from this one; this host's workers were stopped"
         ) from None
 
