@@ -199,6 +199,19 @@ def test_the_torchrun_worker_refuses_bad_threads_in_one_line(capsys):
     assert worker.WorkerOptions().threads == 1
 
 
+def test_the_torchrun_worker_refuses_more_threads_than_the_host_holds(capsys, monkeypatch):
+    from dpscale.launch import worker
+
+    monkeypatch.setattr("dpscale.cores.usable_cores", lambda: 2)
+    # were the bound gone, 100000 threads would take this test process down (SIGSEGV), not fail it
+    monkeypatch.setattr(worker, "die_with_parent", lambda pid: None)
+    monkeypatch.setattr(worker, "run_worker", lambda *a: pytest.fail("the worker started"))
+    with pytest.raises(SystemExit) as e:
+        worker.main(["--threads", "100000"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--threads must be at most 8" in err[0], err
+
+
 def test_a_reports_config_is_rebuilt_without_its_checks_and_with_todays_defaults():
     from dpscale.flags import unchecked_config
 

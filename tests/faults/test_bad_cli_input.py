@@ -65,6 +65,50 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args,
     assert [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
+# issue 34: a count past what the host can hold was accepted: `--threads 100000` started threads
+# until the host's process limit (fork failed elsewhere), then died with SIGSEGV
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (
+            ["--threads", "100000"],
+            "--threads must be at most 8 (4 x the 2 cores this process may use), got 100000",
+        ),
+        (["--threads", "9"], "--threads must be at most 8"),
+        (["--nproc", "9"], "--nproc must be at most 8 (4 x the 2 cores"),
+        (["--nproc", "1:100000"], "--nproc must be at most 8"),
+        (["--data-workers", "100000"], "data_workers (processes per training worker) must be at most 8"),
+        (["--bucket-cap-mb", "1e-9"], "bucket_cap_mb must be at least one byte (1/1048576 MB), got 1e-09"),
+    ],
+)
+def test_counts_past_what_the_host_holds_are_one_line_before_any_worker_starts(
+    capsys, monkeypatch, args, words
+):
+    monkeypatch.setattr("dpscale.cores.usable_cores", lambda: 2)
+    monkeypatch.setattr("dpscale.launch.launcher.launch", lambda *a, **k: pytest.fail("a worker was started"))
+    code = main(["train", "--workload", "synthetic", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("dpscale train: error: ") and words in err[0], err
+
+
+def test_the_host_bounds_take_counts_up_to_four_per_core(monkeypatch):
+    from dpscale.launch.options import LaunchOptions
+    from dpscale.train.config import DataConfig
+
+    monkeypatch.setattr("dpscale.cores.usable_cores", lambda: 2)
+    assert LaunchOptions(threads=8, nproc="1:8").nproc_range == (1, 8)
+    assert DataConfig(data_workers=8).data_workers == 8
+
+
+@pytest.mark.slow
+def test_too_many_threads_from_a_shell_is_one_line_and_starts_nothing(tmp_path):
+    p = run_cli(["train", "--threads", "100000", "--checkpoint-dir", str(tmp_path / "c")])
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "--threads must be at most" in p.stderr
+    assert p.stdout == "" and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "flag", ["--lr", "--weight-decay", "--bucket-cap-mb", "--momentum", "--grad-clip-norm"]
 )

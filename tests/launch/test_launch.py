@@ -46,3 +46,14 @@ def test_which_sizes_can_start_under_each_world_change_policy(tmp_path):
     )
     with pytest.raises(ValueError, match="global_batch 64 is not divisible by the world size 3"):
         launch(replace(scale, checkpoint=replace(scale.checkpoint, dir=str(tmp_path / "empty"))), 3)
+
+
+def test_launch_refuses_counts_past_what_the_host_holds(monkeypatch):
+    monkeypatch.setattr("dpscale.cores.usable_cores", lambda: 2)
+    # were the bound gone, 100000 threads would take this test process down (SIGSEGV), not fail it
+    monkeypatch.setattr("dpscale.launch.launcher._launch_sizes", lambda *a: pytest.fail("workers started"))
+    cfg = TrainConfig(workload="synthetic")
+    with pytest.raises(ValueError, match=r"threads must be at most 8 \(4 x the 2 cores"):
+        launch(cfg, 1, threads=100_000)
+    with pytest.raises(ValueError, match="nproc must be at most 8"):
+        launch(cfg, 16)

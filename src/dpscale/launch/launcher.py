@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from dpscale.cores import usable_cores
+from dpscale.cores import over_host_cap, usable_cores
 from dpscale.errors import ConfigError, UserCodeError
 from dpscale.launch import dir_lock, rendezvous
 from dpscale.launch.nodes import Nodes, parse_min_max
@@ -127,6 +127,9 @@ def launch(
         cfg.resolve_batch(min_nproc)
     if threads is not None and threads < 1:
         raise ConfigError(f"threads must be >= 1 (intra-op threads per worker), got {threads}")
+    for what, value in (("threads", threads or 0), ("nproc", nproc)):
+        if refusal := over_host_cap(what, value):
+            raise ConfigError(refusal)
     check_before_start(cfg)
     if nodes is not None and min_nproc != nproc:
         raise ConfigError("--nproc MIN:MAX is for one host; across hosts give --nnodes MIN:MAX and --nproc N")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dpscale.cores import over_host_cap
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.launch.nodes import Nodes, nodes_from_flags, parse_min_max
@@ -51,6 +52,9 @@ class LaunchOptions:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1 (intra-op threads per worker), got {self.threads}")
+        for what, value in (("--threads", self.threads or 0), ("--nproc", self.nproc_range[1])):
+            if refusal := over_host_cap(what, value):
+                raise ConfigError(refusal)
 
     @property
     def nproc_range(self) -> tuple[int, int]:

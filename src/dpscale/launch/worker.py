@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dpscale.comm.attempt import attempt_id, gloo_interface_hint, is_restart, publish_host
+from dpscale.cores import over_host_cap
 from dpscale.engine.collective_log import CollectiveError
 from dpscale.errors import ConfigError, UserCodeError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
@@ -127,6 +128,8 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        if refusal := over_host_cap("--threads", self.threads):
+            raise ConfigError(refusal)
 
 
 def build_parser() -> argparse.ArgumentParser:

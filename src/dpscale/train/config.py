@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from dpscale.comm.select import TRANSPORT_NAMES
+from dpscale.cores import over_host_cap
 from dpscale.data.sampler import TAIL_POLICIES
 from dpscale.engine.factory import TRAIN_ENGINES
 from dpscale.engine.hooks import COMPRESSIONS
@@ -72,6 +73,8 @@ class DataConfig:
         _one_of("tail", self.tail, TAIL_POLICIES)
         if self.data_workers < 0:
             raise ConfigError(f"data_workers must be >= 0, got {self.data_workers}")
+        if refusal := over_host_cap("data_workers (processes per training worker)", self.data_workers):
+            raise ConfigError(refusal)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,6 +194,11 @@ class EngineConfig:
             )
         if self.bucket_cap_mb <= 0:
             raise ConfigError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
+        # the engine sizes buckets in whole bytes: below one, it refuses them inside every worker
+        if int(self.bucket_cap_mb * 2**20) < 1:
+            raise ConfigError(
+                f"bucket_cap_mb must be at least one byte (1/1048576 MB), got {self.bucket_cap_mb}"
+            )
         if self.name == "torch" and self.transport not in ("auto", "gloo", "nccl"):
             raise ConfigError(
                 f"transport {self.transport!r} is dpscale's own; engine 'torch' uses the process group "
@@ -291,7 +299,7 @@ class TrainConfig:
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(
-                    f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}"
+                    f"{name} must be {cls.__name__}(...), got {type(getattr(self, name)).__name__}"
                 )
         for name in ("epochs", "max_steps"):
             if getattr(self, name) is not None:
@@ -312,7 +320,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         """The flat fields (the flags' names), in the order they have always been written: the
-        launcher's spec, checkpoints and results record this."""
+        launcher's spec.json holds this, and every worker rebuilds its config with `from_dict`."""
         out = {}
         for key, (section, name) in FLAT.items():
             out[key] = getattr(self if section is None else getattr(self, section), name)
@@ -426,12 +434,10 @@ _dataclass_init = TrainConfig.__init__
 
 @functools.wraps(_dataclass_init)
 def _init(self: TrainConfig, **kwargs: Any) -> None:
-    flat = [
-        k for k in kwargs if k in FLAT and FLAT[k][0] is not None and not isinstance(kwargs[k], EngineConfig)
-    ]
+    flat = [k for k in kwargs if FLAT.get(k, (None,))[0] and not isinstance(kwargs[k], EngineConfig)]
     if flat:
         section, name = FLAT[flat[0]]
-        cls = SECTIONS[section].__name__
+        cls = SECTIONS[str(section)].__name__
         warnings.warn(
             f"TrainConfig({flat[0]}=...): flat keywords are deprecated and go in the next release; use "
             f"TrainConfig.from_flat({flat[0]}=...) or the section, TrainConfig({section}={cls}({name}=...))",
