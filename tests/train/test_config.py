@@ -20,15 +20,16 @@ from dpscale.train.config import (
     TrainConfig,
 )
 
-# the keys a checkpoint, the launcher's spec and a result's JSON have always held, in their order
+# the keys a checkpoint, the launcher's spec and a result's JSON hold, in their order (start_over and
+# run_id: the run's identity, issue 34)
 RECORDED_KEYS = [
     "workload", "task", "global_batch", "micro_batch", "accumulation_steps", "epochs", "max_steps",
     "optimizer", "lr", "momentum", "weight_decay", "lr_reference_batch", "warmup_steps", "world_change",
     "rescale_warmup_steps", "grad_clip_norm", "seed", "tail", "checkpoint_dir", "checkpoint_every",
-    "keep_checkpoints", "max_skipped_steps", "resume", "metrics_dir", "log_every", "progress", "engine",
-    "bucket_cap_mb", "transport", "compression", "collective_timeout_s", "drift_check_every",
-    "check_collectives_steps", "device", "precision", "data_workers", "no_noise_scale", "auto_batch",
-    "noise_scale_every",
+    "keep_checkpoints", "max_skipped_steps", "resume", "start_over", "run_id", "metrics_dir", "log_every",
+    "progress", "engine", "bucket_cap_mb", "transport", "compression", "collective_timeout_s",
+    "drift_check_every", "check_collectives_steps", "device", "precision", "data_workers", "no_noise_scale",
+    "auto_batch", "noise_scale_every",
 ]  # fmt: skip
 
 
