@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 
 from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, finite_float
@@ -191,10 +192,30 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dpscale.launch.process_life import Interrupted, interrupt_on_signals, restore_signals
+
+    # before anything slow: a signal from here on ends what the command started and says so
+    # (train's launcher turns SIGTERM, SIGUSR1 and SIGINT into a stop request while it trains)
+    previous = interrupt_on_signals() if threading.current_thread() is threading.main_thread() else {}
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except Interrupted as e:  # what the command started is ended already (launch/job.py)
+        print(f"{' '.join(['dpscale', *words[:1]])}: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    finally:
+        restore_signals(previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    from dpscale.launch.job import job_scope
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        # every process the command starts, and every temp file, is part of one job (launch/job.py)
+        with job_scope():
+            return int(args.func(args) or 0)
     except ConfigError as e:  # a verdict on the input; any other exception is a bug, shown in full
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"dpscale {args.command}: error: {msg}", file=sys.stderr)
