@@ -15,7 +15,16 @@ import time
 
 import pytest
 
-from support.cli_runs import TRAIN, StderrWatch, kill_tagged, last_json, start_cli, tagged, wait_until_gone
+from support.cli_runs import (
+    TRAIN,
+    TRAIN_NO_CHECKPOINTS,
+    StderrWatch,
+    kill_tagged,
+    last_json,
+    start_cli,
+    tagged,
+    wait_until_gone,
+)
 
 pytestmark = pytest.mark.slow  # starts the CLI and its workers
 
@@ -79,7 +88,8 @@ def _worker_of_rank(tag: str, rank: int) -> int:
 
 def test_a_stopped_worker_is_named_and_ended_soon_after_the_collective_timeout():
     timeout_s = 5
-    proc, tag = start_cli(LONG + ["--collective-timeout-s", str(timeout_s)])
+    run = [a if a != "30" else "100000" for a in TRAIN_NO_CHECKPOINTS] + ["--log-every", "5"]
+    proc, tag = start_cli(run + ["--collective-timeout-s", str(timeout_s)])
     try:
         watch = StderrWatch(proc)
         watch.wait_for("step 5/")

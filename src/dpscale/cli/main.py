@@ -31,8 +31,8 @@ def _add_train(sub) -> None:
         description="Train your own dpscale.Task (--task module:callable) or a built-in workload "
         "(--workload, default digits) with data parallelism on this host.",
         epilog="Exit codes: 0 finished; 1 the workers failed (restarts used up); 2 bad input, refused "
-        "before any worker started; 3 diverged (--max-skipped-steps); 143/130 stopped by SIGTERM/SIGINT "
-        "after a checkpoint (continue with --resume). See docs/fault-tolerance.md.",
+        "before any worker started; 3 diverged (--max-skipped-steps); 143/138/130 stopped by "
+        "SIGTERM/SIGUSR1/SIGINT after a checkpoint (continue with --resume). See docs/fault-tolerance.md.",
     )
     add_dataclass_arguments(p, LaunchOptions)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
