@@ -1,6 +1,8 @@
 """The launcher is killed (`kill -9` of `dpscale train`): its workers end within seconds, also when
 it dies while restarting them, and nothing of the job stays in /dev/shm.
 
+Nor in the temp dir: before, each kill left `dpscale-launch-*/spec.json` and `torchelastic_*`.
+
 Before, workers kept training and writing checkpoints after their launcher was gone, and a later
 `--resume` read checkpoints that were still being written; each killed job left nine
 `/dev/shm/sem.mp-*` semaphores (multiprocessing's, for the agent's forkserver children).
@@ -31,7 +33,7 @@ GONE_WITHIN_PROCESS_STARTS = 4
 LONG = [a if a != "30" else "100000" for a in TRAIN] + ["--log-every", "5"]
 
 
-def _kill_launcher_and_check(proc, tag, ckpt) -> None:
+def _kill_launcher_and_check(proc, tag, ckpt, tmp) -> None:
     job = tagged(tag)
     assert proc.pid in job and len(job) >= 3, f"launcher and 2 workers expected, got {job}"
     shm = shm_paths_in_use(job)
@@ -49,15 +51,24 @@ def _kill_launcher_and_check(proc, tag, ckpt) -> None:
     before = sorted(os.listdir(ckpt)) if ckpt.exists() else []
     time.sleep(1.5)
     assert (sorted(os.listdir(ckpt)) if ckpt.exists() else []) == before
+    # torch's compile cache is meant to outlive every run (in /tmp, unless TMPDIR says otherwise)
+    left = [n for n in os.listdir(tmp) if not n.startswith("torchinductor_")]
+    assert not left, f"left in the temp dir: {left}"
+
+
+def _start(args, tmp_path, **kwargs):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    return (*start_cli(args, env=dict(os.environ, TMPDIR=str(tmp)), **kwargs), tmp)
 
 
 def test_workers_end_when_the_launcher_is_killed(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc, tag = start_cli(LONG + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"])
+    proc, tag, tmp = _start(LONG + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"], tmp_path)
     try:
         watch = StderrWatch(proc)
         watch.wait_for("step 10/")
-        _kill_launcher_and_check(proc, tag, ckpt)
+        _kill_launcher_and_check(proc, tag, ckpt, tmp)
     finally:
         kill_tagged(tag)
 
@@ -66,13 +77,13 @@ def test_workers_end_when_the_launcher_is_killed(tmp_path):
 def test_workers_end_when_the_launcher_is_killed_while_restarting_them(tmp_path):
     ckpt = tmp_path / "ckpt"
     args = LONG + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "5", "--max-restarts", "3"]
-    proc, tag = start_cli(args, faults="kill@step=8,rank=1,attempt=0")
+    proc, tag, tmp = _start(args, tmp_path, faults="kill@step=8,rank=1,attempt=0")
     try:
         watch = StderrWatch(proc)
         watch.wait_for("closing signal")  # the agent stops the first attempt's survivor to restart all
         deadline = time.monotonic() + 30
         while len(tagged(tag)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)  # the new attempt's workers are starting
-        _kill_launcher_and_check(proc, tag, ckpt)
+        _kill_launcher_and_check(proc, tag, ckpt, tmp)
     finally:
         kill_tagged(tag)

@@ -72,16 +72,20 @@ def kill_tagged(tag: str) -> None:
             pass
 
 
-def start_cli(args: list[str], *, faults: str | None = None, **popen) -> tuple[subprocess.Popen, str]:
-    """Start `python -m dpscale.cli.main ARGS` (DPSCALE_FAULTS=`faults`); returns it and its process tag."""
+def start_cli(
+    args: list[str], *, faults: str | None = None, env: dict[str, str] | None = None, cwd=ROOT, **popen
+) -> tuple[subprocess.Popen, str]:
+    """Start `python -m dpscale.cli.main ARGS` (DPSCALE_FAULTS=`faults`) in `cwd`, with `env`
+    (default: this process's); returns it and its process tag."""
     tag = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if k not in ("DPSCALE_FAULTS", "DPSCALE_CALLBACKS")}
+    base = os.environ if env is None else env
+    env = {k: v for k, v in base.items() if k not in ("DPSCALE_FAULTS", "DPSCALE_CALLBACKS")}
     env[TAG] = tag
     if faults:  # the faults reach the workers' trainers through a callback the workers build
         env["DPSCALE_FAULTS"] = faults
         env["DPSCALE_CALLBACKS"] = "dpscale.testing.faults:FaultInjector"
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
-    proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli.main", *args], cwd=ROOT, env=env, **popen)
+    proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli.main", *args], cwd=cwd, env=env, **popen)
     return proc, tag
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 
 from dpscale.errors import ConfigError, UserCodeError
 from dpscale.flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, finite_float
@@ -30,8 +31,8 @@ def _add_train(sub) -> None:
         description="Train your own dpscale.Task (--task module:callable) or a built-in workload "
         "(--workload, default digits) with data parallelism on this host.",
         epilog="Exit codes: 0 finished; 1 the workers failed (restarts used up); 2 bad input, refused "
-        "before any worker started; 3 diverged (--max-skipped-steps); 143/130 stopped by SIGTERM/SIGINT "
-        "after a checkpoint (continue with --resume). See docs/fault-tolerance.md.",
+        "before any worker started; 3 diverged (--max-skipped-steps); 143/138/130 stopped by "
+        "SIGTERM/SIGUSR1/SIGINT after a checkpoint (continue with --resume). See docs/fault-tolerance.md.",
     )
     add_dataclass_arguments(p, LaunchOptions)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
@@ -193,10 +194,30 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dpscale.launch.process_life import Interrupted, interrupt_on_signals, restore_signals
+
+    # before anything slow: a signal from here on ends what the command started and says so
+    # (train's launcher turns SIGTERM, SIGUSR1 and SIGINT into a stop request while it trains)
+    previous = interrupt_on_signals() if threading.current_thread() is threading.main_thread() else {}
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except Interrupted as e:  # what the command started is ended already (launch/job.py)
+        print(f"{' '.join(['dpscale', *words[:1]])}: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    finally:
+        restore_signals(previous)
+
+
+def _main(argv: list[str] | None) -> int:
+    from dpscale.launch.job import job_scope
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        # every process the command starts, and every temp file, is part of one job (launch/job.py)
+        with job_scope():
+            return int(args.func(args) or 0)
     except ConfigError as e:  # a verdict on the input; any other exception is a bug, shown in full
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"dpscale {args.command}: error: {msg}", file=sys.stderr)

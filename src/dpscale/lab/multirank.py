@@ -5,6 +5,11 @@ spawn, but torch is imported once in the server instead of once per rank; see PR
 them in a gloo group through a FileStore in a temporary directory (no ports at all), runs
 `fn(rank, world_size, *args)` and returns the ranks' return values in rank order.
 
+The ranks are one job (launch/job.py): they write into its temp directory, and whatever ends the
+caller (a signal, SIGKILL) ends them and removes it. Each rank also takes the kernel's
+parent-death signal, without a thread (a rank holds only its own): its parent is the forkserver,
+which ends when the caller does.
+
 Failures are loud: when a rank raises, the others get a short grace period and are killed, and
 the error shows every rank's traceback. When the timeout passes, every rank is asked (SIGUSR1,
 faulthandler) to dump its Python stack before it is killed, so a hang shows where each rank was.
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import faulthandler
 import multiprocessing as mp
+import multiprocessing.forkserver
+import multiprocessing.util
 import os
 import pickle
 import signal
@@ -23,6 +30,10 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from dpscale.launch.job import job_scope
+from dpscale.launch.process_life import parent_of, set_parent_death_signal
+from dpscale.launch.reaper import JOB_ENV
 
 DEFAULT_TIMEOUT_S = 120.0
 # After one rank fails, the others usually fail too (their collectives lose a peer); give them
@@ -58,8 +69,15 @@ def _rank_main(
     threads: int,
     pg_timeout_s: float,
     env: dict[str, str],
+    caller: int,
 ) -> None:
+    set_parent_death_signal()
+    # the forkserver, our parent, ends with the caller: if the caller is gone already (before the
+    # line above took effect), so is this rank
+    if parent_of(os.getppid()) not in (caller, None):
+        os._exit(1)
     os.environ.update(env)
+    tempfile.tempdir = None  # the job's temp dir (TMPDIR, in env), not the forkserver's
     out = Path(workdir)
     stack_file = open(out / f"rank{rank}.stack", "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -115,21 +133,42 @@ def run_ranks(
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = _context()
-    with tempfile.TemporaryDirectory(prefix="dpscale-ranks-") as workdir:
+    with job_scope() as job, tempfile.TemporaryDirectory(prefix="dpscale-ranks-") as workdir:
+        # the forkserver serves the caller's later calls too: it starts outside the job (the job's
+        # end does not kill it; it ends by itself with the caller), and its socket's directory
+        # goes only if the caller dies
+        with job.outside():
+            multiprocessing.forkserver.ensure_running()
+        job.add_path(multiprocessing.util.get_temp_dir())
         # The process group's own timeout sits below ours so that a stuck collective
         # usually surfaces as an error with a message rather than as a kill.
         pg_timeout_s = max(5.0, timeout_s - 10.0)
+        caller = os.getpid()
+        rank_env = {JOB_ENV: job.id, "TMPDIR": str(job.directory), **(env or {})}
         procs = [
             ctx.Process(
                 target=_rank_main,
-                args=(fn, r, world_size, args, workdir, backend or "", threads, pg_timeout_s, env or {}),
+                args=(
+                    fn,
+                    r,
+                    world_size,
+                    args,
+                    workdir,
+                    backend or "",
+                    threads,
+                    pg_timeout_s,
+                    rank_env,
+                    caller,
+                ),
                 name=f"rank{r}",
             )
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
         try:
+            for p in procs:
+                p.start()
+                assert p.pid is not None
+                job.add(p.pid)  # forked by the server: without this process's environment
             timed_out = _wait(procs, timeout_s)
         finally:
             if any(p.is_alive() for p in procs):

@@ -6,8 +6,15 @@ worker its rank through the environment. A restarted worker resumes from the las
 Each worker is a `python -m dpscale.launch.worker` subprocess of this process (as under torchrun),
 not a multiprocessing child: nothing between the launcher and its workers, and no named
 semaphores in /dev/shm that a killed job would leave behind. Workers end when the launcher dies
-(see process_life.py). SIGTERM/SIGINT to the launcher writes a stop file the workers look for at
-every step; they stop after the same step, checkpoint, and `launch` raises `RunStopped`.
+(see process_life.py), and the agent, its workers and their temp files (the launch spec, torch
+elastic's logs) are one job (job.py): a SIGKILLed launcher leaves nothing behind. SIGTERM, SIGUSR1
+or SIGINT to the launcher writes a stop file the workers look for at every step; they stop after
+the same step, checkpoint, and `launch` raises `RunStopped`.
+
+A worker stopped for good (SIGSTOP) holds its peers until their collective times out; the agent
+then stops every worker with SIGTERM, which a stopped process does not act on, and waits 30 s
+(torch's own, not the shutdown timeout) before SIGKILL. `_StoppedWorkers` kills a worker that has
+stayed stopped past the collective timeout instead, so the failure is named within seconds.
 
 On one host the agent always restarts the same number of workers, so a world size range
 `min_nproc..nproc` means: start `nproc`; when every restart at that size has failed, launch again
@@ -25,6 +32,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +44,7 @@ import torch.distributed as dist
 from dpscale.cores import over_host_cap, usable_cores
 from dpscale.errors import ConfigError, UserCodeError
 from dpscale.launch import dir_lock, rendezvous
+from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes, parse_min_max
 from dpscale.launch.preflight import check_before_start, check_run, resume_note
 from dpscale.launch.process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
@@ -61,6 +70,10 @@ logger = get_logger(__name__)
 
 # after a second SIGTERM/SIGINT, how long the agent lets workers end before SIGKILL
 _SHUTDOWN_S = 5
+# a worker stopped this long past the collective timeout is killed: its peers have timed out
+# waiting for it by then and written who hung (the failure summary names it from their record)
+_STOPPED_GRACE_S = 3
+_WATCH_INTERVAL_S = 0.5
 
 
 class LaunchError(RuntimeError):
@@ -296,7 +309,8 @@ def _launch_elastic(
         signals_to_handle="SIGHUP,SIGQUIT",
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    with tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
+    stopped = _StoppedWorkers(cfg.engine.collective_timeout_s + _STOPPED_GRACE_S)
+    with job_scope(), stopped, tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
         spec = LaunchSpec.in_dir(tmp, config=cfg.to_dict(), threads=threads, trusted_checkpoint=trusted)
         spec_path = Path(tmp) / "spec.json"
         spec.write(spec_path)
@@ -331,6 +345,54 @@ def _raise_refusal(failures_dir: str) -> None:
     launcher had found it before starting, and no restart."""
     if found := refusals(failures_dir):
         raise UserCodeError(found[0].bad_input, found[0].user_traceback)
+
+
+class _StoppedWorkers:
+    """While in use, a thread kills any child of this process that stayed stopped (SIGSTOP) for `limit_s`."""
+
+    def __init__(self, limit_s: float) -> None:
+        self._limit_s = limit_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dpscale-stopped-workers", daemon=True)
+
+    def __enter__(self) -> _StoppedWorkers:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        since: dict[int, float] = {}  # pid -> when it was first seen stopped
+        while not self._done.wait(_WATCH_INTERVAL_S):
+            now = time.monotonic()
+            stopped = {pid for pid in _children() if _state(pid) == "T"}
+            since = {pid: since.get(pid, now) for pid in stopped}
+            for pid, t0 in since.items():
+                if now - t0 >= self._limit_s:
+                    logger.warning(
+                        "worker pid %d stayed stopped (SIGSTOP) for %.0f s: killing it", pid, now - t0
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+def _children() -> list[int]:
+    """This process's children (Linux: /proc/self/task/*/children; elsewhere none)."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):
+                pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def _abort(signum: int) -> None:

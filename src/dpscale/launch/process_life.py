@@ -5,13 +5,18 @@
   `--resume` reads while they change). Linux's PR_SET_PDEATHSIG has the kernel kill the worker
   when its parent dies; a watchdog thread that sees the parent change covers systems without it.
   `dpscale train`'s workers, `dpscale run`/`scale`'s (run_child.py) and the ranks across hosts
-  (hosts.py) call it. The lab's ranks (lab/multirank.py) do not yet: its watchdog thread would be a
-  second thread in a rank that must hold only its own (tests/lab/test_multirank.py).
+  (hosts.py) call it. The lab's ranks (lab/multirank.py) take only the parent-death signal
+  (`set_parent_death_signal`): a watchdog thread would be a second thread in a rank that must
+  hold only its own (tests/lab/test_multirank.py), and the job's reaper (job.py) covers the rest.
 - `guarded_module`: the one way dpscale starts a child agent (torchrun, for `dpscale run`,
   `scale` and the benches across hosts): `python -m dpscale.launch.process_life PID MODULE ARGS`
   runs `python -m MODULE ARGS` after `die_with_parent(PID)`, so the agent ends with the command
   that started it, whatever the signal, and its workers end with the agent.
-- `StopRequest`: SIGTERM (what a preempting scheduler sends) and SIGINT (Ctrl-C) to the launcher
+- `interrupt_on_signals`: a command's first line of defence, from its start: SIGTERM, SIGINT,
+  SIGHUP and SIGUSR1 raise `Interrupted` in its main thread, so the command ends the processes
+  it started (job.py) and says in one line what stopped it, instead of dying silently.
+- `StopRequest`: SIGTERM (what a preempting scheduler sends), SIGUSR1 (what SLURM's
+  `--signal=USR1@T` sends ahead of a job's end) and SIGINT (Ctrl-C) to the launcher
   become a request that the training loop honours at the next step boundary, after a checkpoint,
   instead of an exception in the middle of a collective. A second signal ends the run at once.
   Workers keep the default SIGTERM (end now): the agent also uses it to stop the survivors of a
@@ -46,18 +51,33 @@ def die_with_parent(parent_pid: int) -> None:
     SIGKILL because a worker whose launcher died has nobody to report to; checkpoints are written
     atomically, so no kill leaves a partial one.
     """
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # no prctl here: the watchdog below still ends the process
+    set_parent_death_signal()
     # the parent may have died before prctl took effect: then we are already someone else's child
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(
         target=_watch_parent, args=(parent_pid,), name="dpscale-parent-watch", daemon=True
     ).start()
+
+
+def set_parent_death_signal() -> None:
+    """Have the kernel SIGKILL this process when its parent ends (Linux's PR_SET_PDEATHSIG; no
+    thread). Elsewhere nothing: `die_with_parent`'s watchdog thread is then the only guard."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl here
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent of process `pid` (Linux, from /proc), or None where it cannot be read."""
+    try:
+        # field 4 of /proc/PID/stat; the name (field 2) may hold spaces
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -67,14 +87,46 @@ def _watch_parent(parent_pid: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Interrupted(BaseException):
+    """A signal ended the command (BaseException: no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"stopped by {self.name}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+INTERRUPTING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+
+
+def interrupt_on_signals() -> dict[int, Any]:
+    """From now on, SIGTERM, SIGINT, SIGHUP and SIGUSR1 raise `Interrupted` (main thread only).
+
+    Returns the handlers they had, for `restore_signals`."""
+    return {sig: signal.signal(sig, _interrupt) for sig in INTERRUPTING}
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _interrupt(signum: int, frame) -> None:
+    raise Interrupted(signum)
+
+
 class StopRequest:
-    """Turns SIGTERM and SIGINT into a request to stop at the next step boundary.
+    """Turns SIGTERM, SIGUSR1 and SIGINT into a request to stop at the next step boundary.
 
     Call it to learn the request: the signal's name ("SIGTERM", "SIGINT"), or None. Install from
     the main thread (Python runs signal handlers there only).
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self, on_request=None, on_second=None) -> None:
         """`on_request(name)` runs on the first signal; `on_second(signum)` on another (default: die)."""
@@ -111,7 +163,8 @@ class StopRequest:
 
 
 def signal_exit_code(name: str) -> int:
-    """The shell's code for a process ended by signal `name`: 128 + its number (SIGTERM 143, SIGINT 130)."""
+    """The shell's code for a process ended by signal `name`: 128 + its number (SIGTERM 143, SIGINT 130,
+    SIGUSR1 138)."""
     return 128 + int(signal.Signals[name])
 
 

@@ -1,5 +1,11 @@
 """Start a user's script on N local workers as `torchrun --standalone` does, through `run_child`.
 
+On one host torchrun gets dpscale's loopback rendezvous instead of --standalone (agent.py): its
+stores listen on 127.0.0.1 only, as `dpscale train`'s do. The agent and its workers run as one
+job (job.py): whatever ends the command, they end with it and leave no temp files; a signal to
+the command is passed on to the agent (which passes it to the workers: a script may save on
+SIGTERM), which gets `_STOP_S` before it is killed.
+
 Across hosts (`nodes`, the same call on every host) torchrun gets the multi-node flags instead of
 --standalone: `dpscale-c10d` (launch/rendezvous.py; the host that carries the endpoint's address
 serves the store, as for `dpscale train`), or torch's static rendezvous with --node-rank.
@@ -12,20 +18,29 @@ RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* for each worker and forwards signals; 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpscale.engine.factory import RUN_ENGINES
 from dpscale.errors import ConfigError
+from dpscale.launch import rendezvous
+from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes
-from dpscale.launch.process_life import guarded_module
+from dpscale.launch.process_life import Interrupted, guarded_module
 from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
 from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
 from dpscale.log import get_logger
 
 logger = get_logger(__name__)
+
+# after a signal, how long the agent may take to stop the workers before it is killed
+_STOP_S = 5
+# the signals torchrun's agent passes on to its workers; others become SIGTERM
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,17 +88,10 @@ def run_script(
     """
     RunConfig(nproc=nproc, engine=engine)  # the same checks as the flags get
     check_script(script)
-    env = dict(os.environ, **{ENGINE_ENV: engine})
-    for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):
-        env.pop(name, None)
-        if value is not None:
-            env[name] = str(value)
-    if threads is not None:
-        env.setdefault("OMP_NUM_THREADS", str(threads))
     # torchrun's agent ends with this process, and its workers with the agent (process_life.py)
     cmd = guarded_module(
-        "torch.distributed.run",
-        *(["--standalone"] if nodes is None else torchrun_node_args(nodes)),
+        "dpscale.launch.agent",
+        *(single_host_args() if nodes is None else torchrun_node_args(nodes)),
         f"--nproc-per-node={nproc}",
         "-m",
         # torchrun's own flags end here: without "--" its parser takes the script's `--nproc` or
@@ -93,10 +101,18 @@ def run_script(
         script,
         *args,
     )
-    with tempfile.TemporaryDirectory(prefix="dpscale-run-built-") as built:
-        env[BUILT_ENV] = built
-        code = _run(cmd, env, log_path)
-        synchronized = any(Path(built).iterdir())
+    with job_scope():  # the environment below carries the job's marker and temp dir
+        env = dict(os.environ, **{ENGINE_ENV: engine})
+        for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):
+            env.pop(name, None)
+            if value is not None:
+                env[name] = str(value)
+        if threads is not None:
+            env.setdefault("OMP_NUM_THREADS", str(threads))
+        with tempfile.TemporaryDirectory(prefix="dpscale-run-built-") as built:
+            env[BUILT_ENV] = built
+            code = _run(cmd, env, log_path)
+            synchronized = any(Path(built).iterdir())
     if code == 0 and telemetry_dir is None and not synchronized and (nproc > 1 or nodes is not None):
         # `scale` says it on its rows; a plain run would otherwise end as if the job were one
         logger.warning(
@@ -108,9 +124,35 @@ def run_script(
 
 def _run(cmd: list[str], env: dict[str, str], log_path: Path | None) -> int:
     if log_path is None:
-        return subprocess.run(cmd, env=env).returncode
+        return _wait_for_agent(subprocess.Popen(cmd, env=env))
     with open(log_path, "w") as log:
-        return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        return _wait_for_agent(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+
+
+def _wait_for_agent(agent: subprocess.Popen) -> int:
+    """The agent's exit code; on a signal to this process, the agent stops the workers, then goes on."""
+    try:
+        return agent.wait()
+    except Interrupted as e:
+        agent.send_signal(e.signum if e.signum in _AGENT_SIGNALS else signal.SIGTERM)
+        try:
+            agent.wait(_STOP_S)
+        except subprocess.TimeoutExpired:
+            pass  # the job's reaper kills what is left
+        raise
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+
+
+def single_host_args() -> list[str]:
+    """torchrun's flags for a job on this host alone: --standalone, with stores on 127.0.0.1 only."""
+    return [
+        "--nnodes=1",
+        f"--rdzv-backend={rendezvous.BACKEND}",
+        f"--rdzv-endpoint={rendezvous.LOOPBACK}:0",
+        f"--rdzv-id=dpscale-{uuid.uuid4().hex[:8]}",
+    ]
 
 
 def torchrun_node_args(nodes: Nodes) -> list[str]:

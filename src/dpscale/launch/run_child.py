@@ -22,6 +22,7 @@ can say when the ranks never synchronized.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import runpy
@@ -160,6 +161,44 @@ def _watch_unwrapped(telemetry_dir: str, limit: int | None):
     return watch
 
 
+# the timeout the script gave init_process_group, if it gave one (seconds)
+_script_timeout_s: list[float] = []
+
+
+def _record_script_timeout() -> None:
+    """Have init_process_group (both places scripts import it from) note the timeout the script gives.
+
+    torch's DDP waits on its collectives as long as the process group says; dpscale's engine has a
+    timeout of its own (300 s), which would otherwise hold the job that long after a rank left.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    torchs = c10d.init_process_group
+
+    @functools.wraps(torchs)
+    def init_process_group(*args, **kwargs):
+        timeout = kwargs.get("timeout")
+        if timeout is not None:
+            _script_timeout_s[:] = [timeout.total_seconds()]
+        return torchs(*args, **kwargs)
+
+    dist.init_process_group = c10d.init_process_group = init_process_group
+
+
+def _with_script_timeout(cls: type) -> type:
+    """`cls` (dpscale's engine) with the script's process-group timeout as its collective timeout."""
+
+    class DistributedDataParallel(cls):
+        def __init__(self, *args, **kwargs):
+            if _script_timeout_s and "collective_timeout_s" not in kwargs:
+                kwargs["collective_timeout_s"] = _script_timeout_s[0]
+            super().__init__(*args, **kwargs)
+
+    DistributedDataParallel.__qualname__ = "DistributedDataParallel"
+    return DistributedDataParallel
+
+
 def install(
     engine: str, telemetry_dir: str | None = None, limit: int | None = None, built_dir: str | None = None
 ) -> None:
@@ -169,6 +208,9 @@ def install(
 
     watch = _watch_unwrapped(telemetry_dir, limit) if telemetry_dir is not None else None
     cls = stand_in(engine, telemetry_dir, limit, built_dir, watch)
+    if engine == "dpscale":
+        _record_script_timeout()
+        cls = _with_script_timeout(cls)
     parallel.DistributedDataParallel = cls  # type: ignore[misc,assignment]  # the point: scripts get the stand-in
     distributed.DistributedDataParallel = cls  # type: ignore[misc,assignment]
 
