@@ -32,7 +32,7 @@ from typing import Any
 
 from dpscale.comm.attempt import gloo_interface_hint
 from dpscale.comm.select import host_id
-from dpscale.launch.process_life import die_with_parent
+from dpscale.launch.process_life import die_with_parent, exit_now
 
 ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
@@ -128,7 +128,10 @@ def _stop(ddp, directory: str) -> None:
     dist.barrier(group=ddp.process_group)
     if hasattr(ddp, "close"):
         ddp.close()  # dpscale's shared-memory buffers go back now, not at interpreter exit
-    raise SystemExit(0)
+    # leave without interpreter teardown: the script's process group and its gloo threads are
+    # still alive here, and one of them needing the GIL while Python finalizes aborts the rank
+    # (SIGABRT), failing a measurement that completed (process_life.exit_now)
+    exit_now(0)
 
 
 def _watch_unwrapped(telemetry_dir: str, limit: int | None):
@@ -153,7 +156,7 @@ def _watch_unwrapped(telemetry_dir: str, limit: int | None):
 
     def stop(t) -> None:
         write(final=True)
-        raise SystemExit(0)
+        exit_now(0)  # as _stop: a process group the script made may hold gloo threads
 
     telemetry.on_limit = stop
     atexit.register(write, False)
