@@ -1,0 +1,85 @@
+"""scripts/gpu-check.sh and its bench, checked on CPU: the script parses, and the bench's
+arithmetic and JSON are right (its functions called in this process, tiny sizes, gloo)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "gpu_engine_bench", ROOT / "scripts" / "gpu_engine_bench.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # starts bash
+def test_the_script_parses():
+    subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu-check.sh")], check=True)
+
+
+def test_engines_alternate_and_each_goes_first_as_often():
+    b = _bench()
+    assert b.alternate(("dpscale", "torch"), 4) == ["dpscale", "torch", "torch", "dpscale"] * 2
+
+
+def test_the_figures_are_medians_spreads_and_the_ratio_of_medians():
+    b = _bench()
+    rounds = [
+        b.Round("dpscale", 10.0, 2.0),
+        b.Round("torch", 10.0, 1.0),
+        b.Round("torch", 9.0, 1.0),
+        b.Round("dpscale", 12.0, 4.0),
+        b.Round("dpscale", 11.0, 3.0),
+        b.Round("torch", 11.0, 1.0),
+    ]
+    got = b.summarize(rounds, {"dpscale": 0.0, "torch": None}, b.BenchConfig.tiny())
+    mine = got["engines"]["dpscale"]
+    assert mine["step_ms"] == {"median": 11.0, "min": 10.0, "max": 12.0, "spread": pytest.approx(2 / 11)}
+    assert mine["cpu_ms_per_step"]["median"] == 3.0 and mine["syncs_per_step"] == 0.0
+    assert mine["rounds_step_ms"] == [10.0, 12.0, 11.0]
+    assert got["engines"]["torch"]["syncs_per_step"] is None
+    assert got["ratio_dpscale_torch"] == pytest.approx(11 / 10)
+    assert got["ratio_per_round_median"] == pytest.approx(1.0)  # 10/10, 12/9, 11/11
+    assert got["target_ratio"] == 1.02 and got["within_target"] is False
+
+
+def test_the_bench_model_has_about_120m_parameters():
+    b = _bench()
+    with torch.device("meta"):
+        model = b.Decoder(b.BenchConfig())
+    assert 110e6 < b.param_count(model) < 130e6
+
+
+def test_a_dry_run_writes_the_documented_json(tmp_path):
+    b = _bench()
+    assert b.main(["--dry-run", "--out", str(tmp_path)]) == 0
+    doc = __import__("json").loads((tmp_path / "engine-bench.json").read_text())
+    assert doc["backend"] == "gloo" and doc["world_size"] == 1 and doc["device"] == "cpu"
+    assert doc["params"] > 0 and doc["config"]["device"] == "cpu"
+    for engine in ("dpscale", "torch"):
+        e = doc["engines"][engine]
+        assert len(e["rounds_step_ms"]) == doc["config"]["rounds"]
+        assert e["step_ms"]["median"] > 0 and e["cpu_ms_per_step"]["median"] >= 0
+        assert e["syncs_per_step"] is None  # nothing synchronizes a device on a CPU
+    assert doc["ratio_dpscale_torch"] == pytest.approx(
+        doc["engines"]["dpscale"]["step_ms"]["median"] / doc["engines"]["torch"]["step_ms"]["median"]
+    )
+    assert set(doc) >= {"torch", "cuda", "within_target", "target_ratio", "ratio_per_round_median"}
+
+
+def test_the_bench_refuses_a_bad_round_count(capsys):
+    b = _bench()
+    with pytest.raises(SystemExit) as e:
+        b.main(["--dry-run", "--rounds", "0"])
+    assert e.value.code == 2 and "--rounds" in capsys.readouterr().err
