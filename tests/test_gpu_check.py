@@ -1,7 +1,9 @@
-"""scripts/gpu-check.sh and its bench, checked on CPU: the script parses, and the bench's
-arithmetic and JSON are right (its functions called in this process, tiny sizes, gloo)."""
+"""scripts/gpu-check.sh, its bench and its report, checked on CPU: the script parses, the bench's
+arithmetic and JSON are right (its functions called in this process, tiny sizes, gloo), and the
+report fails a run whose stages or results are wrong."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +14,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "gpu_engine_bench", ROOT / "scripts" / "gpu_engine_bench.py"
-    )
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def _bench():
+    return _script("gpu_engine_bench")
 
 
 @pytest.mark.slow  # starts bash
@@ -64,7 +68,7 @@ def test_the_bench_model_has_about_120m_parameters():
 def test_a_dry_run_writes_the_documented_json(tmp_path):
     b = _bench()
     assert b.main(["--dry-run", "--out", str(tmp_path)]) == 0
-    doc = __import__("json").loads((tmp_path / "engine-bench.json").read_text())
+    doc = json.loads((tmp_path / "engine-bench.json").read_text())
     assert doc["backend"] == "gloo" and doc["world_size"] == 1 and doc["device"] == "cpu"
     assert doc["params"] > 0 and doc["config"]["device"] == "cpu"
     for engine in ("dpscale", "torch"):
@@ -83,3 +87,55 @@ def test_the_bench_refuses_a_bad_round_count(capsys):
     with pytest.raises(SystemExit) as e:
         b.main(["--dry-run", "--rounds", "0"])
     assert e.value.code == 2 and "--rounds" in capsys.readouterr().err
+
+
+def _stage_outputs(tmp_path, *, resumed_steps=150, bench_ok=True, device="cuda", status="pass"):
+    rows = [
+        f"env\t{status}\t0\t3",
+        "cuda-tests\tskip\t0\t0\tpytest is not installed",
+        "bench\tpass\t0\t60",
+        "train\tpass\t0\t20",
+        "train-resume\tpass\t0\t10",
+        "predict\tpass\t0\t5",
+    ]
+    (tmp_path / "stages.tsv").write_text("\n".join(rows) + "\n")
+    first = {"steps": 120, "checkpoint": "ckpt/step-120", "final_loss": 0.5}
+    resumed = {"steps": resumed_steps, "resumed_from_step": 120, "final_loss": 0.4}
+    (tmp_path / "train.txt").write_text("a log line\n" + json.dumps(first) + "\n")
+    (tmp_path / "train-resume.txt").write_text("resumed\n" + json.dumps(resumed) + "\n")
+    (tmp_path / "engine-bench.json").write_text(json.dumps({"within_target": bench_ok}))
+    (tmp_path / "profile.json").write_text(json.dumps({"device": device}))
+    (tmp_path / "predict.txt").write_text("table\n" + json.dumps([{"world_size": 8}]) + "\n")
+    (tmp_path / "env.json").write_text(json.dumps({"torch": "2.11.0", "device_name": "H200"}))
+
+
+def test_the_report_passes_a_good_run_and_keeps_every_figure(tmp_path):
+    r = _script("gpu_check_report")
+    _stage_outputs(tmp_path)
+    assert r.main([str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert doc["ok"] and doc["failed"] == [] and all(doc["checks"].values())
+    assert doc["stages"]["cuda-tests"] == {
+        "status": "skip",
+        "rc": 0,
+        "seconds": 0,
+        "note": "pytest is not installed",
+    }
+    assert doc["seconds"] == 98 and doc["environment"]["device_name"] == "H200"
+    assert doc["train"]["resumed"]["steps"] == 150 and doc["predict"] == [{"world_size": 8}]
+
+
+@pytest.mark.parametrize(
+    ("change", "failed"),
+    [
+        ({"resumed_steps": 130}, ["resume_from_checkpoint"]),
+        ({"bench_ok": False}, ["bench_within_target"]),
+        ({"device": "cpu"}, ["predict_from_gpu_profile"]),
+        ({"status": "timeout"}, ["env"]),
+    ],
+)
+def test_the_report_fails_a_run_that_went_wrong(tmp_path, change, failed):
+    r = _script("gpu_check_report")
+    _stage_outputs(tmp_path, **change)
+    assert r.main([str(tmp_path)]) == 1
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["failed"] == failed
