@@ -68,7 +68,8 @@ env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": 
        "cuda_available": torch.cuda.is_available(), "gpus": torch.cuda.device_count()}
 if torch.cuda.is_available():
     env["device_name"] = torch.cuda.get_device_name(0)
-    env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    nccl = torch.cuda.nccl.version()  # a tuple in recent releases, an int in older ones
+    env["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
 try:
     env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                    capture_output=True, text=True, timeout=20).stdout.split("\n")[0].strip()

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,18 @@ def test_the_report_fails_a_run_that_went_wrong(tmp_path, change, failed):
     _stage_outputs(tmp_path, **change)
     assert r.main([str(tmp_path)]) == 1
     assert json.loads((tmp_path / "gpu-check.json").read_text())["failed"] == failed
+
+
+def test_syncs_are_counted_from_the_sync_debug_warnings(monkeypatch):
+    b = _bench()
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    with b.count_syncs(torch.device("cuda", 0)) as found:
+        # what torch warns at each synchronizing call in "warn" mode, and a warning that is not one
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
+    assert found == [2] and modes == ["warn", "default"]
+    with b.count_syncs(torch.device("cpu")) as found:
+        pass
+    assert found == []  # a CPU has no device to wait for: nothing counted
