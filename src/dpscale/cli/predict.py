@@ -59,6 +59,7 @@ def run_profile_from_args(args: argparse.Namespace) -> int:
         warmup=config.warmup,
         threads=config.threads,
         co_located=config.co_located,
+        device=config.device,
     )
     path = prof.save(config.out or f"profile-{prof.model}-b{prof.per_worker_batch}.json")
     print(render.profile_summary(prof))

@@ -217,6 +217,7 @@ class DistributedDataParallel(_TorchDDP):
         )
         self.reducer.static_graph = self.static_graph
         self._stats = ddp_logging.RuntimeStats()
+        self.add_step_observer(self._stats)  # asks for no norms: the sampled steps' StepStats
         # measured by default, as before the observer seam: every 8th synced step's norms
         self._noise_scale: NoiseScaleObserver | None = None
         self.set_noise_scale_observer(NoiseScaleObserver())
@@ -241,13 +242,17 @@ class DistributedDataParallel(_TorchDDP):
         if sync_grads and self._autotuner is not None and not self._autotuner.done:
             self._autotune_step()
         self.reducer.release_spent()  # before forward allocates, as a plain model's would be
-        t0 = time.perf_counter()
+        # the engine's clock (events on a GPU: host time would measure the launch), and the host's
+        # wall clock for where the forward began (torch's forward_compute_time_start)
+        clock, t0_epoch_ns = self.reducer.clock, time.time_ns()
+        t0 = clock.stamp() if self._stats.samples_next() else None
         out = self.module(*inputs, **kwargs)
         # read again after the module ran, as torch does: Lightning's manual optimization turns
         # sync off from inside forward and arms the reducer itself before backward
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
-            self._stats.on_forward(t0, self.reducer.last_stats, self.reducer.last_backward_end_epoch_ns)
+            t1 = None if t0 is None else clock.stamp()
+            self._stats.on_forward(clock, t0, t1, t0_epoch_ns, self.reducer)
             self.reducer.prepare_for_backward()
         else:
             self.require_forward_param_sync = False

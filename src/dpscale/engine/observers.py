@@ -3,8 +3,9 @@
 The reducer measures what every step needs anyway (when each bucket's reduction ran: `StepStats`)
 and, on the steps an observer asks for, the squared gradient norms the noise scale needs
 (`GradNorms`). What is made of them (the noise scale, telemetry, a user's logger) lives in the
-observers, not in the reducer: `DistributedDataParallel.add_step_observer(observer)`. An engine
-with no observer pays nothing for the seam but one check of an empty list per step.
+observers, not in the reducer: `DistributedDataParallel.add_step_observer(observer)`. Every
+engine has one: torch's logging data (compat/ddp_logging.py), which asks for no norms; an
+observer that asks for none costs one call per step.
 
 Nothing here waits for the device: on a GPU a step's stats and norms reach `on_step` once its
 events have completed (clock.py), a step or more later; `on_grad_norms` gets the norms at once,

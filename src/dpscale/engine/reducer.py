@@ -186,6 +186,11 @@ class Reducer:
                     slot[2].copy_(p.grad)
                     p.grad = slot[2]
 
+    @property
+    def synced_steps(self) -> int:
+        """Synced backwards done so far (the `StepStats.step` of the last one)."""
+        return self._step
+
     def set_synced_steps(self, steps: int) -> None:
         """Count synced steps from `steps` (a resumed run's position): observers are then asked
         about the same steps as in a run that was never interrupted."""

@@ -98,3 +98,55 @@ def test_a_profile_from_numbers_is_named_by_its_size():
     numbers = dict(params=138_400_000, bytes_per_param=4, step_compute_ms=416, backward_fraction=0.67)
     assert explicit(**numbers, per_worker_batch=64).model == "138.4 M parameters"  # titles, headers
     assert explicit(**numbers, per_worker_batch=64, model="VGG-16").model == "VGG-16"
+
+
+def test_the_device_flag_is_checked_with_one_line(monkeypatch):
+    import argparse
+
+    import torch
+
+    from dpscale.cli.predict import add_profile_arguments
+    from dpscale.errors import ConfigError
+    from dpscale.flags import dataclass_kwargs
+    from dpscale.lab.predict.profile import ProfileConfig
+
+    parser = argparse.ArgumentParser()
+    add_profile_arguments(parser)
+    args = parser.parse_args(["--model", "mlp", "--device", "cpu"])
+    assert ProfileConfig(**dataclass_kwargs(args, ProfileConfig)).device == "cpu"
+    assert ProfileConfig(model="mlp").device == "cpu"  # the default, as before
+    with pytest.raises(ConfigError, match="--device: cpu or cuda, got 'tpu'"):
+        ProfileConfig(model="mlp", device="tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="--device cuda: no CUDA device here"):
+        ProfileConfig(model="mlp", device="cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert ProfileConfig(model="mlp", device="cuda").device == "cuda"
+    with pytest.raises(ConfigError, match="--co-located: measured on CPU workers only"):
+        ProfileConfig(model="mlp", device="cuda", co_located=2)
+
+
+def test_a_profile_on_a_gpu_is_timed_by_the_events_it_records(monkeypatch):
+    # fake CUDA events (support/fake_events.py) stand for the GPU: each records the next whole ms,
+    # so every phase the profile reports must be a whole number of ms, as the events say
+    import itertools
+
+    import torch.distributed as dist
+
+    from dpscale.engine.clock import EventClock
+    from dpscale.lab.predict import profiling
+    from support.fake_events import FakeDevice
+
+    device = FakeDevice(itertools.count())
+    device.run_until()
+    monkeypatch.setattr(profiling, "clock_for", lambda dev: EventClock(device.event))
+    monkeypatch.setattr(profiling, "MIN_TIMED_S", 0.0)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        raw = profiling._rank_measure(0, 1, "mlp", 4, 2, 0, "cpu")
+    finally:
+        dist.destroy_process_group()
+    assert raw["phases"] and device.recorded
+    for forward_ms, backward_ms, optimizer_ms, ready in raw["phases"]:
+        assert all(v >= 1 and v == int(v) for v in (forward_ms, backward_ms, optimizer_ms))
+        assert all(r == int(r) and r <= backward_ms for r in ready)  # each gradient within backward

@@ -6,59 +6,99 @@ torch; the backward times come from the engine's `StepStats` (see stats.py): com
 less the time reductions held it up, comm the time some reduction was in flight, overlap the part
 of comm that backward hid. Like torch, runtime figures are taken on the first 10 synced steps and
 then every `sample_rate` steps (100 unless `_set_ddp_runtime_logging_sample_rate` says otherwise).
+
+Every duration comes from the engine's clock (clock.py): on a GPU, CUDA events, because host time
+around a launch measures the launch. So `RuntimeStats` is a step observer (observers.py): a
+sampled step's stats arrive once its events have completed, a step or more later, and a sampled
+forward's two stamps are read the same way; nothing here waits for the device. The `*_start` /
+`*_end` keys are wall-clock positions (ns since the epoch) anchored at the host's moment the
+backward ended, with the measured durations laid back from it.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from dpscale.comm.base import group_rank, group_size, is_registered
+from dpscale.engine.observers import GradNorms, StepObserver
+from dpscale.engine.stats import StepStats
+
+if TYPE_CHECKING:
+    from dpscale.engine.clock import Clock
 
 _FIRST_ITERATIONS = 10
 _NS = 1e6  # per ms
 
 
 @dataclass
-class RuntimeStats:
+class RuntimeStats(StepObserver):
     sample_rate: int = 100
     forwards: int = 0  # synced forwards so far
     sampled_iteration: int = 0  # 0-based index of the last sampled synced forward (torch's "iteration")
     forward_ns: list[int] = field(default_factory=list)
-    steps: list = field(default_factory=list)  # StepStats of sampled steps
+    steps: list = field(default_factory=list)  # StepStats of sampled steps, as they become readable
     last_forward_ns: int = 0
     last_forward_start_ns: int = 0
-    backward_end_epoch_ns: int = 0  # when the last sampled backward ended (time.time_ns)
     error: str | None = None  # the last error the engine raised for a misuse (torch logs it too)
-    _sampled_step: int | None = None  # the StepStats.step expected from the sampled forward
+    _sampled: set[int] = field(default_factory=set)  # StepStats.step of the sampled steps
+    _backward_end_ns: dict[int, int] = field(default_factory=dict)  # host end of their backward
+    # sampled forwards not yet read: (clock, start stamp, end stamp, host start in epoch ns)
+    _pending_forwards: list[tuple[Any, Any, Any, int]] = field(default_factory=list)
 
-    def on_forward(self, t0: float, last_stats, backward_end_epoch_ns: int) -> None:
-        """After a synced forward that began at perf_counter `t0`; `last_stats`: the reducer's."""
-        self.collect(last_stats, backward_end_epoch_ns)
+    def samples_next(self) -> bool:
+        """Whether the next synced forward is sampled (only those are stamped: on a GPU each
+        stamp is an event recorded)."""
+        index = self.forwards
+        return index < _FIRST_ITERATIONS or index % self.sample_rate == 0
+
+    def on_forward(self, clock: Clock, start: Any, end: Any, start_epoch_ns: int, reducer) -> None:
+        """After a synced forward stamped `start`..`end` by `clock` (None: not sampled); `reducer`:
+        the engine's, whose synced-step count names the step this forward's backward will be."""
+        self.note_backward_end(reducer)
+        sampled = self.samples_next() and start is not None and end is not None
         index = self.forwards
         self.forwards += 1
-        if index < _FIRST_ITERATIONS or index % self.sample_rate == 0:
+        if sampled:
             self.sampled_iteration = index
-            self.last_forward_ns = int((time.perf_counter() - t0) * 1e9)
-            self.last_forward_start_ns = time.time_ns() - self.last_forward_ns
-            self.forward_ns.append(self.last_forward_ns)
-            self._sampled_step = self.forwards
+            self._pending_forwards.append((clock, start, end, start_epoch_ns))
+            self._sampled.add(reducer.synced_steps + 1)
+        self.read_forwards()
 
-    def collect(self, last_stats, backward_end_epoch_ns: int) -> None:
-        # StepStats.step counts synced backwards, as `iteration` counts synced forwards
-        if last_stats is not None and last_stats.step == self._sampled_step:
-            self.steps.append(last_stats)
-            self.backward_end_epoch_ns = backward_end_epoch_ns
-            self._sampled_step = None
+    def note_backward_end(self, reducer) -> None:
+        """The host's end of the reducer's last synced backward, if that step is a sampled one."""
+        step = reducer.synced_steps
+        if step in self._sampled and step not in self._backward_end_ns:
+            self._backward_end_ns[step] = reducer.last_backward_end_epoch_ns
+
+    def on_step(self, stats: StepStats, norms: GradNorms | None) -> None:
+        # on a GPU a step arrives once its events completed: sampled ones are kept, late or not
+        if stats.step in self._sampled:
+            self.steps.append(stats)
+
+    def read_forwards(self) -> None:
+        """The sampled forwards whose stamps are final, oldest first (no wait for the device)."""
+        while self._pending_forwards:
+            clock, start, end, start_epoch_ns = self._pending_forwards[0]
+            if not clock.ready([start, end]):
+                return
+            self._pending_forwards.pop(0)
+            self.last_forward_ns = int(clock.elapsed_ms(start, end) * _NS)
+            self.last_forward_start_ns = start_epoch_ns
+            self.forward_ns.append(self.last_forward_ns)
+
+    def backward_end_ns(self, stats: StepStats) -> int:
+        return self._backward_end_ns.get(stats.step, 0)
 
 
 def logging_data(ddp) -> dict:
     stats: RuntimeStats = ddp._stats
-    stats.collect(ddp.reducer.last_stats, ddp.reducer.last_backward_end_epoch_ns)
     reducer = ddp.reducer
+    stats.note_backward_end(reducer)
+    stats.read_forwards()
     group = ddp.process_group
     params = reducer.params
     data = {
@@ -109,7 +149,7 @@ def logging_data(ddp) -> dict:
         data["avg_backward_compute_time"] = int(sum(s.backward_ms for s in stats.steps) * _NS / n)
         data["avg_backward_comm_time"] = int(sum(s.comm_ms for s in stats.steps) * _NS / n)
         # host-side wall-clock stamps of the last sampled step, in ns since the epoch
-        end = stats.backward_end_epoch_ns
+        end = stats.backward_end_ns(last)
         data["backward_compute_time_start"] = end - data["backward_compute_time"]
         data["backward_compute_time_end"] = end
         first = min((b.start_ms for b in last.buckets), default=last.backward_ms)

@@ -62,8 +62,16 @@ class ProfileConfig:
     """Also measure K workers computing in lockstep (contention) and the in-step call overhead."""
     out: str | None = None
     """Profile JSON file (default profile-<model>-b<batch>.json)."""
+    device: str = "cpu"
+    """Where the worker computes: cpu, or cuda (one GPU, times from CUDA events)."""
 
     def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"--device: cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device here (run on the GPU host, or --device cpu)")
+        if self.device == "cuda" and self.co_located > 1:
+            raise ConfigError("--co-located: measured on CPU workers only; leave it at 1 with --device cuda")
         for flag, value, minimum in (
             ("--per-worker-batch", self.per_worker_batch, 1),
             ("--steps", self.steps, 1),
@@ -105,7 +113,7 @@ class ModelProfile:
     # samples/s one process prepares for training (the task's dataset items, collated as the trainer
     # does), measured alone; the input-pipeline term (model.py) takes the node's rate from it
     input_samples_per_s: float | None = None
-    device: str | None = None  # where it was measured ("cpu"); None for explicit numbers
+    device: str | None = None  # where it was measured ("cpu", "cuda"); None for explicit numbers
     threads: int | None = None
     steps: int | None = None
     warmup: int | None = None

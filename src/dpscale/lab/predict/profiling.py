@@ -22,10 +22,13 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from dpscale.engine import DistributedDataParallel
+from dpscale.engine.clock import clock_for
+from dpscale.engine.compat.torch_args import move_to
 from dpscale.engine.factory import DPSCALE_ON_SHM, PROFILE_ENGINES, wrap
 from dpscale.lab.bench.rounds import run_rounds, timed_round_sizes
 from dpscale.lab.predict import interfere
@@ -47,37 +50,50 @@ MIN_TIMED_S = 2.0
 MAX_ROUNDS = 1000
 
 
-def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps: int, warmup: int) -> dict:
+def _rank_measure(
+    rank: int, world_size: int, model_name: str, batch: int, steps: int, warmup: int, device: str = "cpu"
+) -> dict:
     from dpscale.comm.select import shm_is_safe
     from dpscale.lab.recipe import load_recipe
 
     workload = load_recipe(model_name)
-    x, y = workload.make_batch(batch, torch.Generator().manual_seed(100))
+    dev = torch.device(device)
+    # the engine's clock: host time on a CPU, CUDA events on a GPU (where host time is the launch)
+    clock = clock_for(dev)
+    x, y = move_to(workload.make_batch(batch, torch.Generator().manual_seed(100)), dev)
 
     def build(engine: str):
         torch.manual_seed(0)  # the same initial weights for every variant
-        model = wrap(workload.build_model(), engine)
+        ids = [torch.cuda.current_device()] if dev.type == "cuda" else None
+        model = wrap(workload.build_model().to(dev), engine, device_ids=ids)
         return model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
 
     local, local_opt = build("local")
     named = [(n, p) for n, p in local.named_parameters() if p.requires_grad]
-    stamps = [0.0] * len(named)
+    # a parameter without a gradient keeps this stamp, from before every step: its ready time
+    # comes out below zero, read as 0 (measure)
+    stamps: list[Any] = [clock.stamp()] * len(named)
     for i, (_, p) in enumerate(named):
-        p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, time.perf_counter()))
-    names = [*PROFILE_ENGINES, *([DPSCALE_ON_SHM] if shm_is_safe() else [])]
+        p.register_post_accumulate_grad_hook(lambda _p, i=i: stamps.__setitem__(i, clock.stamp()))
+    names = [*PROFILE_ENGINES, *([DPSCALE_ON_SHM] if shm_is_safe() and dev.type == "cpu" else [])]
     engines = {e: build(e) for e in names}
     phases: list[tuple[float, float, float, list[float]]] = []
     totals: dict[str, list[float]] = {e: [] for e in ("local", *names)}
 
-    def step(model, opt) -> tuple[float, float, float, float]:
-        t0 = time.perf_counter()
+    def step(model, opt) -> tuple[Any, Any, Any, Any]:
+        t0 = clock.stamp()
         opt.zero_grad(set_to_none=True)
         loss = workload.loss(workload.forward(model, x), y) / batch
-        t1 = time.perf_counter()
+        t1 = clock.stamp()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = clock.stamp()
         opt.step()
-        return t0, t1, t2, time.perf_counter()
+        t3 = clock.stamp()
+        # a profile times each step on its own: on a GPU the step ends when the device is done
+        clock.wait([t3])  # the step's last event: the ones before it on the stream are done too
+        return t0, t1, t2, t3
+
+    ms = clock.elapsed_ms
 
     variants = {"local": (local, local_opt), **engines}
     for _ in range(warmup):
@@ -88,15 +104,13 @@ def _rank_measure(rank: int, world_size: int, model_name: str, batch: int, steps
     # starts with caches the other variants filled, which slows the bare model more than the wrapped
     # ones and hides most of a small model's engine overhead (digits: 0.30 ms per-step alternation
     # vs 0.45 ms in rounds of 10, which is what a training run pays).
-    per_round = syncs.steps_per_round((t3 - t0) * 1e3)
+    per_round = syncs.steps_per_round(ms(t0, t3))
 
     def timed(name: str) -> float:
         t0, t1, t2, t3 = step(*variants[name])
         if name == "local":
-            phases.append(
-                ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, [(t - t1) * 1e3 for t in stamps])
-            )
-        return (t3 - t0) * 1e3
+            phases.append((ms(t0, t1), ms(t1, t2), ms(t2, t3), [ms(t1, t) for t in stamps]))
+        return ms(t0, t3)
 
     sizes = timed_round_sizes(per_round, min_steps=steps, min_s=MIN_TIMED_S, max_rounds=MAX_ROUNDS)
     for name, rounds in run_rounds(list(variants), timed, sizes).items():
@@ -172,6 +186,7 @@ def measure(
     warmup: int = 3,
     threads: int = 1,
     co_located: int = 1,
+    device: str = "cpu",
 ) -> ModelProfile:
     """Profile `model` (a built-in workload or module:callable returning a Task) on one worker in a
     fresh process (see the module docstring)."""
@@ -186,11 +201,21 @@ def measure(
         warmup=warmup,
         threads=threads,
         co_located=co_located,
+        device=device,
     )
     load_recipe(model, check=True)  # a broken task fails here with one line, not in the rank
     timeout_s = 120 + 10 * (steps + warmup)
     (raw,) = run_ranks(
-        _rank_measure, 1, model, per_worker_batch, steps, warmup, threads=threads, timeout_s=timeout_s
+        _rank_measure,
+        1,
+        model,
+        per_worker_batch,
+        steps,
+        warmup,
+        device,
+        threads=threads,
+        timeout_s=timeout_s,
+        backend="nccl" if device == "cuda" else "gloo",
     )
     med = statistics.median
     contention = {}
@@ -232,7 +257,7 @@ def measure(
         contention=contention,
         compute_cv=step_to_step_cv(steps_ms, raw["per_round"]),
         input_samples_per_s=input_rate(per_worker_batch, raw["input_ms"]),
-        device="cpu",
+        device=device,
         threads=threads,
         steps=len(fwd),
         warmup=warmup,
