@@ -134,6 +134,7 @@ def run_ranks(
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     ctx = _context()
     with job_scope() as job, tempfile.TemporaryDirectory(prefix="dpscale-ranks-") as workdir:
+        job.start_reaper()  # before the first rank, also where run_ranks is the outermost scope
         # the forkserver serves the caller's later calls too: it starts outside the job (the job's
         # end does not kill it; it ends by itself with the caller), and its socket's directory
         # goes only if the caller dies

@@ -24,6 +24,7 @@ stopped one, or a file.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ from dpscale.launch import reaper
 from dpscale.launch.reaper import JOB_ENV
 
 _PREFIX = "dpscale-job-"
+_INDUCTOR = "TORCHINDUCTOR_CACHE_DIR"
 # how long the command waits for its reaper: killing what is left, removing the directory
 _REAPER_WAIT_S = 20
 
@@ -124,9 +126,13 @@ def job_scope() -> Iterator[Job]:
         return
     _remove_stale(Path(tempfile.gettempdir()))
     directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
-    job = Job(uuid.uuid4().hex[:16], directory, {name: os.environ.get(name) for name in (JOB_ENV, "TMPDIR")})
+    outside = {name: os.environ.get(name) for name in (JOB_ENV, "TMPDIR", _INDUCTOR)}
+    job = Job(uuid.uuid4().hex[:16], directory, outside)
     saved_tempdir = tempfile.tempdir
-    _set_env({JOB_ENV: job.id, "TMPDIR": str(directory)})
+    # torch.compile caches under the temp dir by default: keep it where it was, or every job would
+    # delete it and every run compile cold
+    cache = os.environ.get(_INDUCTOR) or os.path.join(tempfile.gettempdir(), f"torchinductor_{_user()}")
+    _set_env({JOB_ENV: job.id, "TMPDIR": str(directory), _INDUCTOR: cache})
     tempfile.tempdir = str(directory)
     _current.append(job)
     try:
@@ -166,3 +172,11 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _user() -> str:
+    """The user name torch's inductor puts in its default cache directory's name."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container): inductor falls back the same way
+        return "unknown"

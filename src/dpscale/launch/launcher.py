@@ -310,7 +310,8 @@ def _launch_elastic(
     )
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     stopped = _StoppedWorkers(cfg.engine.collective_timeout_s + _STOPPED_GRACE_S)
-    with job_scope(), stopped, tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
+    with job_scope() as job, stopped, tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
+        job.start_reaper()  # before the agent starts workers, also where launch() is the outermost scope
         spec = LaunchSpec.in_dir(tmp, config=cfg.to_dict(), threads=threads, trusted_checkpoint=trusted)
         spec_path = Path(tmp) / "spec.json"
         spec.write(spec_path)

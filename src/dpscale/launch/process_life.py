@@ -75,7 +75,8 @@ def parent_of(pid: int) -> int | None:
     """The parent of process `pid` (Linux, from /proc), or None where it cannot be read."""
     try:
         # field 4 of /proc/PID/stat; the name (field 2) may hold spaces
-        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
 

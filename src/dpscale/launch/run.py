@@ -101,7 +101,8 @@ def run_script(
         script,
         *args,
     )
-    with job_scope():  # the environment below carries the job's marker and temp dir
+    with job_scope() as job:  # the environment below carries the job's marker and temp dir
+        job.start_reaper()  # before torchrun starts, also where run_script is the outermost scope
         env = dict(os.environ, **{ENGINE_ENV: engine})
         for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):
             env.pop(name, None)

@@ -8,8 +8,9 @@ as `__main__`, with its own directory first on sys.path and sys.argv[0] set to i
 
 With a step limit (`dpscale scale`), each rank writes its telemetry once the limit is reached and
 the run ends there: all ranks meet at a barrier at the same synchronized step (the step count is
-the same everywhere), give the engine's buffers back and raise SystemExit(0), which unwinds the
-script through its own `finally` blocks. Nothing is killed. At the limit the ranks first gather
+the same everywhere), give the engine's buffers back and leave at once (process_life.exit_now):
+the script's own `finally` blocks and atexit handlers do not run, as Python's teardown with the
+script's gloo threads alive could abort the rank. Nothing is killed. At the limit the ranks first gather
 every rank's record, and each host's local rank 0 writes them all: a job across hosts leaves the
 whole job's telemetry on every host, with no shared directory. A script that builds no DDP model
 is measured from its top-level model and optimizer (launch/script_watch.py); each of its ranks
