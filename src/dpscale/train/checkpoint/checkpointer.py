@@ -118,7 +118,7 @@ class Checkpointer:
         """Collective: `apply` the newest checkpoint of this run that verifies on every rank; its
         path, or None (a fresh start) when there is none. Raises CheckpointError on every rank if
         one rank fails. `trusted`: what the launcher verified (files.load_latest), not hashed again."""
-        choice: list = [None, None]  # path, error
+        choice: list = [None, None, False]  # path, error, whether the error is the file system's
         loaded: LoadedCheckpoint | None = None
         if self.rank == 0:
             try:
@@ -136,11 +136,11 @@ class Checkpointer:
                 for line in loaded.skipped if loaded else []:
                     logger.warning("rejected %s; trying an older checkpoint", line)
             except Exception as e:  # as in save(): the other ranks must not wait for a path forever
-                choice = [None, f"{type(e).__name__}: {e}"]
+                choice = [None, f"{type(e).__name__}: {e}", isinstance(e, OSError)]
         self.log.record("broadcast_object", "checkpoint to resume from")
         dist.broadcast_object_list(choice, src=self._rank0, group=self.group)
         if choice[1] is not None:
-            raise CheckpointError(f"cannot resume from {self.directory}: {choice[1]}")
+            _raise(f"cannot resume from {self.directory}: {choice[1]}", transient=choice[2])
         if choice[0] is None:
             return None  # nothing saved yet: a fresh start
         # Every rank loads and applies the checkpoint itself; one that fails (no shared file system,
@@ -148,14 +148,16 @@ class Checkpointer:
         # in the first training collective until it times out.
         try:
             apply(loaded or load_checkpoint(choice[0], expected_stems=self.expected_stems))
-            error = None
+            error, transient = None, False
         except Exception as e:  # noqa: BLE001 - reported to every rank, then raised everywhere
-            error = f"{type(e).__name__}: {e}"
-        errors: list = [None] * self.world_size
+            error, transient = f"{type(e).__name__}: {e}", isinstance(e, OSError)
+        outcomes: list = [None] * self.world_size
         self.log.record("all_gather_object", "resume outcome")
-        dist.all_gather_object(errors, error, group=self.group)
+        dist.all_gather_object(outcomes, (error, transient), group=self.group)
+        errors = [e for e, _ in outcomes]
         if any(errors):
-            raise CheckpointError(f"cannot resume from {choice[0]}: {_by_rank(errors)}")
+            message = f"cannot resume from {choice[0]}: {_by_rank(errors)}"
+            _raise(message, transient=any(t for _, t in outcomes))
         return choice[0]
 
     @property
@@ -181,3 +183,14 @@ def load_into(load_state_dict: Callable[[Any], Any], state: object, path: Path) 
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
         reason = " ".join(str(e).split())[:400] or type(e).__name__
         raise CheckpointError(f"checkpoint {path} does not fit this run: {reason}") from None
+
+
+class CheckpointUnreadable(RuntimeError):
+    """The file system failed while resuming (an I/O error, a file missing on one host): not the
+    checkpoint's fault, so not bad input; the worker fails and the agent restarts it."""
+
+
+def _raise(message: str, *, transient: bool) -> None:
+    # CheckpointError is bad input (a ConfigError: one line, exit 2, no restart); a file system
+    # that failed may work on the next attempt
+    raise (CheckpointUnreadable if transient else CheckpointError)(message)
