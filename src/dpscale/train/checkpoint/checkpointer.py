@@ -132,7 +132,7 @@ class Checkpointer:
                     )
                 if loaded is not None:
                     self.run_id = loaded.run_id
-                choice = [str(loaded.path) if loaded else None, None]
+                choice = [str(loaded.path) if loaded else None, None, False]
                 for line in loaded.skipped if loaded else []:
                     logger.warning("rejected %s; trying an older checkpoint", line)
             except Exception as e:  # as in save(): the other ranks must not wait for a path forever
