@@ -56,6 +56,7 @@ from dpscale.launch.protocol import (
     read_record,
     refusals,
 )
+from dpscale.launch.reaper import process_state
 from dpscale.log import get_logger, workers
 from dpscale.train.checkpoint.files import remove_checkpoints
 from dpscale.train.config import TrainConfig
@@ -368,7 +369,7 @@ class _StoppedWorkers:
         since: dict[int, float] = {}  # pid -> when it was first seen stopped
         while not self._done.wait(_WATCH_INTERVAL_S):
             now = time.monotonic()
-            stopped = {pid for pid in _children() if _state(pid) == "T"}
+            stopped = {pid for pid in _children() if process_state(pid) == "T"}
             since = {pid: since.get(pid, now) for pid in stopped}
             for pid, t0 in since.items():
                 if now - t0 >= self._limit_s:
@@ -387,13 +388,6 @@ def _children() -> list[int]:
             with contextlib.suppress(OSError):
                 pids += [int(p) for p in (task / "children").read_text().split()]
     return pids
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
 
 
 def _abort(signum: int) -> None:

@@ -48,19 +48,24 @@ def job_processes(job_id: str) -> list[int]:
         try:
             if needle not in (entry / "environ").read_bytes():
                 continue
-            # field 3 of /proc/PID/stat is the state; the name (field 2) may hold spaces
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                found.append(int(entry.name))
-        except (OSError, IndexError):
+        except OSError:
             continue
+        if process_state(int(entry.name)) not in ("", "Z"):
+            found.append(int(entry.name))
     return found
 
 
-def _alive(pid: int) -> bool:
+def process_state(pid: int) -> str:
+    """The state letter of process `pid` (R, S, T, Z, ...) from /proc, or "" where it cannot be read."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        # field 3 of /proc/PID/stat; the name (field 2) may hold spaces
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    return process_state(pid) not in ("", "Z")
 
 
 def end_job(job_id: str, job_dir: str, named: set[int]) -> None:
