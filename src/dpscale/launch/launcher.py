@@ -1,20 +1,17 @@
 """Start the training workers: in this process for one worker, through torch's elastic agent for more.
 
-The agent (torch.distributed.launcher, what torchrun runs) does the rendezvous on 127.0.0.1 with
-a port the OS picks, restarts every worker when one fails (up to `max_restarts`), and hands each
-worker its rank through the environment. A restarted worker resumes from the last good checkpoint.
-Each worker is a `python -m dpscale.launch.worker` subprocess of this process (as under torchrun),
-not a multiprocessing child: nothing between the launcher and its workers, and no named
-semaphores in /dev/shm that a killed job would leave behind. Workers end when the launcher dies
-(see process_life.py), and the agent, its workers and their temp files (the launch spec, torch
-elastic's logs) are one job (job.py): a SIGKILLed launcher leaves nothing behind. SIGTERM, SIGUSR1
-or SIGINT to the launcher writes a stop file the workers look for at every step; they stop after
-the same step, checkpoint, and `launch` raises `RunStopped`.
-
-A worker stopped for good (SIGSTOP) holds its peers until their collective times out; the agent
-then stops every worker with SIGTERM, which a stopped process does not act on, and waits 30 s
-(torch's own, not the shutdown timeout) before SIGKILL. `_StoppedWorkers` kills a worker that has
-stayed stopped past the collective timeout instead, so the failure is named within seconds.
+The agent is dpscale's one launcher core (agent.py, shared with `dpscale run` and `scale`): it
+does the rendezvous (on one host on 127.0.0.1 with a port the OS picks), restarts every worker
+when one fails (up to `max_restarts`), and hands each worker its rank through the environment. A
+restarted worker resumes from the last good checkpoint. Each worker is a `python -m
+dpscale.launch.worker` subprocess of this process (as under torchrun), not a multiprocessing
+child: nothing between the launcher and its workers, and no named semaphores in /dev/shm that a
+killed job would leave behind. Workers end when the launcher dies (see process_life.py), and the
+workers and their temp files (the launch spec, torch elastic's logs) are one job (job.py): a
+SIGKILLed launcher leaves nothing behind. SIGTERM, SIGUSR1 or SIGINT to the launcher writes a stop
+file the workers look for at every step; they stop after the same step, checkpoint, and `launch`
+raises `RunStopped`; a second signal stops them at once. A worker stopped for good (SIGSTOP) is
+killed a few seconds after the collective timeout (stopped_workers.py), so the failure is named.
 
 On one host the agent always restarts the same number of workers, so a world size range
 `min_nproc..nproc` means: start `nproc`; when every restart at that size has failed, launch again
