@@ -11,7 +11,9 @@ docs/torch-versions.md says how each release below was tested.
 from __future__ import annotations
 
 import re
+import sys
 import warnings
+from importlib import metadata
 
 # The floor: pyproject's `torch>=` (tests/test_torch_range.py keeps the two equal).
 OLDEST_SUPPORTED = (2, 11)
@@ -65,7 +67,18 @@ def check_torch_version(version: str) -> None:
 
 
 def check_running_torch() -> None:
-    """check_torch_version for the installed torch."""
-    import torch
+    """check_torch_version for the installed torch, without importing it when it is not yet
+    (`import dpscale` stays fast): its version then comes from its installed metadata."""
+    check_torch_version(_torch_version())
 
-    check_torch_version(torch.__version__)
+
+def _torch_version() -> str:
+    imported = sys.modules.get("torch")
+    if imported is not None:  # already imported (possibly with a version set by hand, as tests do)
+        return imported.__version__
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:  # torch from a source tree, without metadata
+        import torch
+
+        return torch.__version__

@@ -92,3 +92,51 @@ def test_a_signal_to_the_command_ends_its_whole_job(tmp_path, command, sig):
     finally:
         kill_tagged(tag)
         proc.wait()
+
+
+# a script that saves on Ctrl-C (SIGINT): it counts the SIGINTs it gets and needs a moment to save
+SAVES_ON_SIGINT = """
+import datetime, os, signal, time
+import torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank, out = dist.get_rank(), os.environ["READY_DIR"]
+def save(signum, frame):
+    with open(os.path.join(out, f"sigint-{rank}"), "a") as f:
+        f.write("x")
+    time.sleep(1.0)
+    open(os.path.join(out, f"saved-{rank}"), "w").close()
+    os._exit(0)
+signal.signal(signal.SIGINT, save)
+open(os.path.join(out, str(rank)), "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_ctrl_c_at_the_terminal_reaches_each_worker_once_and_lets_it_save(tmp_path):
+    # the terminal sends SIGINT to its foreground process group; before, that held the command and
+    # torchrun's agent, which then got it twice (from the terminal and from the command) and died
+    # in the middle of stopping the workers, which were killed before they had saved
+    script, ready = tmp_path / "saves.py", tmp_path / "ready"
+    script.write_text(SAVES_ON_SIGINT)
+    ready.mkdir()
+    env = dict(os.environ, READY_DIR=str(ready))
+    proc, tag = start_cli(["run", "--nproc", "2", str(script)], env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        watch = StderrWatch(proc)
+        deadline = time.monotonic() + STARTED_WITHIN_S
+        while not all((ready / str(rank)).exists() for rank in (0, 1)):
+            assert proc.poll() is None, f"ended before the ranks started:\n{watch.text()[-3000:]}"
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
+        proc.wait(timeout=60)
+        assert proc.returncode == 130, watch.text()[-3000:]
+        assert watch.text().strip().splitlines()[-1] == "dpscale run: stopped by SIGINT"
+        for rank in (0, 1):
+            assert (ready / f"sigint-{rank}").read_text() == "x", f"rank {rank}: SIGINT more than once"
+            assert (ready / f"saved-{rank}").exists(), f"rank {rank} was killed before it saved"
+        assert not wait_until_gone(tag, GONE_WITHIN_S)
+    finally:
+        kill_tagged(tag)
+        proc.wait()

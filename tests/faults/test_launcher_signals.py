@@ -2,6 +2,8 @@
 
 - a SIGTERM before training starts (here: while the task's module is imported) ends the command
   with 143 and one line; before, it died silently by the signal;
+- so does one in the command's first second, while it imports torch: its handlers are in place
+  before (dpscale's package imports torch on first use); before, it died silently by the signal;
 - SIGUSR1 (what SLURM's `--signal=USR1@T` sends before a job's time is up) stops the run after a
   step with a checkpoint, as SIGTERM does, and exits 138; before, it killed the launcher silently;
 - a worker stopped for good (SIGSTOP) is named and ended within seconds of the collective
@@ -46,6 +48,34 @@ def test_a_sigterm_before_training_starts_ends_with_one_line(tmp_path):
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        assert err.strip().splitlines()[-1] == "dpscale train: stopped by SIGTERM", err
+        assert not wait_until_gone(tag, 5)
+    finally:
+        kill_tagged(tag)
+        proc.wait()
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` has a handler for `sig` (SigCgt in /proc/PID/status)."""
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def test_a_sigterm_while_the_command_imports_torch_ends_with_one_line():
+    proc, tag = start_cli(["train", "--workload", "synthetic", "--nproc", "2", "--max-steps", "5"])
+    try:
+        deadline = time.monotonic() + 60
+        while not _catches(proc.pid, signal.SIGTERM):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.002)
+        with open(f"/proc/{proc.pid}/maps") as maps:
+            torch_loaded = "libtorch" in maps.read()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert not torch_loaded, "the command's handlers came only after torch was imported"
         assert proc.returncode == 143, err
         assert err.strip().splitlines()[-1] == "dpscale train: stopped by SIGTERM", err
         assert not wait_until_gone(tag, 5)

@@ -4,8 +4,8 @@ import pytest
 
 from dpscale.errors import ConfigError
 from dpscale.lab.bench.script_scaling import ScaleConfig
+from dpscale.launch.hosts import torchrun_node_args
 from dpscale.launch.nodes import Nodes
-from dpscale.launch.run import torchrun_node_args
 
 MULTI = {"nnodes": 2, "rdzv_endpoint": "10.0.0.1:29400", "rdzv_id": "job"}
 

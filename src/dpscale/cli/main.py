@@ -11,10 +11,9 @@ import json
 import sys
 import threading
 
+# nothing here imports torch: `main` installs its signal handlers before anything slow is imported
 from dpscale.errors import ConfigError, UserCodeError
 from dpscale.flags import add_dataclass_arguments, config_file_kwargs, dataclass_kwargs, finite_float
-from dpscale.launch.options import LaunchOptions
-from dpscale.train.config import TrainConfig
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,6 +24,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_train(sub) -> None:
+    from dpscale.launch.options import LaunchOptions
+    from dpscale.train.config import TrainConfig
+
     p = sub.add_parser(
         "train",
         help="train your task (--task module:callable) or a built-in workload with N data-parallel workers",
@@ -42,7 +44,9 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from dpscale.launch.launcher import LaunchError, RunStopped, launch
+    from dpscale.launch.options import LaunchOptions
     from dpscale.launch.preflight import check_config, preflight
+    from dpscale.train.config import TrainConfig
     from dpscale.train.trainer import resolve_task
 
     launch_opts = LaunchOptions(**dataclass_kwargs(args, LaunchOptions))

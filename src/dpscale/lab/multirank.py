@@ -45,8 +45,17 @@ _GRACE_S = 3.0
 # instead of paying their import itself. torch._dynamo is here because torch's optimizers import it
 # on their first parameter group (Optimizer.add_param_group is wrapped in torch._disable_dynamo):
 # about 1.2 s of CPU in every rank that builds an optimizer, nearly all of a short rank's start-up.
-# None of these starts a thread, so the forked ranks stay as clean as spawned ones.
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "dpscale")
+# None of these starts a thread, so the forked ranks stay as clean as spawned ones. `dpscale`
+# imports its public names on first use (dpscale/__init__.py): the engine and the trainer are
+# named here so that a rank starts with what `import dpscale` loaded before that.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "dpscale",
+    "dpscale.engine",
+    "dpscale.train.trainer",
+)
 
 
 class MultiRankError(RuntimeError):

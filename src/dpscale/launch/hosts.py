@@ -27,7 +27,7 @@ from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.launch.nodes import Nodes, nodes_from_flags
 from dpscale.launch.process_life import die_with_parent, guarded_module
-from dpscale.launch.run import torchrun_node_args
+from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
 
 GROUP = "across hosts (the same command on every host)"  # their --help section, after the bench's own
 
@@ -115,6 +115,23 @@ def run_ranks_across_hosts(
             tail = "\n".join((p.stdout + p.stderr).splitlines()[-20:])
             raise RuntimeError(f"world size {world_size} across hosts failed (exit {p.returncode}):\n{tail}")
         return pickle.loads((job / "results.pkl").read_bytes())
+
+
+def torchrun_node_args(nodes: Nodes) -> list[str]:
+    """torchrun's flags for one host of a multi-host job: what the user named, nothing else."""
+    args = [f"--nnodes={nodes.min_nodes}:{nodes.max_nodes}", f"--rdzv-endpoint={nodes.rdzv_endpoint}"]
+    args.append(f"--rdzv-id={nodes.rdzv_id}")
+    if nodes.local_addr is not None:
+        args.append(f"--local-addr={nodes.local_addr}")
+    if nodes.node_rank is not None:  # torch's static rendezvous: the host of rank 0 serves the store
+        args += ["--rdzv-backend=static", f"--node-rank={nodes.node_rank}"]
+        conf: dict[str, object] = dict(nodes.rdzv_conf)
+    else:  # is_host decided by the address, not torch's guess from the host name (nodes.py)
+        args.append(f"--rdzv-backend={MULTI_HOST_BACKEND}")
+        conf = {k: int(v) if isinstance(v, bool) else v for k, v in nodes.rdzv_configs().items()}
+    if conf:
+        args.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items()))
+    return args
 
 
 def main(workdir: str) -> None:

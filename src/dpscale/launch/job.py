@@ -14,7 +14,9 @@ scope inside another joins the outer one's job. A job
   job is still running and removes the directory.
 
 A job directory whose command died before its reaper started is removed by the next job that
-starts in the same temp dir (the directory's name carries the command's pid).
+starts in the same temp dir. The directory's name carries the command's pid and the time that
+process started: in a shared /tmp the pid may since belong to another process, which must not
+keep the directory forever.
 
 The kernel's parent-death signal (process_life.die_with_parent) ends most processes even sooner;
 the reaper is what makes "nothing left" hold also for a process that had not got that far, a
@@ -125,7 +127,7 @@ def job_scope() -> Iterator[Job]:
         yield _current[-1]
         return
     _remove_stale(Path(tempfile.gettempdir()))
-    directory = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
+    directory = Path(tempfile.mkdtemp(prefix=_PREFIX + _owner_name(os.getpid())))
     outside = {name: os.environ.get(name) for name in (JOB_ENV, "TMPDIR", _INDUCTOR)}
     job = Job(uuid.uuid4().hex[:16], directory, outside)
     saved_tempdir = tempfile.tempdir
@@ -156,12 +158,31 @@ def _set_env(values: dict[str, str | None]) -> None:
             os.environ[name] = value
 
 
+def _owner_name(pid: int) -> str:
+    """`PID-START-` (START: when the process started), or `PID-` where that cannot be read."""
+    start = reaper.process_start_time(pid)
+    return f"{pid}-" if start is None else f"{pid}-{start}-"
+
+
 def _remove_stale(tmp: Path) -> None:
     """Remove the job directories in `tmp` whose command is gone (it died before its reaper started)."""
     for path in tmp.glob(f"{_PREFIX}*-*"):
-        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and path.is_dir() and path.stat().st_uid == os.getuid() and not _alive(int(pid)):
+        if _owner_gone(path.name[len(_PREFIX) :]) and path.is_dir() and path.stat().st_uid == os.getuid():
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _owner_gone(name: str) -> bool:
+    """Whether the command named in a job directory's name (`PID-START-XXXX` or `PID-XXXX`) is gone.
+
+    With its start time, the pid alive but started at another time is another process (pid reuse);
+    a name without one is judged by the pid alone."""
+    parts = name.split("-")
+    if not parts[0].isdigit():
+        return False
+    pid = int(parts[0])
+    if len(parts) >= 3 and parts[1].isdigit():
+        return reaper.process_start_time(pid) != int(parts[1])
+    return not _alive(pid)
 
 
 def _alive(pid: int) -> bool:

@@ -1,20 +1,17 @@
 """Start the training workers: in this process for one worker, through torch's elastic agent for more.
 
-The agent (torch.distributed.launcher, what torchrun runs) does the rendezvous on 127.0.0.1 with
-a port the OS picks, restarts every worker when one fails (up to `max_restarts`), and hands each
-worker its rank through the environment. A restarted worker resumes from the last good checkpoint.
-Each worker is a `python -m dpscale.launch.worker` subprocess of this process (as under torchrun),
-not a multiprocessing child: nothing between the launcher and its workers, and no named
-semaphores in /dev/shm that a killed job would leave behind. Workers end when the launcher dies
-(see process_life.py), and the agent, its workers and their temp files (the launch spec, torch
-elastic's logs) are one job (job.py): a SIGKILLed launcher leaves nothing behind. SIGTERM, SIGUSR1
-or SIGINT to the launcher writes a stop file the workers look for at every step; they stop after
-the same step, checkpoint, and `launch` raises `RunStopped`.
-
-A worker stopped for good (SIGSTOP) holds its peers until their collective times out; the agent
-then stops every worker with SIGTERM, which a stopped process does not act on, and waits 30 s
-(torch's own, not the shutdown timeout) before SIGKILL. `_StoppedWorkers` kills a worker that has
-stayed stopped past the collective timeout instead, so the failure is named within seconds.
+The agent is dpscale's one launcher core (agent.py, shared with `dpscale run` and `scale`): it
+does the rendezvous (on one host on 127.0.0.1 with a port the OS picks), restarts every worker
+when one fails (up to `max_restarts`), and hands each worker its rank through the environment. A
+restarted worker resumes from the last good checkpoint. Each worker is a `python -m
+dpscale.launch.worker` subprocess of this process (as under torchrun), not a multiprocessing
+child: nothing between the launcher and its workers, and no named semaphores in /dev/shm that a
+killed job would leave behind. Workers end when the launcher dies (see process_life.py), and the
+workers and their temp files (the launch spec, torch elastic's logs) are one job (job.py): a
+SIGKILLed launcher leaves nothing behind. SIGTERM, SIGUSR1 or SIGINT to the launcher writes a stop
+file the workers look for at every step; they stop after the same step, checkpoint, and `launch`
+raises `RunStopped`; a second signal stops them at once. A worker stopped for good (SIGSTOP) is
+killed a few seconds after the collective timeout (stopped_workers.py), so the failure is named.
 
 On one host the agent always restarts the same number of workers, so a world size range
 `min_nproc..nproc` means: start `nproc`; when every restart at that size has failed, launch again
@@ -25,15 +22,11 @@ with the next smaller size whose workers split the global batch, resuming from t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import os
 import signal
-import sys
 import tempfile
 import threading
-import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,10 +37,11 @@ import torch.distributed as dist
 from dpscale.cores import over_host_cap, usable_cores
 from dpscale.errors import ConfigError, UserCodeError
 from dpscale.launch import dir_lock, rendezvous
+from dpscale.launch.agent import AgentSpec, run_agent
 from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes, parse_min_max
 from dpscale.launch.preflight import check_before_start, check_run, resume_note
-from dpscale.launch.process_life import EXIT_DIVERGED, StopRequest, signal_exit_code
+from dpscale.launch.process_life import EXIT_DIVERGED, Interrupted, StopRequest, signal_exit_code
 from dpscale.launch.protocol import (
     LAUNCH_SPEC_ENV,
     LAUNCHER_PID_ENV,
@@ -56,7 +50,6 @@ from dpscale.launch.protocol import (
     read_record,
     refusals,
 )
-from dpscale.launch.reaper import process_state
 from dpscale.log import get_logger, workers
 from dpscale.train.checkpoint.files import remove_checkpoints
 from dpscale.train.config import TrainConfig
@@ -69,12 +62,9 @@ if TYPE_CHECKING:
 
 logger = get_logger(__name__)
 
-# after a second SIGTERM/SIGINT, how long the agent lets workers end before SIGKILL
-_SHUTDOWN_S = 5
 # a worker stopped this long past the collective timeout is killed: its peers have timed out
 # waiting for it by then and written who hung (the failure summary names it from their record)
 _STOPPED_GRACE_S = 3
-_WATCH_INTERVAL_S = 0.5
 
 
 class LaunchError(RuntimeError):
@@ -272,69 +262,35 @@ def _launch_elastic(
     nodes: Nodes | None = None,
     trusted: dict | None = None,
 ) -> TrainResult:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    where: dict[str, Any]
-    if nodes is None:  # one host: stores on 127.0.0.1 only
-        where = dict(
-            min_nodes=1,
-            max_nodes=1,
-            run_id=f"dpscale-{uuid.uuid4().hex[:8]}",
-            rdzv_backend=rendezvous.register(),
-            rdzv_endpoint=f"{rendezvous.LOOPBACK}:0",
-        )
-    else:  # what the user named, nothing else (see nodes.py)
-        where = dict(
-            min_nodes=nodes.min_nodes,
-            max_nodes=nodes.max_nodes,
-            run_id=nodes.rdzv_id,
-            rdzv_backend=rendezvous.MULTI_HOST_BACKEND
-            if nodes.node_rank is None
-            else rendezvous.register_static(),
-            rdzv_endpoint=nodes.rdzv_endpoint,
-            rdzv_configs=nodes.rdzv_configs(cfg.engine.collective_timeout_s),
-            local_addr=nodes.local_addr,
-        )
-    # torch 2.11's LaunchConfig has no shutdown_timeout: there the agent waits its own 30 s
-    # between SIGTERM and SIGKILL of a worker that does not stop
-    if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)}:
-        where["shutdown_timeout"] = _SHUTDOWN_S
-    launch_cfg = LaunchConfig(
-        **where,
-        nproc_per_node=nproc,
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        # SIGTERM and SIGINT are ours (StopRequest below); the agent still ends the job on these
-        signals_to_handle="SIGHUP,SIGQUIT",
-    )
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    stopped = _StoppedWorkers(cfg.engine.collective_timeout_s + _STOPPED_GRACE_S)
-    with job_scope() as job, stopped, tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
-        job.start_reaper()  # before the agent starts workers, also where launch() is the outermost scope
+    # the spec's directory inside the job's (job.py): a SIGKILLed launcher leaves neither
+    with job_scope(), tempfile.TemporaryDirectory(prefix="dpscale-launch-") as tmp:
         spec = LaunchSpec.in_dir(tmp, config=cfg.to_dict(), threads=threads, trusted_checkpoint=trusted)
         spec_path = Path(tmp) / "spec.json"
         spec.write(spec_path)
-        stop = StopRequest(on_request=Path(spec.stop).write_text, on_second=_abort)
-        if threading.current_thread() is threading.main_thread():
-            stop.install()
-        os.environ[LAUNCH_SPEC_ENV] = str(spec_path)
-        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+        agent = AgentSpec(
+            nproc=nproc,
+            args=("-m", "dpscale.launch.worker"),
+            nodes=nodes,
+            max_restarts=max_restarts,
+            collective_timeout_s=cfg.engine.collective_timeout_s,
+            stopped_limit_s=cfg.engine.collective_timeout_s + _STOPPED_GRACE_S,
+            env={
+                LAUNCH_SPEC_ENV: str(spec_path),
+                LAUNCHER_PID_ENV: str(os.getpid()),
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)),
+            },
+            # the first SIGTERM, SIGUSR1 or SIGINT asks the workers to stop after a step
+            first_signal=Path(spec.stop).write_text,
+        )
         try:
-            elastic_launch(launch_cfg, sys.executable)("-m", "dpscale.launch.worker")
+            run_agent(agent)
         except ChildFailedError as e:  # the failure records live in `tmp`: read them before it goes
             _raise_refusal(spec.failures)
             raise _AttemptsFailed(_describe_failure(e, nproc, max_restarts, spec.failures)) from None
-        except SignalException as e:  # a second signal (or SIGHUP, SIGQUIT): the workers were ended
-            name = signal.Signals(e.sigval).name
-            raise RunStopped(
-                f"stopped by {name} at once, without a checkpoint", signal_exit_code(name)
-            ) from None
-        finally:
-            stop.restore()
-            for key in (LAUNCH_SPEC_ENV, LAUNCHER_PID_ENV):
-                os.environ.pop(key, None)
+        except Interrupted as e:  # a second signal (or SIGHUP, SIGQUIT): the workers were ended
+            raise RunStopped(f"stopped by {e.name} at once, without a checkpoint", e.exit_code) from None
         _raise_refusal(spec.failures)
         result = _read_result(spec.result)
     if result is None:
@@ -347,54 +303,6 @@ def _raise_refusal(failures_dir: str) -> None:
     launcher had found it before starting, and no restart."""
     if found := refusals(failures_dir):
         raise UserCodeError(found[0].bad_input, found[0].user_traceback)
-
-
-class _StoppedWorkers:
-    """While in use, a thread kills any child of this process that stayed stopped (SIGSTOP) for `limit_s`."""
-
-    def __init__(self, limit_s: float) -> None:
-        self._limit_s = limit_s
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="dpscale-stopped-workers", daemon=True)
-
-    def __enter__(self) -> _StoppedWorkers:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        since: dict[int, float] = {}  # pid -> when it was first seen stopped
-        while not self._done.wait(_WATCH_INTERVAL_S):
-            now = time.monotonic()
-            stopped = {pid for pid in _children() if process_state(pid) == "T"}
-            since = {pid: since.get(pid, now) for pid in stopped}
-            for pid, t0 in since.items():
-                if now - t0 >= self._limit_s:
-                    logger.warning(
-                        "worker pid %d stayed stopped (SIGSTOP) for %.0f s: killing it", pid, now - t0
-                    )
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-
-
-def _children() -> list[int]:
-    """This process's children (Linux: /proc/self/task/*/children; elsewhere none)."""
-    pids: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in Path("/proc/self/task").iterdir():
-            with contextlib.suppress(OSError):
-                pids += [int(p) for p in (task / "children").read_text().split()]
-    return pids
-
-
-def _abort(signum: int) -> None:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    # the agent's own way out: it stops the workers (the same signal, then SIGKILL) and re-raises
-    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
 def _read_result(path: str) -> TrainResult | None:

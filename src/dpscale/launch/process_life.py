@@ -8,8 +8,9 @@
   (hosts.py) call it. The lab's ranks (lab/multirank.py) take only the parent-death signal
   (`set_parent_death_signal`): a watchdog thread would be a second thread in a rank that must
   hold only its own (tests/lab/test_multirank.py), and the job's reaper (job.py) covers the rest.
-- `guarded_module`: the one way dpscale starts a child agent (torchrun, for `dpscale run`,
-  `scale` and the benches across hosts): `python -m dpscale.launch.process_life PID MODULE ARGS`
+- `guarded_module`: how the lab's benches across hosts start torchrun as a child (every command's
+  own workers come from the agent in the command's process, agent.py):
+  `python -m dpscale.launch.process_life PID MODULE ARGS`
   runs `python -m MODULE ARGS` after `die_with_parent(PID)`, so the agent ends with the command
   that started it, whatever the signal, and its workers end with the agent.
 - `interrupt_on_signals`: a command's first line of defence, from its start: SIGTERM, SIGINT,

@@ -64,6 +64,16 @@ def process_state(pid: int) -> str:
         return ""
 
 
+def process_start_time(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot, from /proc), or None where it cannot be
+    read (gone, or not Linux). With the pid, it names one process: a pid is reused, this is not."""
+    try:
+        # field 22 of /proc/PID/stat, the 20th after the name
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _alive(pid: int) -> bool:
     return process_state(pid) not in ("", "Z")
 

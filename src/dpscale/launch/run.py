@@ -1,46 +1,33 @@
-"""Start a user's script on N local workers as `torchrun --standalone` does, through `run_child`.
+"""`dpscale run` and `scale`: a user's script on N workers, as `torchrun` runs it, through run_child.
 
-On one host torchrun gets dpscale's loopback rendezvous instead of --standalone (agent.py): its
-stores listen on 127.0.0.1 only, as `dpscale train`'s do. The agent and its workers run as one
-job (job.py): whatever ends the command, they end with it and leave no temp files; a signal to
-the command is passed on to the agent (which passes it to the workers: a script may save on
-SIGTERM), which gets `_STOP_S` before it is killed.
-
-Across hosts (`nodes`, the same call on every host) torchrun gets the multi-node flags instead of
---standalone: `dpscale-c10d` (launch/rendezvous.py; the host that carries the endpoint's address
-serves the store, as for `dpscale train`), or torch's static rendezvous with --node-rank.
-
-torchrun (torch.distributed.run) does the rendezvous on this host with a port it picks, sets
-RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* for each worker and forwards signals; each worker runs
-`python -m dpscale.launch.run_child SCRIPT ARGS`, which installs the stand-in engine and runs the script.
+The workers are started by torch's elastic agent in this process (agent.py, as for `dpscale
+train`): on one host with stores on 127.0.0.1 only (where torchrun's `--standalone` would listen
+on every interface), across hosts (`nodes`, the same call on every host) with torchrun's
+multi-node rendezvous. The agent sets RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* for each worker;
+each runs `python -u -m dpscale.launch.run_child SCRIPT ARGS`, which installs the stand-in engine
+and runs the script. The workers and their temp files are one job (job.py): whatever ends the
+command, they end with it. A signal to the command is passed on to the workers (a script may save
+on SIGTERM), which get agent.SHUTDOWN_S before they are killed; the command then says in one line
+which signal stopped it and exits with 128 + its number.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
+import sys
 import tempfile
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from dpscale.engine.factory import RUN_ENGINES
 from dpscale.errors import ConfigError
-from dpscale.launch import rendezvous
+from dpscale.launch.agent import AgentSpec, run_agent
 from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes
-from dpscale.launch.process_life import Interrupted, guarded_module
-from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
 from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
 from dpscale.log import get_logger
 
 logger = get_logger(__name__)
-
-# after a signal, how long the agent may take to stop the workers before it is killed
-_STOP_S = 5
-# the signals torchrun's agent passes on to its workers; others become SIGTERM
-_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,42 +65,36 @@ def run_script(
     log_path: Path | None = None,
     nodes: Nodes | None = None,
 ) -> int:
-    """Run `script args` on `nproc` workers; the exit code torchrun reports (0: every worker succeeded).
+    """Run `script args` on `nproc` workers; 0 when every worker succeeded, 1 when one failed.
 
     With `telemetry_dir`, each worker writes its step telemetry there as rank<r>.json, and with
     `steps` the run ends cleanly after that many synchronized steps. `threads` sets
-    OMP_NUM_THREADS for the workers unless the caller's environment sets it. With `log_path`
-    the workers' output goes there instead of this terminal. With `nodes`, this host's `nproc`
-    workers join a job of that many hosts.
+    OMP_NUM_THREADS for the workers unless the caller's environment sets it (default 1 with more
+    than one worker, as torchrun does). With `log_path` the workers' output goes there instead of
+    this terminal. With `nodes`, this host's `nproc` workers join a job of that many hosts.
     """
     RunConfig(nproc=nproc, engine=engine)  # the same checks as the flags get
     check_script(script)
-    # torchrun's agent ends with this process, and its workers with the agent (process_life.py)
-    cmd = guarded_module(
-        "dpscale.launch.agent",
-        *(single_host_args() if nodes is None else torchrun_node_args(nodes)),
-        f"--nproc-per-node={nproc}",
-        "-m",
-        # torchrun's own flags end here: without "--" its parser takes the script's `--nproc` or
-        # `--log` for abbreviations of --nproc-per-node or --log-dir, and refuses them as ambiguous
-        "--",
-        "dpscale.launch.run_child",
-        script,
-        *args,
-    )
-    with job_scope() as job:  # the environment below carries the job's marker and temp dir
-        job.start_reaper()  # before torchrun starts, also where run_script is the outermost scope
-        env = dict(os.environ, **{ENGINE_ENV: engine})
-        for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):
-            env.pop(name, None)
-            if value is not None:
-                env[name] = str(value)
-        if threads is not None:
-            env.setdefault("OMP_NUM_THREADS", str(threads))
-        with tempfile.TemporaryDirectory(prefix="dpscale-run-built-") as built:
-            env[BUILT_ENV] = built
-            code = _run(cmd, env, log_path)
-            synchronized = any(Path(built).iterdir())
+    if threads is None and nproc > 1:
+        threads = 1  # torchrun's default: N workers of all cores each would overload the host
+    env: dict[str, str | None] = {ENGINE_ENV: engine, TELEMETRY_ENV: telemetry_dir}
+    env[LIMIT_ENV] = None if steps is None else str(steps)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(threads))
+    # the job's temp dir (launch/job.py), which goes with the job whatever ends it
+    with job_scope(), tempfile.TemporaryDirectory(prefix="dpscale-run-built-") as built:
+        env[BUILT_ENV] = built
+        code = _run(
+            AgentSpec(
+                nproc=nproc,
+                # -u: the script's prints reach the terminal (or log) as they happen, as under torchrun
+                args=("-u", "-m", "dpscale.launch.run_child", script, *args),
+                nodes=nodes,
+                env=env,
+                log_path=log_path,
+            )
+        )
+        synchronized = any(Path(built).iterdir())
     if code == 0 and telemetry_dir is None and not synchronized and (nproc > 1 or nodes is not None):
         # `scale` says it on its rows; a plain run would otherwise end as if the job were one
         logger.warning(
@@ -123,51 +104,26 @@ def run_script(
     return code
 
 
-def _run(cmd: list[str], env: dict[str, str], log_path: Path | None) -> int:
-    if log_path is None:
-        return _wait_for_agent(subprocess.Popen(cmd, env=env))
-    with open(log_path, "w") as log:
-        return _wait_for_agent(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
+def _run(spec: AgentSpec) -> int:
+    """0, or 1 with what failed on stderr (torch's failure summary: which rank, its exit code)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-
-def _wait_for_agent(agent: subprocess.Popen) -> int:
-    """The agent's exit code; on a signal to this process, the agent stops the workers, then goes on."""
     try:
-        return agent.wait()
-    except Interrupted as e:
-        agent.send_signal(e.signum if e.signum in _AGENT_SIGNALS else signal.SIGTERM)
-        try:
-            agent.wait(_STOP_S)
-        except subprocess.TimeoutExpired:
-            pass  # the job's reaper kills what is left
-        raise
-    finally:
-        if agent.poll() is None:
-            agent.kill()
+        run_agent(spec)
+    except ChildFailedError as e:
+        _error(spec.log_path, f"the script failed:\n{e}")
+        return 1
+    except RendezvousError as e:  # across hosts: a host lost, the store gone, hosts that never came
+        _error(spec.log_path, f"the workers' rendezvous failed: {e}")
+        return 1
+    return 0
 
 
-def single_host_args() -> list[str]:
-    """torchrun's flags for a job on this host alone: --standalone, with stores on 127.0.0.1 only."""
-    return [
-        "--nnodes=1",
-        f"--rdzv-backend={rendezvous.BACKEND}",
-        f"--rdzv-endpoint={rendezvous.LOOPBACK}:0",
-        f"--rdzv-id=dpscale-{uuid.uuid4().hex[:8]}",
-    ]
-
-
-def torchrun_node_args(nodes: Nodes) -> list[str]:
-    """torchrun's flags for one host of a multi-host job: what the user named, nothing else."""
-    args = [f"--nnodes={nodes.min_nodes}:{nodes.max_nodes}", f"--rdzv-endpoint={nodes.rdzv_endpoint}"]
-    args.append(f"--rdzv-id={nodes.rdzv_id}")
-    if nodes.local_addr is not None:
-        args.append(f"--local-addr={nodes.local_addr}")
-    if nodes.node_rank is not None:  # torch's static rendezvous: the host of rank 0 serves the store
-        args += ["--rdzv-backend=static", f"--node-rank={nodes.node_rank}"]
-        conf: dict[str, object] = dict(nodes.rdzv_conf)
-    else:  # is_host decided by the address, not torch's guess from the host name (nodes.py)
-        args.append(f"--rdzv-backend={MULTI_HOST_BACKEND}")
-        conf = {k: int(v) if isinstance(v, bool) else v for k, v in nodes.rdzv_configs().items()}
-    if conf:
-        args.append("--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items()))
-    return args
+def _error(log_path: Path | None, text: str) -> None:
+    """The error where the workers' output went: this terminal, or the end of their log."""
+    if log_path is None:
+        print(f"dpscale run: error: {text}", file=sys.stderr, flush=True)
+        return
+    with open(log_path, "a") as log:
+        log.write(f"dpscale: error: {text}\n")
