@@ -1,6 +1,8 @@
 """`dpscale train` end to end: the launcher and torchrun compatibility.
 
-Bad input (one line, exit 2, nothing written) is checked in tests/faults/test_bad_cli_input.py.
+Bad input (one line, exit 2, nothing written) is checked in tests/faults/test_bad_cli_input.py;
+`python -m dpscale.launch.worker` under plain torchrun in tests/test_cli_task.py (with a --task)
+and, with the digits workload, in tests/multihost (the one-host reference runs).
 """
 
 import json
@@ -62,28 +64,6 @@ def test_digits_with_two_workers_reaches_95_percent(tmp_path):
     assert Path(out["checkpoint"]).is_dir()
     assert (tmp_path / "m" / "metrics.jsonl").stat().st_size > 0
     assert "test accuracy" in p.stderr  # the summary table
-
-
-def test_worker_module_runs_under_plain_torchrun():
-    p = run(
-        TORCHRUN
-        + [
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "dpscale.launch.worker",
-            "--workload",
-            "digits",
-            "--max-steps",
-            "5",
-            "--json",
-            "--progress",
-            "none",
-        ]
-    )
-    assert p.returncode == 0, p.stderr
-    out = last_json(p.stdout)
-    assert out["world_size"] == 2 and out["steps"] == 5
 
 
 def test_ddp_style_example_under_torchrun():
