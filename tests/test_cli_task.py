@@ -1,5 +1,9 @@
 """`dpscale train --task module:callable` end to end: the summary's eval, --config files, the
-Python API under torchrun, and the one-line refusals of broken tasks before any worker starts."""
+Python API under torchrun, and the one-line refusals of broken tasks before any worker starts.
+
+The refusals are checked in-process through `dpscale.cli.main.main` (the fast tier, where starting
+a worker fails the test: so they come before any worker), and one of them from a shell.
+"""
 
 import json
 import subprocess
@@ -9,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+from dpscale.cli.main import main
 
 TASKS = Path(__file__).resolve().parent / "train"  # user_tasks.py lives there
 DPSCALE = [sys.executable, "-m", "dpscale.cli.main"]
@@ -45,29 +49,45 @@ def test_train_task_with_two_workers_reports_eval_and_keeps_every_key():
     assert out["world_size"] == 2 and out["test_accuracy"] == out["eval"]["accuracy"]
 
 
-@pytest.mark.parametrize(
-    "name, message",
-    [
-        ("scalar_loss", 'pass reduction="none"'),
-        ("bad_metric", "Task.metrics['accuracy'] returned a scalar"),
-        ("model_raises", "Task.model() raised RuntimeError: no such layer size"),
-        ("not_a_task", "user_tasks:not_a_task() returned TwoInputs; it must return a dpscale.Task"),
-        ("factory_raises", "user_tasks:factory_raises() raised FileNotFoundError: data.csv"),
-        ("tiny_data", "train_data has 10 samples, fewer than one global batch of 64; use --global-batch 10"),
-        ("no_such_name", "cannot load 'user_tasks:no_such_name'"),
-    ],
-)
-def test_a_broken_task_exits_2_with_one_line_before_workers_start(name, message):
+BROKEN_TASKS = [
+    ("scalar_loss", 'pass reduction="none"'),
+    ("bad_metric", "Task.metrics['accuracy'] returned a scalar"),
+    ("model_raises", "Task.model() raised RuntimeError: no such layer size"),
+    ("not_a_task", "user_tasks:not_a_task() returned TwoInputs; it must return a dpscale.Task"),
+    ("factory_raises", "user_tasks:factory_raises() raised FileNotFoundError: data.csv"),
+    ("tiny_data", "train_data has 10 samples, fewer than one global batch of 64; use --global-batch 10"),
+    ("no_such_name", "cannot load 'user_tasks:no_such_name'"),
+]
+
+
+def _one_line_and_the_users_frames(stderr: str, message: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert message in lines[0], stderr
+    # a raise in the user's code is followed by its frames in their own file, and only those
+    assert all("user_tasks.py" in line for line in lines[1:] if line.startswith("  File")), stderr
+    assert "site-packages" not in stderr and "/dpscale/" not in stderr
+    assert "transport" not in stderr  # no worker got as far as building the engine
+
+
+@pytest.mark.parametrize("name, message", BROKEN_TASKS)
+def test_a_broken_task_exits_2_with_one_line_before_workers_start(capsys, monkeypatch, name, message):
+    monkeypatch.chdir(TASKS)  # the task's module is found from the current directory
+    monkeypatch.syspath_prepend(str(TASKS))
+    code = main(["train", "--task", f"user_tasks:{name}", "--nproc", "2"])
+    assert code == 2
+    _one_line_and_the_users_frames(capsys.readouterr().err, message)
+
+
+@pytest.mark.slow
+def test_a_broken_task_from_a_shell_exits_2_with_one_line_and_the_users_frames():
+    name, message = BROKEN_TASKS[2]  # a raise in the user's code: the line, then its frames
     p = run(DPSCALE + ["train", "--task", f"user_tasks:{name}", "--nproc", "2"], timeout=60)
     assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert message in lines[0], p.stderr
-    # a raise in the user's code is followed by its frames in their own file, and only those
-    assert all("user_tasks.py" in line for line in lines[1:] if line.startswith("  File")), p.stderr
-    assert "site-packages" not in p.stderr and "/dpscale/" not in p.stderr
-    assert "transport" not in p.stderr  # no worker got as far as building the engine
+    _one_line_and_the_users_frames(p.stderr, message)
+    assert "  File" in p.stderr
 
 
+@pytest.mark.slow
 def test_config_file_sets_fields_and_flags_override(tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text('task = "user_tasks:tensor_task"\nglobal-batch = 32\nmax_steps = 5\nprogress = "none"\n')
@@ -75,9 +95,14 @@ def test_config_file_sets_fields_and_flags_override(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert (out["global_batch"], out["steps"]) == (32, 3)
+
+
+def test_a_config_file_key_that_is_no_field_is_one_line_exit_2(tmp_path, capsys):
+    cfg = tmp_path / "run.toml"
     cfg.write_text("global_bach = 32\n")
-    p = run(DPSCALE + ["train", "--config", str(cfg)], timeout=60)
-    assert p.returncode == 2 and "sets 'global_bach', which is not one of its keys" in p.stderr
+    assert main(["train", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sets 'global_bach', which is not one of its keys" in err[0], err
 
 
 @pytest.mark.slow

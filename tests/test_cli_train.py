@@ -1,4 +1,9 @@
-"""`dpscale train` end to end: the launcher, torchrun compatibility, and bad input."""
+"""`dpscale train` end to end: the launcher and torchrun compatibility.
+
+Bad input (one line, exit 2, nothing written) is checked in tests/faults/test_bad_cli_input.py;
+`python -m dpscale.launch.worker` under plain torchrun in tests/test_cli_task.py (with a --task)
+and, with the digits workload, in tests/multihost (the one-host reference runs).
+"""
 
 import json
 import subprocess
@@ -59,48 +64,6 @@ def test_digits_with_two_workers_reaches_95_percent(tmp_path):
     assert Path(out["checkpoint"]).is_dir()
     assert (tmp_path / "m" / "metrics.jsonl").stat().st_size > 0
     assert "test accuracy" in p.stderr  # the summary table
-
-
-@pytest.mark.parametrize(
-    "args,words",
-    [
-        (["--workload", "cifar"], "unknown 'cifar'"),
-        (["--global-batch", "-4"], "global_batch"),
-        (["--nproc", "3", "--global-batch", "64"], "multiple of 3"),
-        (["--nproc", "4", "--global-batch", "2"], "larger than global_batch"),
-        (["--resume", "--start-over", "--checkpoint-dir", "MISSING"], "start_over"),
-        (["--micro-batch", "5"], "divisor of 64"),
-    ],
-)
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, words):
-    args = [a.replace("MISSING", str(tmp_path / "nope")) for a in args]
-    p = run(DPSCALE + ["train", "--metrics-dir", str(tmp_path / "m")] + args)
-    assert p.returncode == 2
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and words in lines[0], p.stderr
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_worker_module_runs_under_plain_torchrun():
-    p = run(
-        TORCHRUN
-        + [
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "dpscale.launch.worker",
-            "--workload",
-            "digits",
-            "--max-steps",
-            "5",
-            "--json",
-            "--progress",
-            "none",
-        ]
-    )
-    assert p.returncode == 0, p.stderr
-    out = last_json(p.stdout)
-    assert out["world_size"] == 2 and out["steps"] == 5
 
 
 def test_ddp_style_example_under_torchrun():

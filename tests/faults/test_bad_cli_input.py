@@ -47,6 +47,10 @@ from support.cli_runs import run_cli
         (["--engine", "torch", "--transport", "shm"], "transport 'shm' is dpscale's own"),
         (["--drift-check-every", "-5"], "drift_check_every must be >= 0"),
         (["--check-collectives-steps", "-1"], "check_collectives_steps must be >= 0"),
+        (["--workload", "cifar"], "unknown 'cifar'"),
+        (["--nproc", "3", "--global-batch", "64"], "multiple of 3"),
+        (["--resume", "--start-over", "--checkpoint-dir", "MISSING"], "start_over"),
+        (["--micro-batch", "5"], "divisor of 64"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, words):

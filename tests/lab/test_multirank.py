@@ -1,5 +1,6 @@
 """The harness itself: failures and hangs must be loud, and nothing may be left running."""
 
+import math
 import os
 import time
 
@@ -7,7 +8,7 @@ import pytest
 import torch.distributed as dist
 
 from dpscale.lab.multirank import MultiRankError, run_ranks
-from support.timing import process_baseline_s
+from support.timing import process_baseline_once_s, process_baseline_s
 
 
 def add_rank(rank, world, base):
@@ -51,10 +52,13 @@ def sleeps_forever(rank, world):
 
 @pytest.mark.slow
 def test_hang_is_killed_at_timeout_with_stacks():
+    # the test waits the timeout out: long enough for rank 1 to start, join and return (a fork of
+    # the preloaded server, well under one process start of this host now: ~3 s quiet)
+    timeout_s = max(2, math.ceil(process_baseline_once_s()))
     with pytest.raises(MultiRankError) as err:
-        run_ranks(sleeps_forever, 2, timeout_s=6)
+        run_ranks(sleeps_forever, 2, timeout_s=timeout_s)
     msg = str(err.value)
-    assert "timed out after 6 s" in msg
+    assert f"timed out after {timeout_s} s" in msg
     assert "sleeps_forever" in msg  # the stuck rank's Python stack
     assert "--- rank 1: ok" in msg
 

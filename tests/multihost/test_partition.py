@@ -6,7 +6,10 @@
   cut-off host within 4R + 10 s plus 2 s per probe of the others).
 - A link down for less than the timeout costs a slow step and nothing else: no restart, the
   same parameters as an uninterrupted one-host run, and only the step(s) during the outage are
-  slow.
+  slow. The same run shows who can reach a two-host job: inside each host, `ss -ltn` lists the
+  job's listening sockets on that host's own address only, never on every interface (`*`,
+  0.0.0.0, ::). The namespaces are fresh, so every listener in them is the job's: the rendezvous
+  store on the endpoint's host, the agent store on the host of the group's rank 0, gloo's sockets.
 """
 
 import json
@@ -99,6 +102,12 @@ def test_a_host_cut_off_for_good_ends_every_host_naming_the_lost_ones(three_host
     assert lost in run.errors(2), run.tail()
 
 
+def _listening(ns: str) -> list[str]:
+    ss = ["ip", "netns", "exec", ns, "ss", "-Hltn"]
+    out = subprocess.run(ss, capture_output=True, text=True, check=True, timeout=30)
+    return [line.split()[3] for line in out.stdout.splitlines() if line.strip()]
+
+
 def _params(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
@@ -125,6 +134,13 @@ def test_a_short_outage_costs_a_slow_step_and_nothing_else(hosts, tmp_path):
     assert reference.returncode == 0, reference.stderr[-3000:]
     metrics = tmp_path / "metrics.jsonl"  # rank 0's, on whichever host (they share the file system)
     run = _Run(hosts, [*flags, "--metrics-dir", str(tmp_path)])
+    run.wait_for("step 20/")
+    # training is under way: both stores and both gloo ranks listen (4 sockets at least), each on
+    # its own host's address; the rendezvous store on the endpoint's
+    found = [_listening(ns) for ns in hosts.names]
+    assert sum(map(len, found)) >= 4 and f"{hosts.addrs[0]}:29400" in found[0], found
+    for addr, ports in zip(hosts.addrs, found, strict=True):
+        assert all(p.rpartition(":")[0] == addr for p in ports), (addr, found)
     run.wait_for("step 40/")
     finished_before = len(_steps(metrics))
     hosts.link(1, up=False)
