@@ -15,6 +15,7 @@ sockets) reads the key on the way out and is refused the same way (`PeerRefused`
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import threading
@@ -22,7 +23,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from dpscale.comm.attempt import within
+from dpscale.comm.attempt import attempt_id, within
 from dpscale.errors import ConfigError, UserCodeError
 from dpscale.launch.process_life import exit_now
 from dpscale.launch.protocol import WorkerFailure
@@ -36,6 +37,22 @@ LINGER_S = 4 * POLL_S
 """How long the refusing rank stays after saying so: the others' watches see the key before its
 exit breaks their collectives (those that do not still read it on the way out)."""
 _STORE_CALL_S = 5.0  # a store that does not answer (its host is gone): the job fails otherwise
+_CONNECT_S = 60  # the store served this worker's group a moment ago; a loaded host may be slow
+
+
+def store_for_attempt() -> Any:
+    """A client of its own to the job's store (MASTER_ADDR:MASTER_PORT, where the workers' group
+    meets), under this attempt's prefix: a call stuck on a cut link then blocks the watch only,
+    not the trainer's own calls through the group's client (a client serves one call at a time)."""
+    import torch.distributed as dist
+
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=_CONNECT_S),
+    )
+    return dist.PrefixStore(f"dpscale/{attempt_id()}/", client)
 
 
 class PeerRefused(UserCodeError):
@@ -44,7 +61,9 @@ class PeerRefused(UserCodeError):
 
 class RefusalWatch:
     """While in use: watch `store` for another rank's refusal; on leaving with a ConfigError,
-    announce this rank's. `failures_dir`: where this host's launcher reads worker records."""
+    announce this rank's. `store`: a client of the job's store for this watch alone, under a
+    prefix of this attempt (`store_for_attempt`); `failures_dir`: where this host's launcher reads
+    worker records."""
 
     def __init__(self, store: Any, rank: int, failures_dir: str):
         self._store, self._rank, self._dir = store, rank, failures_dir
@@ -75,12 +94,14 @@ class RefusalWatch:
             time.sleep(LINGER_S)
 
     def peer_refusal(self) -> dict | None:
-        """Another rank's refusal record, if one announced it; None otherwise (or no store)."""
-        if not within(_STORE_CALL_S, lambda: self._store.check([KEY]), False):
+        """Another rank's refusal record, if one announced it; None otherwise (or no store answer)."""
+        return within(_STORE_CALL_S, self._lookup, None)
+
+    def _lookup(self) -> dict | None:
+        if not self._store.check([KEY]):
             return None
-        raw = within(_STORE_CALL_S, lambda: self._store.get(KEY), None)
         try:
-            record = json.loads(raw) if raw is not None else None
+            record = json.loads(self._store.get(KEY))
         except ValueError:
             return None
         if not isinstance(record, dict) or record.get("rank") == self._rank:
@@ -89,7 +110,12 @@ class RefusalWatch:
 
     def _watch(self) -> None:
         while not self._done.wait(POLL_S):
-            refused = self.peer_refusal()
+            try:
+                # unbounded: the store is this watch's own client, so a call stuck on a cut link
+                # holds up nothing else (and no thread per poll piles up behind it)
+                refused = self._lookup()
+            except Exception:  # the store is gone: the job's own failure handling takes over
+                return
             if refused is None or self._done.is_set():
                 continue
             # this rank is stuck in (or heading for) a collective with a rank that left: leave too,

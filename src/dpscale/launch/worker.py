@@ -47,7 +47,7 @@ from dpscale.launch.protocol import (
     WorkerFailure,
     write_atomically,
 )
-from dpscale.launch.refusal_watch import USER_EXIT, RefusalWatch
+from dpscale.launch.refusal_watch import USER_EXIT, RefusalWatch, store_for_attempt
 from dpscale.log import get_logger
 from dpscale.train.callbacks import callbacks_from_env
 from dpscale.train.config import TrainConfig
@@ -79,7 +79,7 @@ def run_worker(
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
     _init_process_group(datetime.timedelta(seconds=cfg.engine.collective_timeout_s), device)
     watch = (
-        RefusalWatch(torch_private.default_store(), dist.get_rank(), failures_dir)
+        RefusalWatch(store_for_attempt(), dist.get_rank(), failures_dir)
         if failures_dir is not None
         else contextlib.nullcontext()
     )
