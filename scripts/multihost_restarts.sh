@@ -19,17 +19,15 @@ python=${PYTHON:-.venv/bin/python}
 logs=${LOGS:-$(mktemp -d /tmp/multihost_restarts.XXXXXX)}
 mkdir -p "$logs"
 test=tests/multihost/test_train_two_hosts.py::test_a_killed_worker_on_one_host_recovers_every_time
-busy=()
-stop_busy() { [ ${#busy[@]} -gt 0 ] && kill "${busy[@]}" 2>/dev/null; busy=(); }
-trap stop_busy EXIT
 ok=0 done=0 b=0
 while [ "$done" -lt "$n" ]; do
   b=$((b + 1)); size=$(( n - done < batch ? n - done : batch ))
   out="$logs/batch$b"
-  # the load only while this batch runs (a lock may keep it waiting)
-  run="for _ in \$(seq 1 $load); do $python -c 'while 1: pass' & done;"
+  # the load only while this batch runs (a lock may keep it waiting), ended however the batch ends
+  run="trap 'kill \$(jobs -p) 2>/dev/null' EXIT; trap 'exit 143' TERM INT;"
+  run+=" for _ in \$(seq 1 $load); do $python -c 'while 1: pass' & done;"
   run+=" DPSCALE_RESTART_TRIES=$size DPSCALE_MULTIHOST_LOG_DIR='$out' $python -m pytest -p no:cacheprovider"
-  run+=" -v -m stress '$test' > '$out.log' 2>&1; rc=\$?; kill \$(jobs -p) 2>/dev/null; exit \$rc"
+  run+=" -v -m stress '$test' > '$out.log' 2>&1"
   start=$(date +%s)
   if [ -n "${LOCK:-}" ]; then flock "$LOCK" bash -c "$run"; else bash -c "$run"; fi
   passed=$(grep -c 'recovers_every_time\[[0-9]*\] PASSED' "$out.log")
