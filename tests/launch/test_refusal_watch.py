@@ -54,3 +54,11 @@ def test_sys_exit_in_the_users_code_is_announced_as_a_refusal(tmp_path):
     assert (
         RefusalWatch(store, 0, str(tmp_path)).peer_refusal()["bad_input"].startswith(refusal_watch.USER_EXIT)
     )
+
+
+def test_a_failure_does_not_wait_on_a_store_that_stopped_answering(tmp_path, monkeypatch):
+    store = dist.HashStore()
+    store.set(refusal_watch.KEY, json.dumps({"rank": 1, "bad_input": "bad input", "user_traceback": ""}))
+    watch = RefusalWatch(store, 0, str(tmp_path))
+    watch._last_answer -= 60  # the watch's last answer from the store: a minute ago (a cut link)
+    assert watch.__exit__(RuntimeError, RuntimeError("timed out"), None) is None

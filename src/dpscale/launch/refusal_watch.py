@@ -68,6 +68,7 @@ class RefusalWatch:
     def __init__(self, store: Any, rank: int, failures_dir: str):
         self._store, self._rank, self._dir = store, rank, failures_dir
         self._done = threading.Event()
+        self._last_answer = time.monotonic()  # when the store last answered the watch
         self._thread = threading.Thread(target=self._watch, name="dpscale-refusal-watch", daemon=True)
 
     def __enter__(self) -> RefusalWatch:
@@ -82,8 +83,13 @@ class RefusalWatch:
             self.announce(UserCodeError.from_exception(USER_EXIT, error))
         elif isinstance(error, ConfigError):
             self.announce(error)
-        elif isinstance(error, Exception) and (refused := self.peer_refusal()) is not None:
+        elif isinstance(error, Exception) and self._store_answers() and (refused := self.peer_refusal()):
             raise PeerRefused(refused["bad_input"], refused["user_traceback"]) from error
+
+    def _store_answers(self) -> bool:
+        # only ask a store that answered the watch lately: a failure because its host is cut off
+        # must not wait here on top of the collective timeout (the partition's bounds)
+        return time.monotonic() - self._last_answer < 2 * POLL_S + 1
 
     def announce(self, error: ConfigError) -> None:
         """Tell the other ranks; stay LINGER_S so their watches see it before this rank exits."""
@@ -116,6 +122,7 @@ class RefusalWatch:
                 refused = self._lookup()
             except Exception:  # the store is gone: the job's own failure handling takes over
                 return
+            self._last_answer = time.monotonic()
             if refused is None or self._done.is_set():
                 continue
             # this rank is stuck in (or heading for) a collective with a rank that left: leave too,
