@@ -79,6 +79,8 @@ class RefusalWatch:
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._done.set()
+        if self._thread.is_alive():  # a poll in flight ends at once on a live store
+            self._thread.join(2 * POLL_S)
         if isinstance(error, SystemExit):  # the user's code called sys.exit: refused as well
             self.announce(UserCodeError.from_exception(USER_EXIT, error))
         elif isinstance(error, ConfigError):
