@@ -66,7 +66,7 @@ class RefusalWatch:
     worker records."""
 
     def __init__(self, store: Any, rank: int, failures_dir: str):
-        self._store, self._rank, self._dir = store, rank, failures_dir
+        self._client, self._rank, self._dir = store, rank, failures_dir
         self._done = threading.Event()
         self._last_answer = time.monotonic()  # when the store last answered the watch
         self._thread = threading.Thread(target=self._watch, name="dpscale-refusal-watch", daemon=True)
@@ -98,7 +98,7 @@ class RefusalWatch:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         trace = error.user_traceback if isinstance(error, UserCodeError) else ""
         record = json.dumps({"rank": self._rank, "bad_input": message, "user_traceback": trace})
-        if within(_STORE_CALL_S, lambda: self._store.set(KEY, record) or True, False):
+        if within(_STORE_CALL_S, lambda: self._client.set(KEY, record) or True, False):
             time.sleep(LINGER_S)
 
     def peer_refusal(self) -> dict | None:
@@ -106,10 +106,10 @@ class RefusalWatch:
         return within(_STORE_CALL_S, self._lookup, None)
 
     def _lookup(self) -> dict | None:
-        if not self._store.check([KEY]):
+        if not self._client.check([KEY]):
             return None
         try:
-            record = json.loads(self._store.get(KEY))
+            record = json.loads(self._client.get(KEY))
         except ValueError:
             return None
         if not isinstance(record, dict) or record.get("rank") == self._rank:
