@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv venv-compat test test-fast test-compat study lint bench clean
+.PHONY: venv venv-compat test test-fast test-compat test-restarts study lint bench clean
 
 venv: $(STAMP)
 
@@ -55,6 +55,12 @@ test: venv
 # the edit loop: every test that starts no process (starting one fails the test), under 60 s
 test-fast: venv
 	DPSCALE_TEST_NO_SPAWN=1 $(PY) -m pytest -q $(XDIST) -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
+
+# the two-host kill-and-recover scenario N times under a load of one busy process per core (needs
+# root: network namespaces); prints "k/N recovered" and keeps both hosts' logs of each failed try
+RESTART_TRIES ?= 20
+test-restarts: venv
+	LOAD=$$(nproc) PYTHON=$(PY) scripts/multihost_restarts.sh $(RESTART_TRIES)
 
 test-compat: venv-compat
 	$(COMPAT_PY) -m pytest -q -m compat -p no:cacheprovider $(PYTEST_ARGS)

@@ -88,3 +88,42 @@ def test_resume_is_bit_exact_with_prefetch_and_a_loader_that_draws_random_number
     mid = Trainer(_config(max_steps=5, checkpoint_dir=str(tmp_path / "mid"), checkpoint_every=2), _task())
     mid.fit()
     assert param_sha256(mid._module) == param_sha256(full._module)
+
+
+class Draws(TrainerCallback):
+    """Draws from torch's global RNG at every point of a step a callback sees (e.g. a random
+    probe or noise injection), and records what it drew."""
+
+    def __init__(self):
+        self.drawn: list[float] = []
+
+    def on_batch(self, trainer, batch):
+        self.drawn.append(torch.rand(()).item())
+
+    def after_reduce(self, trainer, grads):
+        self.drawn.append(torch.rand(()).item())
+
+    def after_step(self, trainer):
+        self.drawn.append(torch.rand(()).item())
+
+
+def test_resume_is_bit_exact_when_callbacks_draw_random_numbers_after_the_prefetch(world_of_one, tmp_path):
+    # the prefetch loads step k + 1 before step k's after_reduce and after_step callbacks run: the
+    # checkpoint must hold the RNGs after their draws, not as they were before the prefetch
+    full_draws = Draws()
+    full = Trainer(_config(max_steps=5), _task(), callbacks=[full_draws])
+    full.fit()
+    calls = iter(range(100))
+    stop = lambda: "SIGTERM" if next(calls) == 2 else None
+    ckpt = str(tmp_path / "ck")
+    config = _config(max_steps=5, checkpoint_dir=ckpt)
+    stopped = Trainer(config, _task(), stop_requested=stop, callbacks=[Draws()])
+    stopped.fit()
+    assert stopped.step == 3
+    resumed_draws = Draws()
+    config = _config(max_steps=5, checkpoint_dir=ckpt, resume=True)
+    resumed = Trainer(config, _task(), callbacks=[resumed_draws])
+    resumed.fit()
+    assert resumed.resumed_from == 3
+    assert resumed_draws.drawn == full_draws.drawn[-len(resumed_draws.drawn) :]
+    assert param_sha256(resumed._module) == param_sha256(full._module)

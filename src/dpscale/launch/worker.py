@@ -19,6 +19,7 @@ describes in the environment, over its store with a prefix per restart attempt, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -46,6 +47,7 @@ from dpscale.launch.protocol import (
     WorkerFailure,
     write_atomically,
 )
+from dpscale.launch.refusal_watch import USER_EXIT, RefusalWatch, store_for_attempt
 from dpscale.log import get_logger
 from dpscale.train.callbacks import callbacks_from_env
 from dpscale.train.config import TrainConfig
@@ -56,10 +58,16 @@ logger = get_logger(__name__)
 
 
 def run_worker(
-    config: dict, threads: int, stop_requested=None, trusted_checkpoint: dict | None = None
+    config: dict,
+    threads: int,
+    stop_requested=None,
+    trusted_checkpoint: dict | None = None,
+    failures_dir: str | None = None,
 ) -> dict:
     """One worker: join the group the agent (or torchrun) describes in the environment, train.
-    `trusted_checkpoint`: what the launcher verified for a resume (LaunchSpec)."""
+    `trusted_checkpoint`: what the launcher verified for a resume (LaunchSpec); `failures_dir`:
+    where the launcher reads the workers' records, given when a refusal of one rank's input is to
+    end every rank (refusal_watch.py)."""
     torch.set_num_threads(threads)
     cfg = TrainConfig.from_dict(config)
     if is_restart() and cfg.checkpoint.dir:
@@ -70,14 +78,20 @@ def run_worker(
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before NCCL starts: its communicator binds the current GPU
     _init_process_group(datetime.timedelta(seconds=cfg.engine.collective_timeout_s), device)
+    watch = (
+        RefusalWatch(store_for_attempt(), dist.get_rank(), failures_dir)
+        if failures_dir is not None
+        else contextlib.nullcontext()
+    )
     try:
-        trainer = Trainer(
-            cfg,
-            stop_requested=stop_requested,
-            callbacks=callbacks_from_env(),
-            trusted_checkpoint=trusted_checkpoint,
-        )
-        return trainer.fit().to_dict()
+        with watch:
+            trainer = Trainer(
+                cfg,
+                stop_requested=stop_requested,
+                callbacks=callbacks_from_env(),
+                trusted_checkpoint=trusted_checkpoint,
+            )
+            return trainer.fit().to_dict()
     finally:
         dist.destroy_process_group()
 
@@ -175,14 +189,16 @@ def _launched() -> int:
     stop_file = Path(spec.stop)
     try:
         # one stat per step; the file holds the signal's name
-        result = run_worker(spec.config, spec.threads, lambda: _read(stop_file), spec.trusted_checkpoint)
+        result = run_worker(
+            spec.config, spec.threads, lambda: _read(stop_file), spec.trusted_checkpoint, spec.failures
+        )
     except ConfigError as e:
         # bad input is the same on every attempt: exit 0 so that the agent does not restart it
         # (protocol.py); the launcher reads the record, prints the line and exits 2
         _write_refusal(e, spec.failures)
         return 0
     except SystemExit as e:  # the user's code called sys.exit: never a success, never restarted
-        _write_refusal(UserCodeError.from_exception("the task's code, during training,", e), spec.failures)
+        _write_refusal(UserCodeError.from_exception(USER_EXIT, e), spec.failures)
         return 0
     except Exception as e:
         _write_failure(e, spec.failures)

@@ -13,8 +13,9 @@ passes `attempt`, the elastic restart count (TORCHELASTIC_RESTART_COUNT, 0 outsi
 `kill@step=15,rank=1,attempt=0` kills only the first attempt and the restarted one can finish.
 
 Named points (keys in brackets), each at a trainer callback:
-- `kill`, `hang`, `raise` [step, rank, world, attempt]: `on_batch`, at the start of a step, before
-  any of its collectives: SIGKILL this process / sleep forever / raise `InjectedFault`.
+- `kill`, `hang`, `raise`, `refuse` [step, rank, world, attempt]: `on_batch`, at the start of a
+  step, before any of its collectives: SIGKILL this process / sleep forever / raise
+  `InjectedFault` / raise a ConfigError (bad input seen by this rank only).
 - `nan_grad` [step, rank, attempt]: `after_reduce`, before the skip decision: a NaN in this rank's
   first gradient.
 - `perturb` [step, rank, param, attempt]: `after_step`: add 1e-3 to the first element of each
@@ -31,6 +32,7 @@ import time
 
 import torch
 
+from dpscale.errors import ConfigError
 from dpscale.train.callbacks import TrainerCallback
 
 ENV = "DPSCALE_FAULTS"
@@ -85,6 +87,8 @@ class FaultInjector(TrainerCallback):
             kill_self()
         if injected("hang", **where):
             hang_forever()
+        if injected("refuse", **where):
+            raise ConfigError(f"injected bad input: step {trainer.step + 1}, rank {trainer.rank}")
         if injected("raise", **where):
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             step, rank = trainer.step + 1, trainer.rank

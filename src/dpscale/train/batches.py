@@ -10,9 +10,13 @@ the synchronized backward must run on every rank even with nothing to add.
 `prefetch` loads the next step's micro-batches while the device still works on this one and starts
 their copies to it (non-blocking from pinned memory on CUDA). The sampler's position, what a
 checkpoint saves, does not count them. Loading in this process (no workers) may draw from the
-global RNGs (a random augmentation); then a checkpoint must hold the RNGs as they were before the
-prefetch (`rng_before_prefetch`), and a prefetch dropped unused (a new segment) winds them back,
-so a resumed or re-split run draws the same numbers as one that never prefetched.
+global RNGs (a random augmentation), and so may the user's callbacks after the prefetch (its
+after_reduce and after_step run later in the same step). A checkpoint therefore holds the RNGs as
+they are when it is saved (every draw so far, the callbacks' included) and, beside them, the RNGs
+the pending prefetch loaded under (`pending_rng`). A resumed run loads that step again under those
+(`start_segment(replay_rng=...)`), then goes on from the saved ones: it draws what the unbroken run
+drew, in the same places. A prefetch dropped unused (a new segment after a re-split) keeps its
+draws, as a resumed run's saved RNGs do.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import copy
 import multiprocessing as mp
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -54,10 +57,15 @@ class MicroBatches:
         self._it: Iterator[Any] | None = None
         self._ahead: list[Any] | None = None  # the next step's micro-batches, loaded early
         self._rng_before: dict[str, Any] | None = None  # the RNGs before loading them here
+        self._replay_rng: dict[str, Any] | None = None  # the RNGs the next load runs under
 
-    def start_segment(self, sampler: GlobalBatchSampler) -> None:
-        """Read the micro-batches of the sampler's remaining steps in this epoch from where it is now."""
+    def start_segment(self, sampler: GlobalBatchSampler, replay_rng: dict[str, Any] | None = None) -> None:
+        """Read the micro-batches of the sampler's remaining steps in this epoch from where it is now.
+
+        `replay_rng`: the RNGs the segment's first step was loaded under before a checkpoint
+        (`pending_rng` then); it is loaded under them again, and the RNGs are left as they were."""
         self.close()
+        self._replay_rng = replay_rng
         ahead = copy.deepcopy(sampler)
         indices = (mb or [0] for step in ahead.iter_steps() for mb in step.micro_batches)
         loader = DataLoader(
@@ -80,7 +88,14 @@ class MicroBatches:
             ahead, self._ahead, self._rng_before = self._ahead, None, None
             assert len(ahead) == count, "a step's micro-batch count changes only with a new segment"
             return ahead
-        return [next(self._it) for _ in range(count)]
+        if self._replay_rng is None:
+            return [next(self._it) for _ in range(count)]
+        now, replay, self._replay_rng = capture_rng_state(), self._replay_rng, None
+        restore_rng_state(replay)
+        try:
+            return [next(self._it) for _ in range(count)]
+        finally:
+            restore_rng_state(now)
 
     def prefetch(self, count: int) -> None:
         """Load the next step's `count` micro-batches now and start their copies to the device;
@@ -97,25 +112,15 @@ class MicroBatches:
             return
         self._ahead = loaded if self.device is None else to_device(loaded, self.device, non_blocking=True)
 
-    @contextmanager
-    def rng_before_prefetch(self) -> Iterator[None]:
-        """The global RNGs as the sampler's position implies (before a pending prefetch drew
-        from them) inside the block; as they are now after it."""
-        if self._rng_before is None:
-            yield
-            return
-        now = capture_rng_state()
-        restore_rng_state(self._rng_before)
-        try:
-            yield
-        finally:
-            restore_rng_state(now)
+    def pending_rng(self) -> dict[str, Any] | None:
+        """The global RNGs as they were before the pending prefetch drew from them (None: nothing
+        prefetched, or loaded by workers, whose RNGs are their own)."""
+        return self._rng_before
 
     def close(self) -> None:
-        # a prefetch never used: as if it had never drawn from the RNGs
-        if self._rng_before is not None:
-            restore_rng_state(self._rng_before)
-        self._ahead = self._rng_before = None
+        # a prefetch never used keeps its draws: the callbacks may have drawn after it, and a
+        # resumed run's saved RNGs hold both (module docstring)
+        self._ahead = self._rng_before = self._replay_rng = None
         # the last reference: the iterator's finalizer stops the loader's worker processes now
         self._it = None
 

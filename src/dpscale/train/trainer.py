@@ -193,6 +193,7 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.resumed_from: int | None = None
         self._steps_iter: Iterator[StepBatch] | None = None
+        self._replay_rng: dict | None = None  # a resumed checkpoint's pending prefetch (batches.py)
         self._steps_run = 0  # by this process, for the first-steps collective check
 
     # -- building ------------------------------------------------------------------------
@@ -409,7 +410,8 @@ class Trainer:
                 if self.sampler.step_in_epoch >= self.sampler.steps_this_epoch:
                     self.sampler.set_epoch(self.sampler.epoch + 1)
                 self._steps_iter = self.sampler.iter_steps()
-                self.batches.start_segment(self.sampler)
+                self.batches.start_segment(self.sampler, replay_rng=self._replay_rng)
+                self._replay_rng = None
             batch = next(self._steps_iter, None)
             if batch is not None:
                 return batch
@@ -592,9 +594,10 @@ class Trainer:
 
     def save_checkpoint(self) -> str:
         """Collective: rank 0 writes this step's checkpoint; all learn the path."""
-        # the RNGs as at the sampler's position: a resume loads the prefetched step again
-        with self.batches.rng_before_prefetch():
-            self.last_checkpoint = self.states.save(self.sampler)
+        # a resume loads the prefetched step again, under the RNGs it was loaded under here; a
+        # prefetch of a segment already ended (a re-split) is dropped unused, also by a resume
+        pending = self.batches.pending_rng() if self._steps_iter is not None else None
+        self.last_checkpoint = self.states.save(self.sampler, rng_before_prefetch=pending)
         return self.last_checkpoint
 
     def _resume(self) -> None:
@@ -634,7 +637,7 @@ class Trainer:
         self._resplit(saved, payload["sampler"], where)
         sync_lr(self.scheduler)
         self.total_steps = self.plan_total_steps()
-        self.states.load_per_rank(payload, where)
+        self._replay_rng = self.states.load_per_rank(payload, where)
         return saved
 
     def _resplit(self, saved: TrainState, sampler_state: object, where: Path) -> None:

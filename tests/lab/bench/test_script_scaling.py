@@ -1,5 +1,6 @@
 """`dpscale scale`'s figures from the ranks' step telemetry (the runs themselves: tests/run)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,25 @@ def test_a_script_that_all_reduces_on_every_accumulation_micro_step_is_told_to_u
     assert pair.synced_per_optimizer_step == 4
     assert pair.note is not None and "all-reduce on every micro-step: 4 synced backwards" in pair.note
     assert base.note is None or "no_sync" not in base.note  # one worker has nothing to reduce
+
+
+def test_a_script_without_ddp_across_hosts_is_told_so_not_that_ranks_did_not_train(monkeypatch, tmp_path):
+    # across hosts the ranks' telemetry travels through the DDP model's group: a script without one
+    # leaves each host only its own ranks' records, though every rank trained
+    from dpscale.launch.nodes import Nodes
+
+    def one_hosts_ranks(script, args, *, nproc, telemetry_dir, log_path, **kw):
+        record = _rank([_step({"forward_ms": 1.0}, samples=4)] * 6, 1, 2) | {"ddp": False}
+        (Path(telemetry_dir) / "rank1.json").write_text(json.dumps(record))
+        log_path.write_text("trained\n")
+        return 0
+
+    monkeypatch.setattr(script_scaling, "run_script", one_hosts_ranks)
+    nodes = Nodes(min_nodes=2, max_nodes=2, rdzv_endpoint="10.0.0.1:29400", rdzv_id="job")
+    config = ScaleConfig(script="train.py", world_sizes=[1, 2], steps=4, warmup=0, threads_per_worker=1)
+    with pytest.raises(script_scaling.ScriptFailed) as failed:
+        script_scaling._measure_one(config, 2, "dpscale", tmp_path, nodes)
+    message = str(failed.value).splitlines()[0]
+    assert "1 of 2 ranks trained" not in message
+    assert "built no torch.nn.parallel.DistributedDataParallel model" in message
+    assert "2 hosts" in message

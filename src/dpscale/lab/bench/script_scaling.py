@@ -195,6 +195,15 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
     if code != 0:
         raise ScriptFailed(f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}")
     wrapped = sum(r.get("ddp", True) for r in ranks)
+    if nodes is not None and not wrapped and 0 < len(ranks) < n:
+        # each rank trained, but only a DDP model's group carries the telemetry between hosts
+        raise ScriptFailed(
+            f"{config.script} with {workers(n)} on {nodes.max_nodes} hosts built no "
+            "torch.nn.parallel.DistributedDataParallel model, so its ranks never met and this host "
+            f"got the step telemetry of its own {len(ranks)} only: across hosts scale measures a "
+            "script that wraps its model in DDP (measure this one on one host)"
+            f"\n{tail}"
+        )
     if len(ranks) != n or 0 < wrapped < n:
         raise ScriptFailed(
             f"{config.script} with {n} workers ({engine}): {len(ranks)} of {n} ranks trained and {wrapped} "

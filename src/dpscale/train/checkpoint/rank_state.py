@@ -22,15 +22,33 @@ from dpscale.errors import ConfigError
 from dpscale.train.checkpoint.checkpointer import load_into
 from dpscale.train.checkpoint.files import CheckpointError, CheckpointWarning
 
+PREFETCH_KEY = "before_prefetch"
+"""The entry of a saved RNG state that holds the RNGs a pending prefetch loaded under (batches.py)."""
+
 
 class RngState:
-    """This process's random number generators (Python, NumPy, torch CPU and CUDA)."""
+    """This process's random number generators (Python, NumPy, torch CPU and CUDA), and beside them
+    the ones the trainer's pending prefetch loaded the next step under (`before_prefetch`), which
+    a resumed run loads that step under again (train/batches.py)."""
+
+    def __init__(self, before_prefetch: dict[str, Any] | None = None):
+        self.before_prefetch = before_prefetch
 
     def state_dict(self) -> dict:
-        return capture_rng_state()
+        state = capture_rng_state()
+        if self.before_prefetch is not None:
+            state[PREFETCH_KEY] = self.before_prefetch
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        before = state.get(PREFETCH_KEY)
+        # checkpoints written before it was saved have none: the step is then loaded as it comes
+        if before is not None and not (isinstance(before, dict) and _RNG_KEYS <= before.keys()):
+            raise ConfigError(
+                f"RNG state's {PREFETCH_KEY!r} entry is not an RNG state from capture_rng_state()"
+            )
         restore_rng_state(state)
+        self.before_prefetch = before
 
 
 class HookState:
@@ -88,9 +106,12 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
+_RNG_KEYS = {"torch", "numpy", "python"}
+
+
 def restore_rng_state(state: dict[str, Any]) -> None:
     """Inverse of `capture_rng_state`: the next numbers drawn equal those drawn after the capture."""
-    for key in ("torch", "numpy", "python"):
+    for key in sorted(_RNG_KEYS):
         if key not in state:
             raise ConfigError(f"RNG state has no {key!r} entry; pass a dict from capture_rng_state()")
     torch.set_rng_state(state["torch"])

@@ -74,9 +74,10 @@ class TrainStates:
         objects: tuple[Stateful, ...] = (self.module, self.optimizer, self.scheduler, sampler, self.state)
         return dict(zip(SHARED, objects, strict=True))
 
-    def per_rank(self) -> dict[str, Stateful]:
-        """Each rank's own states: its RNG streams and (PowerSGD) its hook's error feedback."""
-        states: dict[str, Stateful] = {"rng": RngState()}
+    def per_rank(self, rng_before_prefetch: dict | None = None) -> dict[str, Stateful]:
+        """Each rank's own states: its RNG streams (with those a pending prefetch loaded under) and
+        (PowerSGD) its hook's error feedback."""
+        states: dict[str, Stateful] = {"rng": RngState(rng_before_prefetch)}
         if self.comm_state is not None:
             states["comm_hook"] = HookState(self.comm_state, self.module)
         return states
@@ -96,14 +97,16 @@ class TrainStates:
             run_id=run_id,
         )
 
-    def save(self, sampler: Stateful) -> str:
-        """Collective: rank 0 writes this step's checkpoint; all learn the path."""
+    def save(self, sampler: Stateful, rng_before_prefetch: dict | None = None) -> str:
+        """Collective: rank 0 writes this step's checkpoint; all learn the path. `rng_before_prefetch`:
+        the RNGs the next step was loaded under ahead of time (train/batches.py), None if it was not."""
         assert self.checkpointer is not None, "the trainer saves only with a checkpoint_dir"
         self.state.grad_scaler = self.precision.state_dict()
         self.state.noise_scale = self.noise_scale.state_dict()
         self.state.batch_growth = self.growth.state_dict() if self.growth else {}
         extra = {"comm_hook": {"compression": self.compression}}
-        return self.checkpointer.save(self.state.step, self.shared(sampler), self.per_rank(), extra)
+        per_rank = self.per_rank(rng_before_prefetch)
+        return self.checkpointer.save(self.state.step, self.shared(sampler), per_rank, extra)
 
     def resume(
         self, apply: Callable[[LoadedCheckpoint], None], trusted: dict[str, Any] | None = None
@@ -129,8 +132,9 @@ class TrainStates:
         state.batch_scale.load_state_dict(saved.batch_scale.state_dict())  # in place: the scheduler holds it
         load_into(self.noise_scale.load_state_dict, saved.noise_scale, where / "trainer.pt")
 
-    def load_per_rank(self, payload: dict, where: Path) -> None:
-        """This rank's hook state and RNG streams; at another world size, as rank_state.py says."""
+    def load_per_rank(self, payload: dict, where: Path) -> dict | None:
+        """This rank's hook state and RNG streams; at another world size, as rank_state.py says.
+        Returns the RNGs the saved run's pending prefetch loaded under (None: none was pending)."""
         if self.comm_state is not None:
             HookState(self.comm_state, self.module).load_saved(
                 payload.get("comm_hook"),
@@ -143,7 +147,9 @@ class TrainStates:
         if not rngs:
             raise CheckpointError(f"checkpoint {where / 'rng.pt'} holds no RNG states")
         # a restart with more workers than before: ranks beyond the old world reuse a saved stream
-        RngState().load_state_dict(rngs[self.rank % len(rngs)])
+        rng = RngState()
+        load_into(rng.load_state_dict, rngs[self.rank % len(rngs)], where / "rng.pt")
+        return rng.before_prefetch
 
 
 def _check_same_lr(configured: list, saved_scheduler: object, where: Path) -> None:
