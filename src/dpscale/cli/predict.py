@@ -29,6 +29,7 @@ from dpscale.lab.predict.cluster import (
     preset_cluster,
 )
 from dpscale.lab.predict.degrade import ScaleTerms, cv_from_tail
+from dpscale.lab.predict.fabric_fit import calibrated_from, read_measurements
 from dpscale.lab.predict.model import PredictConfig, check_bounds, predict
 from dpscale.lab.predict.options import DEFAULT_BATCH, PredictOptions
 from dpscale.paths import check_writable_dir, check_writable_file
@@ -178,13 +179,22 @@ def _cluster(opts: PredictOptions) -> Cluster:
     cluster = preset_cluster(opts.preset)
     if opts.workers_per_node is not None:
         cluster = replace(cluster, workers_per_node=opts.workers_per_node)
-    if opts.calibrate:
+    # in-switch reduction off first: a calibration then fits the links to the algorithms left
+    cluster = replace(
+        cluster, nvls=cluster.nvls and not opts.no_nvls, sharp=cluster.sharp and not opts.no_sharp
+    )
+    if opts.calibrate_from:
+        if opts.calibrate:
+            raise ConfigError("--calibrate-from: give --calibrate or --calibrate-from, not both")
+        files = [f for f in opts.calibrate_from.split(",") if f]
+        cluster = calibrated_from(cluster, read_measurements(files, transport=opts.transport))
+    elif opts.calibrate:
         results = load_allreduce_report(opts.calibrate)
         have = list(dict.fromkeys(p["transport"] for p in results["points"]))
         transport = opts.transport or ("shm" if "shm" in have else have[0])
         cluster = calibrated(cluster, results, transport)
     elif opts.transport:
-        raise ConfigError("--transport: only meaningful with --calibrate")
+        raise ConfigError("--transport: only meaningful with --calibrate or --calibrate-from")
     intra, inter = cluster.intra, cluster.inter
     if any(v is not None for v in (opts.intra_bw_GBps, opts.intra_lat_us, opts.intra_efficiency)):
         intra = replace(

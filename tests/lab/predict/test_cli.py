@@ -6,6 +6,7 @@ import io
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,34 @@ def test_a_cpu_profile_on_a_gpu_preset_warns(tmp_path, monkeypatch, capsys):
     assert "measured on a CPU" in capsys.readouterr().err
     _run("predict", [*argv, "--preset", "cpu-shm", "--workers-per-node", "8"], monkeypatch)
     assert "measured on a CPU" not in capsys.readouterr().err
+
+
+def test_a_malformed_calibration_file_is_one_line_naming_it_before_any_work(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("# nThread 1 nGpus 8\n  1024  256  float  sum  -1  12.0\n")
+    argv = [
+        *EXPLICIT,
+        "--preset",
+        "dgx-h100",
+        "--calibrate-from",
+        str(bad),
+        "--report-dir",
+        str(tmp_path / "r"),
+    ]
+    with pytest.raises(ValueError, match=f"--calibrate-from: {bad} line 2: ") as e:
+        _run("predict", argv, monkeypatch)
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_from_nccl_tests_and_no_nvls(tmp_path, monkeypatch):
+    table = Path(__file__).resolve().parent / "data" / "nccl_tests" / "h100-16gpu-2node.txt"
+    argv = [*EXPLICIT, "--preset", "dgx-h100", "--world-sizes", "8,16,64", "--json"]
+    rc, out = _run(
+        "predict", [*argv, "--calibrate-from", str(table), "--report-dir", str(tmp_path)], monkeypatch
+    )
+    assert rc == 0 and "calibrated from measured all-reduce times" in out
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert [r["world_size"] for r in rows] == [8, 16, 64]
+    rc, out = _run("predict", [*argv, "--no-nvls", "--report-dir", str(tmp_path)], monkeypatch)
+    assert rc == 0 and "NVLink SHARP" not in out.split("cluster ", 1)[1].splitlines()[0]
