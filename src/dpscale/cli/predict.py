@@ -30,6 +30,13 @@ from dpscale.lab.predict.cluster import (
 )
 from dpscale.lab.predict.degrade import ScaleTerms, cv_from_tail
 from dpscale.lab.predict.fabric_fit import calibrated_from, read_measurements
+from dpscale.lab.predict.from_scale import (
+    ScaleRun,
+    calibrated_compute,
+    calibrated_fabric,
+    read_scale_report,
+    report_profile,
+)
 from dpscale.lab.predict.model import PredictConfig, check_bounds, predict
 from dpscale.lab.predict.options import DEFAULT_BATCH, PredictOptions
 from dpscale.paths import check_writable_dir, check_writable_file
@@ -146,7 +153,32 @@ def cpu_profile_on_gpus(profile: profiles.ModelProfile, cluster: Cluster) -> str
     )
 
 
-def _profile(opts: PredictOptions):
+def _from_scale_profile(opts: PredictOptions, run: ScaleRun) -> profiles.ModelProfile:
+    """The profile a measured run calibrates: --profile, --params (its step from the run) or the
+    report's own; its compute scaled to the run's N = 1 step."""
+    if opts.model is not None or opts.step_compute_ms is not None:
+        flag = "--model" if opts.model is not None else "--step-compute-ms"
+        raise ConfigError(f"{flag}: --from-scale measures the step; give --profile, --params or neither")
+    if opts.profile and opts.params is not None:
+        raise ConfigError("--params: give --profile or --params with --from-scale, not both")
+    if opts.profile:
+        prof = profiles.ModelProfile.load(opts.profile)
+    elif opts.params is not None:
+        prof = profiles.explicit(
+            params=round(opts.params),
+            bytes_per_param=opts.bytes_per_param,
+            step_compute_ms=run.step_ms[1],
+            backward_fraction=opts.backward_fraction,
+            per_worker_batch=opts.per_worker_batch or DEFAULT_BATCH,
+        )
+    else:
+        prof = report_profile(run)
+    return calibrated_compute(prof, run)
+
+
+def _profile(opts: PredictOptions, run: ScaleRun | None = None):
+    if run is not None:
+        return _from_scale_profile(opts, run)
     explicit = opts.params is not None or opts.step_compute_ms is not None
     given = [
         f for f, on in (("--profile", opts.profile), ("--model", opts.model), ("--params", explicit)) if on
@@ -304,6 +336,8 @@ def _run_goodput(
 def run_predict_from_args(args: argparse.Namespace) -> int:
     require_plots("predict")
     opts = PredictOptions(**dataclass_kwargs(args, PredictOptions))
+    # a measured run is read (and refused if it does not read) before anything else is done
+    run = read_scale_report(opts.from_scale, opts.engine) if opts.from_scale else None
     cluster = _cluster(opts)
     if opts.goodput:
         _goodput_inputs(opts)  # bad goodput input fails before a profile is measured
@@ -324,7 +358,9 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
     for n in config.world_sizes:
         cluster.layout(n)  # bad world sizes fail before a profile is measured
     check_writable_dir("--report-dir", args.report_dir)  # and where the report goes
-    prof = _profile(opts)
+    prof = _profile(opts, run)
+    if run is not None:
+        cluster = calibrated_fabric(prof, cluster, config, run)
     if warning := cpu_profile_on_gpus(prof, cluster):
         print(warning, file=sys.stderr)
     if opts.goodput:

@@ -211,3 +211,24 @@ def test_calibrate_from_nccl_tests_and_no_nvls(tmp_path, monkeypatch):
     assert [r["world_size"] for r in rows] == [8, 16, 64]
     rc, out = _run("predict", [*argv, "--no-nvls", "--report-dir", str(tmp_path)], monkeypatch)
     assert rc == 0 and "NVLink SHARP" not in out.split("cluster ", 1)[1].splitlines()[0]
+
+
+@pytest.mark.slow
+def test_from_scale_predicts_larger_n_from_a_measured_run(tmp_path, monkeypatch):
+    prof = ModelProfile.from_dict(
+        {"model": "job", "source": "measured", "per_worker_batch": 32, "forward_ms": 30.0,
+         "backward_ms": 60.0, "optimizer_ms": 10.0, "param_count": 5_000_000, "param_bytes": 20_000_000}
+    )  # fmt: skip
+    points = [{"engine": "dpscale", "world_size": n, "step_ms": ms} for n, ms in ((1, 100.0), (2, 130.0))]
+    report = tmp_path / "scale.json"
+    report.write_text(json.dumps({"results": {"config": {}, "points": points, "profile": prof.to_dict()}}))
+    argv = ["--from-scale", str(report), "--preset", "cpu-shm", "--world-sizes", "1,2,4,8", "--json"]
+    rc, out = _run("predict", [*argv, "--report-dir", str(tmp_path / "r")], monkeypatch)
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert (
+        rc == 0
+        and "fitted to the measured steps" in (next((tmp_path / "r").iterdir()) / "report.md").read_text()
+    )
+    assert [r["world_size"] for r in rows] == [1, 2, 4, 8]
+    with pytest.raises(ValueError, match="--model: --from-scale measures the step"):
+        _run("predict", [*argv, "--model", "mlp", "--report-dir", str(tmp_path / "r2")], monkeypatch)

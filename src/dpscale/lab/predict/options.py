@@ -37,6 +37,8 @@ class PredictOptions:
     """a `dpscale profile` JSON file"""
     model: str | None = field(default=None, metadata=_in(MODEL))
     """a built-in workload or module:callable (a Task), profiled now on one worker"""
+    from_scale: str | None = field(default=None, metadata=_in(MODEL))
+    """a `dpscale scale` (or bench scaling) report of your job: compute and the local link from it"""
     params: float | None = field(default=None, metadata=_in(MODEL))
     """explicit: parameter count (e.g. 25.6e6)"""
     bytes_per_param: float = field(default=4.0, metadata=_in(MODEL))
