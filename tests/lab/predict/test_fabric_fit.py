@@ -1,5 +1,6 @@
 """A cluster calibrated from measured all-reduce times: fitted on one table, checked on another."""
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,3 +77,21 @@ def test_a_measurement_faster_than_the_other_level_allows_is_refused_naming_it()
     with pytest.raises(ValueError, match="no inter-node rate reproduces 16 workers") as e:
         calibrated_from(preset_cluster("pcie4-x16+eth-100g"), read_measurements([str(H100_16)]))
     assert "intra-node link" in str(e.value)
+
+
+def test_a_bench_allreduce_report_calibrates_like_an_nccl_tests_file(tmp_path):
+    pts = [
+        {"transport": "gloo", "world_size": 2, "bytes": b, "time_us": 100 + b / 1e3}  # 100 us + 1 GB/s
+        for b in (4, 4096, 1 << 20)
+    ]
+    fits = [{"transport": "gloo", "world_size": 2, "alpha_us": 100.0, "beta_GBps": 1.0, "points": 3}]
+    (tmp_path / "report.json").write_text(
+        json.dumps({"results": {"config": {}, "points": pts, "fits": fits}})
+    )
+    (m,) = read_measurements([str(tmp_path)])
+    assert (m.nodes, m.times.world_size, m.times.transport) == (1, 2, "gloo")
+    cluster = calibrated_from(preset_cluster("cpu-shm"), [m])
+    model = replace(cluster, measured={})
+    assert all_reduce_cost(1 << 20, 2, model).seconds * 1e6 == pytest.approx(100 + (1 << 20) / 1e3, rel=0.02)
+    with pytest.raises(ValueError, match="--calibrate-from"):
+        read_measurements([str(tmp_path / "absent")])
