@@ -95,3 +95,17 @@ def test_a_bench_allreduce_report_calibrates_like_an_nccl_tests_file(tmp_path):
     assert all_reduce_cost(1 << 20, 2, model).seconds * 1e6 == pytest.approx(100 + (1 << 20) / 1e3, rel=0.02)
     with pytest.raises(ValueError, match="--calibrate-from"):
         read_measurements([str(tmp_path / "absent")])
+
+
+def test_other_world_sizes_take_the_measured_shortfall_by_size():
+    # the fitted link with the measured shortfall at each size (Cluster.size_factors) reproduces the
+    # calibrated N without its measured times, so other N get the same size dependence: mid-size
+    # messages measured several times slower than a two-parameter link would give
+    table = read_table(H100_16)
+    cluster = calibrated_from(preset_cluster("dgx-h100"), [from_table(table)])
+    model = replace(cluster, measured={})
+    for size, measured_us in zip(table.sizes_bytes, table.in_place_time_us, strict=True):
+        assert all_reduce_cost(size, 16, model).seconds * 1e6 == pytest.approx(measured_us, rel=0.10), size
+    bare = replace(model, size_factors={})
+    at_32 = [all_reduce_cost(1 << 24, 32, c).seconds for c in (model, bare)]
+    assert at_32[0] > 2 * at_32[1]  # 16 MiB: 977.6 us measured at 16, where the fitted link alone gives ~220

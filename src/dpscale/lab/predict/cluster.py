@@ -226,6 +226,17 @@ class MeasuredAllReduce:
         return min(self.alpha_us if self.alpha_us is not None else self.times_us[0], self.times_us[0])
 
 
+def size_factor(points: tuple[tuple[int, float], ...], nbytes: float) -> float:
+    """The factor at `nbytes`, log-log interpolated between sizes; the end ones beyond them."""
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (x0, f0), (x1, f1) in zip(points, points[1:], strict=False):
+        if nbytes <= x1:
+            t = math.log(nbytes / x0) / math.log(x1 / x0)
+            return math.exp(math.log(f0) + t * math.log(f1 / f0))
+    return points[-1][1]
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one world size sits on the cluster."""
@@ -260,6 +271,10 @@ class Cluster:
     # samples/s its hosts' input pipeline delivers per node (degrade.py); None: unlimited (no preset
     # carries one: no source at hand publishes a host's decode rate)
     input_samples_per_s: float | None = None
+    # level (INTRA, INTER) -> ((message bytes, measured / modelled time), ...) at the world size a
+    # measured all-reduce calibrated that level's link (fabric_fit.py): how far the achieved rate
+    # falls short of the fitted link at each size; other world sizes take the same factor by size
+    size_factors: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
     # the intra-node switch reduces in the switch (NVLS, _NVLS above): costs.py offers the nvls algorithm
     nvls: bool = False
     # the inter-node fabric reduces in the network (SHARP): the inter-node phase moves n once per node

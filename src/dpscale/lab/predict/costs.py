@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpscale.errors import ConfigError
-from dpscale.lab.predict.cluster import INTER, INTRA, NVLS_EFFICIENCY, Cluster, Layout, Link
+from dpscale.lab.predict.cluster import INTER, INTRA, NVLS_EFFICIENCY, Cluster, Layout, Link, size_factor
 
 ALGORITHMS = ("ring", "tree", "halving-doubling", "hierarchical", "nvls")
 ALGORITHM_CHOICES = (*ALGORITHMS, "auto")  # auto: the fastest per message size, as NCCL's tuner picks
@@ -268,6 +268,25 @@ def all_reduce_cost(
         return measured(nbytes, lay, cluster)
     if world_size == 1:
         return AllReduceCost("none", nbytes)
+    return _by_size(_modelled(nbytes, lay, cluster, algorithm), lay, cluster)
+
+
+def _by_size(cost: AllReduceCost, lay: Layout, c: Cluster) -> AllReduceCost:
+    """The cost with the measured shortfall at its size (Cluster.size_factors) of the level it
+    crosses: what a calibration measured beyond the fitted link, carried to this world size."""
+    level = INTER if lay.nodes > 1 else INTRA
+    points = c.size_factors.get(level)
+    if not points:
+        return cost
+    factor = size_factor(points, cost.nbytes)
+    if factor < 1:  # measured faster than the fitted link at this size: every term shrinks alike
+        return replace(cost, terms=tuple(replace(t, seconds=t.seconds * factor) for t in cost.terms))
+    extra = Term("bandwidth", level, cost.seconds * (factor - 1), f"{level} measured shortfall at this size")
+    return replace(cost, terms=(*cost.terms, extra)) if extra.seconds > 0 else cost
+
+
+def _modelled(nbytes: float, lay: Layout, cluster: Cluster, algorithm: str) -> AllReduceCost:
+    world_size = lay.world_size
     if algorithm == "auto":
         # ties go to the first in ALGORITHMS order (ring), the simplest
         return min(

@@ -8,7 +8,10 @@ Each measurement is one world size's all-reduce time per message size: an nccl-t
 - for other world sizes the preset's nominal links are replaced: a one-node measurement sets the
   intra-node link, a multi-node one the inter-node link, each fitted so that the model (costs.py,
   the algorithm it would pick) gives the measured time at the largest size (bandwidth) and at the
-  smallest (per-step latency). The fitted links carry achieved figures (efficiency 1).
+  smallest (per-step latency). The fitted links carry achieved figures (efficiency 1). Between
+  those ends the measured time / the fitted link's time at each measured size (mid sizes: several
+  times, where NCCL changes protocol and a two-parameter link cannot follow) is kept
+  (`Cluster.size_factors`) and applied to that level's all-reduces at other world sizes by size.
 
 Several files (one per node count) calibrate both levels; the largest world size of each level
 sets its link.
@@ -107,7 +110,7 @@ def _solve(f: Callable[[float], float], target: float, lo: float, hi: float, inc
 def _fit_link(cluster: Cluster, m: MeasuredAllReduce, level: str) -> Cluster:
     """`cluster` with the `level` link's bandwidth and latency fitted to `m` (at its world size)."""
     n = m.world_size
-    plain = replace(cluster, measured={})
+    plain = replace(cluster, measured={}, size_factors={})
 
     def with_link(bandwidth: float, latency: float) -> Cluster:
         attr = "intra" if level == INTRA else "inter"
@@ -140,7 +143,12 @@ def _fit_link(cluster: Cluster, m: MeasuredAllReduce, level: str) -> Cluster:
             f"{big:,} bytes with this preset's {other}-node link ({cluster.name}); give a file that "
             f"calibrates that link too (one per node count) or the preset of the machine measured"
         )
-    return fitted
+    # what the measurement falls short of (or beats) the fitted link by at each size: protocol
+    # changes and pipelining a two-parameter link cannot follow; carried to other N by size
+    factors = tuple(
+        (s, t * 1e-6 / seconds(fitted, s)) for s, t in zip(m.sizes_bytes, m.times_us, strict=True)
+    )
+    return replace(fitted, size_factors={**cluster.size_factors, level: factors})
 
 
 def calibrated_from(base: Cluster, measurements: Sequence[Measurement]) -> Cluster:
