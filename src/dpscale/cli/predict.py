@@ -100,6 +100,13 @@ EXAMPLES = """worked examples:
   dpscale predict --profile mine.json --preset dgx-h100 --data-workers 8
   # a 2:1 oversubscribed fabric beyond 16 nodes per leaf switch
   dpscale predict ... --preset dgx-a100 --oversubscription 2 --nodes-per-switch 16
+  # your fabric as nccl-tests measured it: one file per node count (all_reduce_perf's output as printed)
+  dpscale predict --params 1.3e9 --step-compute-ms 450 --preset dgx-h100 \\
+      --calibrate-from one-node.txt,two-nodes.txt --world-sizes 8,16,64,256
+  # in-switch reduction off (NCCL_NVLS_ENABLE=0), or SHARP off on a preset that has it
+  dpscale predict ... --preset dgx-h100 --no-nvls | --preset dgx-h100-superpod --no-sharp
+  # your own job measured at small N (dpscale scale), carried to larger N
+  dpscale predict --from-scale reports/<UTC>-scale --preset cpu-shm --world-sizes 1,2,4,8
   # your model, profiled here (CPU), on this machine's transports
   dpscale profile --model mlp --co-located 2 --out mlp.json
   dpscale bench allreduce --transport gloo,shm --nproc 1,2
