@@ -29,6 +29,14 @@ from dpscale.lab.predict.cluster import (
     preset_cluster,
 )
 from dpscale.lab.predict.degrade import ScaleTerms, cv_from_tail
+from dpscale.lab.predict.fabric_fit import calibrated_from, read_measurements
+from dpscale.lab.predict.from_scale import (
+    ScaleRun,
+    calibrated_compute,
+    calibrated_fabric,
+    read_scale_report,
+    report_profile,
+)
 from dpscale.lab.predict.model import PredictConfig, check_bounds, predict
 from dpscale.lab.predict.options import DEFAULT_BATCH, PredictOptions
 from dpscale.paths import check_writable_dir, check_writable_file
@@ -92,6 +100,13 @@ EXAMPLES = """worked examples:
   dpscale predict --profile mine.json --preset dgx-h100 --data-workers 8
   # a 2:1 oversubscribed fabric beyond 16 nodes per leaf switch
   dpscale predict ... --preset dgx-a100 --oversubscription 2 --nodes-per-switch 16
+  # your fabric as nccl-tests measured it: one file per node count (all_reduce_perf's output as printed)
+  dpscale predict --params 1.3e9 --step-compute-ms 450 --preset dgx-h100 \\
+      --calibrate-from one-node.txt,two-nodes.txt --world-sizes 8,16,64,256
+  # in-switch reduction off (NCCL_NVLS_ENABLE=0), or SHARP off on a preset that has it
+  dpscale predict ... --preset dgx-h100 --no-nvls | --preset dgx-h100-superpod --no-sharp
+  # your own job measured at small N (dpscale scale), carried to larger N
+  dpscale predict --from-scale reports/<UTC>-scale --preset cpu-shm --world-sizes 1,2,4,8
   # your model, profiled here (CPU), on this machine's transports
   dpscale profile --model mlp --co-located 2 --out mlp.json
   dpscale bench allreduce --transport gloo,shm --nproc 1,2
@@ -145,7 +160,32 @@ def cpu_profile_on_gpus(profile: profiles.ModelProfile, cluster: Cluster) -> str
     )
 
 
-def _profile(opts: PredictOptions):
+def _from_scale_profile(opts: PredictOptions, run: ScaleRun) -> profiles.ModelProfile:
+    """The profile a measured run calibrates: --profile, --params (its step from the run) or the
+    report's own; its compute scaled to the run's N = 1 step."""
+    if opts.model is not None or opts.step_compute_ms is not None:
+        flag = "--model" if opts.model is not None else "--step-compute-ms"
+        raise ConfigError(f"{flag}: --from-scale measures the step; give --profile, --params or neither")
+    if opts.profile and opts.params is not None:
+        raise ConfigError("--params: give --profile or --params with --from-scale, not both")
+    if opts.profile:
+        prof = profiles.ModelProfile.load(opts.profile)
+    elif opts.params is not None:
+        prof = profiles.explicit(
+            params=round(opts.params),
+            bytes_per_param=opts.bytes_per_param,
+            step_compute_ms=run.step_ms[1],
+            backward_fraction=opts.backward_fraction,
+            per_worker_batch=opts.per_worker_batch or DEFAULT_BATCH,
+        )
+    else:
+        prof = report_profile(run)
+    return calibrated_compute(prof, run)
+
+
+def _profile(opts: PredictOptions, run: ScaleRun | None = None):
+    if run is not None:
+        return _from_scale_profile(opts, run)
     explicit = opts.params is not None or opts.step_compute_ms is not None
     given = [
         f for f, on in (("--profile", opts.profile), ("--model", opts.model), ("--params", explicit)) if on
@@ -178,13 +218,22 @@ def _cluster(opts: PredictOptions) -> Cluster:
     cluster = preset_cluster(opts.preset)
     if opts.workers_per_node is not None:
         cluster = replace(cluster, workers_per_node=opts.workers_per_node)
-    if opts.calibrate:
+    # in-switch reduction off first: a calibration then fits the links to the algorithms left
+    cluster = replace(
+        cluster, nvls=cluster.nvls and not opts.no_nvls, sharp=cluster.sharp and not opts.no_sharp
+    )
+    if opts.calibrate_from:
+        if opts.calibrate:
+            raise ConfigError("--calibrate-from: give --calibrate or --calibrate-from, not both")
+        files = [f for f in opts.calibrate_from.split(",") if f]
+        cluster = calibrated_from(cluster, read_measurements(files, transport=opts.transport))
+    elif opts.calibrate:
         results = load_allreduce_report(opts.calibrate)
         have = list(dict.fromkeys(p["transport"] for p in results["points"]))
         transport = opts.transport or ("shm" if "shm" in have else have[0])
         cluster = calibrated(cluster, results, transport)
     elif opts.transport:
-        raise ConfigError("--transport: only meaningful with --calibrate")
+        raise ConfigError("--transport: only meaningful with --calibrate or --calibrate-from")
     intra, inter = cluster.intra, cluster.inter
     if any(v is not None for v in (opts.intra_bw_GBps, opts.intra_lat_us, opts.intra_efficiency)):
         intra = replace(
@@ -294,6 +343,8 @@ def _run_goodput(
 def run_predict_from_args(args: argparse.Namespace) -> int:
     require_plots("predict")
     opts = PredictOptions(**dataclass_kwargs(args, PredictOptions))
+    # a measured run is read (and refused if it does not read) before anything else is done
+    run = read_scale_report(opts.from_scale, opts.engine) if opts.from_scale else None
     cluster = _cluster(opts)
     if opts.goodput:
         _goodput_inputs(opts)  # bad goodput input fails before a profile is measured
@@ -314,7 +365,9 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
     for n in config.world_sizes:
         cluster.layout(n)  # bad world sizes fail before a profile is measured
     check_writable_dir("--report-dir", args.report_dir)  # and where the report goes
-    prof = _profile(opts)
+    prof = _profile(opts, run)
+    if run is not None:
+        cluster = calibrated_fabric(prof, cluster, config, run)
     if warning := cpu_profile_on_gpus(prof, cluster):
         print(warning, file=sys.stderr)
     if opts.goodput:

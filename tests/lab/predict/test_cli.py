@@ -6,6 +6,7 @@ import io
 import json
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,55 @@ def test_a_cpu_profile_on_a_gpu_preset_warns(tmp_path, monkeypatch, capsys):
     assert "measured on a CPU" in capsys.readouterr().err
     _run("predict", [*argv, "--preset", "cpu-shm", "--workers-per-node", "8"], monkeypatch)
     assert "measured on a CPU" not in capsys.readouterr().err
+
+
+def test_a_malformed_calibration_file_is_one_line_naming_it_before_any_work(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("# nThread 1 nGpus 8\n  1024  256  float  sum  -1  12.0\n")
+    argv = [
+        *EXPLICIT,
+        "--preset",
+        "dgx-h100",
+        "--calibrate-from",
+        str(bad),
+        "--report-dir",
+        str(tmp_path / "r"),
+    ]
+    with pytest.raises(ValueError, match=f"--calibrate-from: {bad} line 2: ") as e:
+        _run("predict", argv, monkeypatch)
+    assert "\n" not in str(e.value) and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_from_nccl_tests_and_no_nvls(tmp_path, monkeypatch):
+    table = Path(__file__).resolve().parent / "data" / "nccl_tests" / "h100-16gpu-2node.txt"
+    argv = [*EXPLICIT, "--preset", "dgx-h100", "--world-sizes", "8,16,64", "--json"]
+    rc, out = _run(
+        "predict", [*argv, "--calibrate-from", str(table), "--report-dir", str(tmp_path)], monkeypatch
+    )
+    assert rc == 0 and "calibrated from measured all-reduce times" in out
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert [r["world_size"] for r in rows] == [8, 16, 64]
+    rc, out = _run("predict", [*argv, "--no-nvls", "--report-dir", str(tmp_path)], monkeypatch)
+    assert rc == 0 and "NVLink SHARP" not in out.split("cluster ", 1)[1].splitlines()[0]
+
+
+@pytest.mark.slow
+def test_from_scale_predicts_larger_n_from_a_measured_run(tmp_path, monkeypatch):
+    prof = ModelProfile.from_dict(
+        {"model": "job", "source": "measured", "per_worker_batch": 32, "forward_ms": 30.0,
+         "backward_ms": 60.0, "optimizer_ms": 10.0, "param_count": 5_000_000, "param_bytes": 20_000_000}
+    )  # fmt: skip
+    points = [{"engine": "dpscale", "world_size": n, "step_ms": ms} for n, ms in ((1, 100.0), (2, 130.0))]
+    report = tmp_path / "scale.json"
+    report.write_text(json.dumps({"results": {"config": {}, "points": points, "profile": prof.to_dict()}}))
+    argv = ["--from-scale", str(report), "--preset", "cpu-shm", "--world-sizes", "1,2,4,8", "--json"]
+    rc, out = _run("predict", [*argv, "--report-dir", str(tmp_path / "r")], monkeypatch)
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert (
+        rc == 0
+        and "fitted to the measured steps" in (next((tmp_path / "r").iterdir()) / "report.md").read_text()
+    )
+    assert [r["world_size"] for r in rows] == [1, 2, 4, 8]
+    with pytest.raises(ValueError, match="--model: --from-scale measures the step"):
+        _run("predict", [*argv, "--model", "mlp", "--report-dir", str(tmp_path / "r2")], monkeypatch)

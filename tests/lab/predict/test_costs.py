@@ -9,8 +9,17 @@ from dataclasses import replace
 
 import pytest
 
-from dpscale.lab.predict.cluster import INTER, INTRA, Cluster, Link, MeasuredAllReduce
+from dpscale.lab.predict.cluster import (
+    INTER,
+    INTRA,
+    NVLS_EFFICIENCY,
+    Cluster,
+    Link,
+    MeasuredAllReduce,
+    preset_cluster,
+)
 from dpscale.lab.predict.costs import ALGORITHMS, TREE_BANDWIDTH_FACTOR, all_reduce_cost
+from dpscale.lab.predict.nccl_tests import busbw_GBps
 
 A_I, B_I = 2e-6, 100e9  # intra: 2 us per step, 100 GB/s
 A_E, B_E = 10e-6, 10e9  # inter: 10 us per step, 10 GB/s
@@ -117,7 +126,9 @@ def test_auto_picks_the_fastest_per_size():
     for n in (8, 1e3, 1e6, 1e9):
         for p in (2, 8, 64, 1024):
             auto = all_reduce_cost(n, p, cluster(), "auto")
-            assert auto.seconds == pytest.approx(min(cost(a, p, n=n) for a in ALGORITHMS))
+            # nvls runs only where the switch reduces (this cluster's does not)
+            plain = [a for a in ALGORITHMS if a != "nvls"]
+            assert auto.seconds == pytest.approx(min(cost(a, p, n=n) for a in plain))
             assert auto.algorithm in ALGORITHMS
     # small messages at scale: latency decides, a logarithmic algorithm wins; large ones: bandwidth
     assert all_reduce_cost(8, 1024, cluster(), "auto").algorithm in ("tree", "halving-doubling")
@@ -152,3 +163,47 @@ def test_measured_times_replace_the_link_model_and_interpolate_log_log():
         "measured gloo all-reduce latency",
         "measured gloo all-reduce bandwidth",
     }
+
+
+def test_nvls_moves_n_per_port_at_its_achieved_fraction_in_two_steps():
+    c = cluster(nvls=True)
+    bw = N_BYTES / (B_I * NVLS_EFFICIENCY)
+    assert cost("nvls", 8, c) == pytest.approx(2 * A_I + bw + OVH)
+    # at nominal rates (--no-achieved-bandwidth) the switch moves n at the line rate
+    assert cost("nvls", 8, replace(c, achieved_bandwidth=False)) == pytest.approx(
+        2 * A_I + N_BYTES / B_I + OVH
+    )
+
+
+def test_nvls_across_nodes_is_pipelined_with_the_ring_of_nodes_the_slower_phase_counts():
+    c = cluster(nvls=True)
+    p, nodes = 32, 4
+    between = 2 * (nodes - 1) / nodes * N_BYTES / B_E  # slower than the switch's n / (B_I x 0.61)
+    assert cost("nvls", p, c) == pytest.approx(2 * A_I + 2 * (nodes - 1) * A_E + between + OVH)
+
+
+def test_sharp_moves_n_once_per_node_port_in_two_steps():
+    p, nodes, g = 32, 4, 8
+    plain, sharp = cost("hierarchical", p), cost("hierarchical", p, cluster(sharp=True))
+    inside = 2 * (g - 1) * A_I + 2 * (g - 1) / g * N_BYTES / B_I
+    assert sharp == pytest.approx(inside + 2 * A_E + N_BYTES / B_E + OVH)
+    assert plain == pytest.approx(
+        inside + 2 * (nodes - 1) * A_E + 2 * (nodes - 1) / nodes * N_BYTES / B_E + OVH
+    )
+
+
+def test_nvls_is_refused_where_the_switch_does_not_reduce():
+    with pytest.raises(ValueError, match="--algorithm nvls"):
+        cost("nvls", 8)
+
+
+def test_h100_and_h200_presets_reach_the_published_nvls_busbw_on_8_gpus():
+    # nccl-tests issue #212 (~480 GB/s on 8 x H100) and #272 (475 GB/s on 8 x H200); ring alone ~310
+    for name in ("dgx-h100", "dgx-h200"):
+        c = preset_cluster(name)
+        n = 8 << 30
+        auto = all_reduce_cost(n, 8, c)
+        assert auto.algorithm == "nvls"
+        assert busbw_GBps(n, auto.seconds * 1e6, 8) == pytest.approx(478, abs=10)
+        ring = all_reduce_cost(n, 8, replace(c, nvls=False))
+        assert busbw_GBps(n, ring.seconds * 1e6, 8) == pytest.approx(310, abs=5)

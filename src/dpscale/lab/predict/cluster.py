@@ -62,6 +62,8 @@ class LinkPreset:
     source: str
     efficiency: float = 1.0  # achieved / nominal at large messages (see `source` and _EFFICIENCY)
     gpu: bool = True  # a GPU interconnect (a CPU profile on it draws a warning)
+    # the GPUs' NVSwitch reduces in the switch (NVLink SHARP, "NVLS" in NCCL): see _NVLS below
+    nvls: bool = False
 
 
 # NCCL's tuning model (src/graph/tuning.cc, Simple protocol, ring) charges 3.4 us per NVLink step,
@@ -77,6 +79,22 @@ _HERE = "measured on the dpscale development VM (2-core Xeon) with `dpscale benc
 # published cases (docs/performance-model.md, "Published results"), no first-hand source.
 _NVLINK_EFF, _IB_EFF, _PCIE_EFF, ETH_EFFICIENCY = 0.69, 0.91, 0.76, 0.95
 _EFF_SRC = "achieved fraction: see _EFFICIENCY in cluster.py"
+# _NVLS: NVLink SHARP. Third-generation NVSwitch (H100/H200 SXM, NVLink 4) and the NVLink 5 switch
+# (GB200 NVL) reduce in the switch (multimem loads and stores); NCCL 2.17+ uses it for all-reduce by
+# default on them (the NCCL_NVLS_ENABLE and NCCL_ALGO=NVLS entries of NCCL's environment-variable
+# documentation). Each GPU then sends and receives about n bytes instead of the ring's 2(g-1)/g n.
+# The achieved fraction: S. Jeaugey (NVIDIA), nccl-tests issue #212: on 8 x H100 NVLS reaches "a
+# peak busBw of ~480GB/s (algbw ~275GB/s)" of the 450 GB/s line rate, so algbw / rate = 275 / 450;
+# nccl-tests issue #272 measured 475 GB/s busbw on 8 x H200. No source gives it for NVLink 5.
+NVLS_EFFICIENCY = 275 / 450
+NVLS_SOURCE = (
+    "NVLink SHARP (in-switch reduction; NCCL's NVLS algorithm, NCCL environment-variable docs: "
+    "NCCL_NVLS_ENABLE), achieved algbw 275 of 450 GB/s on 8 x H100 (nccl-tests issue #212)"
+)
+# SHARP on InfiniBand: NVIDIA Quantum switches reduce in the network (NCCL's CollNet, with the
+# NCCL-SHARP plugin); a node sends its n bytes up once and receives the result once. Only presets
+# whose source says the fabric has it carry it (ClusterPreset.sharp); --no-sharp switches it off.
+SHARP_SOURCE = "SHARP in-network reduction on the InfiniBand fabric (NVIDIA Quantum switches; NCCL CollNet)"
 # Step-to-step variation of a GPU's compute (per worker) and of the delay a node's host and network
 # path add (per node, degrade.py) in the published systems: not published anywhere, fitted with
 # ETH_EFFICIENCY on the training half of the published cases (the interference and congestion fitted
@@ -85,8 +103,8 @@ GPU_COMPUTE_CV = 0.02
 GPU_NODE_CV = 0.005
 
 
-def _nv(bw: float, doc: str) -> LinkPreset:
-    return LinkPreset(bw, 3.4, "intra", 8.4, f"{doc}; {_NCCL}; {_EFF_SRC}", _NVLINK_EFF)
+def _nv(bw: float, doc: str, nvls: bool = False) -> LinkPreset:
+    return LinkPreset(bw, 3.4, "intra", 8.4, f"{doc}; {_NCCL}; {_EFF_SRC}", _NVLINK_EFF, nvls=nvls)
 
 
 def _eth(bw: float, std: str, rdma: bool = False) -> LinkPreset:
@@ -111,8 +129,9 @@ LINK_PRESETS: dict[str, LinkPreset] = {
     "nvlink1": _nv(80.0, "NVIDIA Tesla P100 white paper (4 NVLink 1 links x 20 GB/s per direction)"),
     "nvlink2": _nv(150.0, "NVIDIA Tesla V100 white paper (6 NVLink 2 links x 25 GB/s per direction)"),
     "nvlink3": _nv(300.0, "NVIDIA A100 Tensor Core GPU datasheet (NVLink 600 GB/s)"),
-    "nvlink4": _nv(450.0, "NVIDIA H100 / H200 Tensor Core GPU datasheets (NVLink 900 GB/s)"),
-    "nvlink5": _nv(900.0, "NVIDIA Blackwell (B200) datasheet (NVLink 1.8 TB/s)"),
+    # NVLink 4 and 5 as the SXM boards wire them, through NVSwitch (with NVLS, _NVLS above)
+    "nvlink4": _nv(450.0, "NVIDIA H100 / H200 Tensor Core GPU datasheets (NVLink 900 GB/s)", nvls=True),
+    "nvlink5": _nv(900.0, "NVIDIA Blackwell (B200) datasheet (NVLink 1.8 TB/s)", nvls=True),
     "eth-10g": _eth(1.25, "IEEE 802.3ae (10 Gb/s)"),
     "eth-25g": _eth(3.125, "IEEE 802.3by (25 Gb/s)"),
     "eth-50g": _eth(6.25, "IEEE 802.3cd (50 Gb/s)"),
@@ -137,6 +156,7 @@ class ClusterPreset:
     inter: str
     workers_per_node: int
     source: str
+    sharp: bool = False  # the source says the inter-node fabric reduces in the network (SHARP)
 
 
 CLUSTER_PRESETS: dict[str, ClusterPreset] = {
@@ -149,6 +169,22 @@ CLUSTER_PRESETS: dict[str, ClusterPreset] = {
     ),
     "hgx-h100-roce400": ClusterPreset(
         "nvlink4", "8xroce-400g", 8, "NVIDIA HGX H100 with 8 x 400GbE RoCE NICs"
+    ),
+    "dgx-h100-superpod": ClusterPreset(
+        "nvlink4",
+        "8xib-ndr400",
+        8,
+        "NVIDIA DGX SuperPOD reference architecture with DGX H100: compute fabric of NDR 400 Gb/s "
+        "Quantum-2 InfiniBand switches with SHARP in-network computing",
+        sharp=True,
+    ),
+    # one NVLink domain of 72 GPUs is one "node" here (the model's intra-node level)
+    "gb200-nvl72": ClusterPreset(
+        "nvlink5",
+        "72xib-ndr400",
+        72,
+        "NVIDIA GB200 NVL72 (72 Blackwell GPUs in one NVLink 5 domain); one 400 Gb/s NIC per GPU "
+        "between domains assumed",
     ),
     "cpu-shm": ClusterPreset("cpu-shm", "cpu-loopback-gloo", 2, "this machine: shm within, gloo between"),
     "cpu-loopback-gloo": ClusterPreset("cpu-loopback-gloo", "cpu-loopback-gloo", 2, "this machine: gloo"),
@@ -190,6 +226,17 @@ class MeasuredAllReduce:
         return min(self.alpha_us if self.alpha_us is not None else self.times_us[0], self.times_us[0])
 
 
+def size_factor(points: tuple[tuple[int, float], ...], nbytes: float) -> float:
+    """The factor at `nbytes`, log-log interpolated between sizes; the end ones beyond them."""
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (x0, f0), (x1, f1) in zip(points, points[1:], strict=False):
+        if nbytes <= x1:
+            t = math.log(nbytes / x0) / math.log(x1 / x0)
+            return math.exp(math.log(f0) + t * math.log(f1 / f0))
+    return points[-1][1]
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one world size sits on the cluster."""
@@ -224,6 +271,14 @@ class Cluster:
     # samples/s its hosts' input pipeline delivers per node (degrade.py); None: unlimited (no preset
     # carries one: no source at hand publishes a host's decode rate)
     input_samples_per_s: float | None = None
+    # level (INTRA, INTER) -> ((message bytes, measured / modelled time), ...) at the world size a
+    # measured all-reduce calibrated that level's link (fabric_fit.py): how far the achieved rate
+    # falls short of the fitted link at each size; other world sizes take the same factor by size
+    size_factors: Mapping[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    # the intra-node switch reduces in the switch (NVLS, _NVLS above): costs.py offers the nvls algorithm
+    nvls: bool = False
+    # the inter-node fabric reduces in the network (SHARP): the inter-node phase moves n once per node
+    sharp: bool = False
 
     def __post_init__(self) -> None:
         if self.workers_per_node < 1:
@@ -252,6 +307,7 @@ class Cluster:
                 else ""
             )
 
+        reduce_in = [w for w, on in (("NVLink SHARP", self.nvls), ("InfiniBand SHARP", self.sharp)) if on]
         text = (
             f"{self.name}: {self.workers_per_node} workers/node; "
             f"intra-node {self.intra.bandwidth_GBps:g} GB/s{achieved(self.intra)}, "
@@ -259,6 +315,8 @@ class Cluster:
             f"{achieved(self.inter)}, "
             f"{self.inter.latency_us:g} us/step; {self.per_message_overhead_us:g} us per call"
         )
+        if reduce_in:
+            text += f"; in-switch reduction: {', '.join(reduce_in)}"
         if self.measured:
             sizes = ", ".join(str(n) for n in sorted(self.measured))
             text += f"; measured all-reduce times at world sizes {sizes}"
@@ -286,7 +344,9 @@ def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
     if spec in CLUSTER_PRESETS:
         c = CLUSTER_PRESETS[spec]
         intra_spec, inter_spec, per_node, extra = c.intra, c.inter, c.workers_per_node, c.source
+        sharp = c.sharp
     elif "+" in spec:
+        sharp = False
         intra_spec, _, inter_spec = spec.partition("+")
         per_node, extra = _DEFAULT_WORKERS_PER_NODE.get(intra_spec, 4), ""
     else:
@@ -296,10 +356,12 @@ def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
                 f"({', '.join(LINK_PRESETS)}) or INTRA+INTER, e.g. pcie4-x16+4xeth-100g"
             )
         intra_spec = inter_spec = spec
-        per_node, extra = 1, ""
+        per_node, extra, sharp = 1, "", False
     intra, intra_p = _link(intra_spec, INTRA, flag)
     inter, inter_p = _link(inter_spec, INTER, flag)
+    nvls = intra_p.nvls
     sources = [s for s in (extra, intra_p.source, inter_p.source) if s]
+    sources += [s for s, on in ((NVLS_SOURCE, nvls), (SHARP_SOURCE, sharp)) if on]
     return Cluster(
         workers_per_node=per_node,
         intra=intra,
@@ -310,6 +372,8 @@ def preset_cluster(spec: str, *, flag: str = "--preset") -> Cluster:
         gpu=intra_p.gpu or inter_p.gpu,
         compute_cv=GPU_COMPUTE_CV if intra_p.gpu else 0.0,
         node_cv=GPU_NODE_CV if intra_p.gpu else 0.0,
+        nvls=nvls,
+        sharp=sharp,
     )
 
 

@@ -14,6 +14,11 @@ node (ranks 0..g-1 on node 0, ...), each node has one network port of the inter-
                        steps, 2(p-1)/p * n in all; + 2 steps of n when p is not a power of two
     hierarchical       reduce-scatter within nodes, all-reduce of n/g between nodes (g streams
                        sharing the node's port), all-gather within nodes
+    nvls               (NVSwitch clusters with NVLink SHARP) the switch reduces and broadcasts: about
+                       n through every GPU port, 2 steps; between nodes as hierarchical, pipelined
+                       with the switch's part (the slower phase sets the bandwidth)
+With SHARP on the inter-node fabric (Cluster.sharp) the between-nodes phase of hierarchical and nvls
+is an in-network reduction: n through each node's port, 2 steps.
 
 The formulas and their sources (Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009; Sanders,
 Speck & Traeff 2009; NCCL's tuning model) are in docs/performance-model.md.
@@ -23,12 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpscale.errors import ConfigError
-from dpscale.lab.predict.cluster import INTER, INTRA, Cluster, Layout, Link
+from dpscale.lab.predict.cluster import INTER, INTRA, NVLS_EFFICIENCY, Cluster, Layout, Link, size_factor
 
-ALGORITHMS = ("ring", "tree", "halving-doubling", "hierarchical")
+ALGORITHMS = ("ring", "tree", "halving-doubling", "hierarchical", "nvls")
 ALGORITHM_CHOICES = (*ALGORITHMS, "auto")  # auto: the fastest per message size, as NCCL's tuner picks
 
 
@@ -166,10 +171,28 @@ def halving_doubling(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
     return _cost("halving-doubling", nbytes, c, terms)
 
 
+def _between_nodes(nbytes: float, lay: Layout, c: Cluster) -> list[Term]:
+    """The inter-node phase of a two-level all-reduce: a ring of the nodes' ports (each node sends
+    2(N-1)/N * n, its g workers' streams together), or with SHARP one reduction in the network
+    (each node sends n up and receives n down, over 2 steps)."""
+    nodes = lay.nodes
+    if nodes == 1:
+        return []
+    if c.sharp:
+        return [
+            _latency(c.inter, 2, "latency of the in-network (SHARP) reduction"),
+            *_bandwidth(c.inter, nbytes, c),
+        ]
+    return [
+        _latency(c.inter, 2 * (nodes - 1), "latency of 2(nodes-1) inter-node ring steps"),
+        *_bandwidth(c.inter, 2 * (nodes - 1) / nodes * nbytes, c),
+    ]
+
+
 def hierarchical(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
     # dpscale's hierarchical transport and NCCL-style 2D all-reduce: the inter-node phase moves n/g
     # per worker, but the g workers of a node share its port, so the node still sends 2(N-1)/N * n.
-    g, nodes = lay.per_node, lay.nodes
+    g = lay.per_node
     return _cost(
         "hierarchical",
         nbytes,
@@ -177,9 +200,28 @@ def hierarchical(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
         [
             _latency(c.intra, 2 * (g - 1), "latency of 2(g-1) intra-node steps"),
             *_bandwidth(c.intra, 2 * (g - 1) / g * nbytes, c),
-            _latency(c.inter, 2 * (nodes - 1), "latency of 2(nodes-1) inter-node ring steps"),
-            *_bandwidth(c.inter, 2 * (nodes - 1) / nodes * nbytes, c),
+            *_between_nodes(nbytes, lay, c),
         ],
+    )
+
+
+def nvls(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
+    # NVLink SHARP: each GPU writes its n bytes into the switch, which reduces them, and reads the
+    # result back (multimem stores and loads): about n through every GPU port each way instead of
+    # the ring's 2(g-1)/g n, at NVLS_EFFICIENCY of the line rate (cluster.py, _NVLS); 2 steps (reduce,
+    # broadcast) of the link's latency, assumed. Between nodes as hierarchical (a ring of the nodes,
+    # or SHARP), but pipelined with the switch's part in chunks, as NCCL's NVLS kernels run them: the
+    # slower of the two phases sets the bandwidth term, and both latencies add.
+    inside = _bandwidth(c.intra, nbytes, c, NVLS_EFFICIENCY / c.intra.efficiency)
+    between = _between_nodes(nbytes, lay, c)
+    latencies = [t for t in between if t.kind == "latency"]
+    streams = [t for t in between if t.kind == "bandwidth"]
+    slower = inside if sum(t.seconds for t in inside) >= sum(t.seconds for t in streams) else streams
+    return _cost(
+        "nvls",
+        nbytes,
+        c,
+        [_latency(c.intra, 2, "latency of the in-switch (NVLS) reduction"), *latencies, *slower],
     )
 
 
@@ -188,7 +230,13 @@ COST_FUNCTIONS: dict[str, Callable[[float, Layout, Cluster], AllReduceCost]] = {
     "tree": tree,
     "halving-doubling": halving_doubling,
     "hierarchical": hierarchical,
+    "nvls": nvls,
 }
+
+
+def available(name: str, lay: Layout, c: Cluster) -> bool:
+    """Whether the algorithm runs here: nvls only on a cluster whose switch reduces, >= 2 per node."""
+    return name != "nvls" or (c.nvls and lay.per_node > 1)
 
 
 def measured(nbytes: float, lay: Layout, c: Cluster) -> AllReduceCost:
@@ -220,7 +268,34 @@ def all_reduce_cost(
         return measured(nbytes, lay, cluster)
     if world_size == 1:
         return AllReduceCost("none", nbytes)
+    return _by_size(_modelled(nbytes, lay, cluster, algorithm), lay, cluster)
+
+
+def _by_size(cost: AllReduceCost, lay: Layout, c: Cluster) -> AllReduceCost:
+    """The cost with the measured shortfall at its size (Cluster.size_factors) of the level it
+    crosses: what a calibration measured beyond the fitted link, carried to this world size."""
+    level = INTER if lay.nodes > 1 else INTRA
+    points = c.size_factors.get(level)
+    if not points:
+        return cost
+    factor = size_factor(points, cost.nbytes)
+    if factor < 1:  # measured faster than the fitted link at this size: every term shrinks alike
+        return replace(cost, terms=tuple(replace(t, seconds=t.seconds * factor) for t in cost.terms))
+    extra = Term("bandwidth", level, cost.seconds * (factor - 1), f"{level} measured shortfall at this size")
+    return replace(cost, terms=(*cost.terms, extra)) if extra.seconds > 0 else cost
+
+
+def _modelled(nbytes: float, lay: Layout, cluster: Cluster, algorithm: str) -> AllReduceCost:
+    world_size = lay.world_size
     if algorithm == "auto":
         # ties go to the first in ALGORITHMS order (ring), the simplest
-        return min((f(nbytes, lay, cluster) for f in COST_FUNCTIONS.values()), key=lambda cost: cost.seconds)
+        return min(
+            (f(nbytes, lay, cluster) for name, f in COST_FUNCTIONS.items() if available(name, lay, cluster)),
+            key=lambda cost: cost.seconds,
+        )
+    if not available(algorithm, lay, cluster):
+        raise ConfigError(
+            f"--algorithm nvls: {cluster.name} has no in-switch reduction at {world_size} workers "
+            "(NVSwitch with NVLink SHARP, 2 or more per node); choose another algorithm"
+        )
     return COST_FUNCTIONS[algorithm](nbytes, lay, cluster)

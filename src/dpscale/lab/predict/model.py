@@ -44,6 +44,7 @@ from dpscale.errors import ConfigError
 from dpscale.lab.predict.cluster import Cluster
 from dpscale.lab.predict.costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
 from dpscale.lab.predict.degrade import INPUT_PIPELINE, INTERFERENCE, STRAGGLERS, ScaleTerms
+from dpscale.lab.predict.error_band import error_band
 from dpscale.lab.predict.profile import MB, ModelProfile
 from dpscale.lab.predict.sync import SyncCost
 from dpscale.lab.predict.timeline import BucketSpan, ReadyBucket, simulate
@@ -68,8 +69,12 @@ JSON_KEYS = (
     "exposed_comm_ms",
     "samples_per_s",
     "efficiency",
+    "efficiency_low",
+    "efficiency_high",
     "bottleneck",
 )
+# derived from efficiency (error_band.py), not stored: a report re-reads the others
+BAND_KEYS = ("efficiency_low", "efficiency_high")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +151,15 @@ class Prediction:
     # what each term adds to the step beyond ideal compute (exposed comm split by term, stragglers, ...)
     losses_ms: dict[str, float] = field(default_factory=dict)
     spans: tuple[BucketSpan, ...] = ()
+
+    @property
+    def efficiency_low(self) -> float:
+        """The low end of the band the method's held-out error gives this efficiency (error_band.py)."""
+        return error_band().around(self.efficiency, self.world_size)[0]
+
+    @property
+    def efficiency_high(self) -> float:
+        return error_band().around(self.efficiency, self.world_size)[1]
 
     def to_dict(self) -> dict:
         """The documented JSON object (JSON_KEYS)."""

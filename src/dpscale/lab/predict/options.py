@@ -37,6 +37,8 @@ class PredictOptions:
     """a `dpscale profile` JSON file"""
     model: str | None = field(default=None, metadata=_in(MODEL))
     """a built-in workload or module:callable (a Task), profiled now on one worker"""
+    from_scale: str | None = field(default=None, metadata=_in(MODEL))
+    """a `dpscale scale` (or bench scaling) report of your job: compute and the local link from it"""
     params: float | None = field(default=None, metadata=_in(MODEL))
     """explicit: parameter count (e.g. 25.6e6)"""
     bytes_per_param: float = field(default=4.0, metadata=_in(MODEL))
@@ -74,6 +76,12 @@ class PredictOptions:
     """a `dpscale bench allreduce` report directory"""
     transport: str | None = field(default=None, metadata=_in(CLUSTER))
     """which transport of --calibrate (default shm, else first)"""
+    no_nvls: bool = field(default=False, metadata=_in(CLUSTER))
+    """no in-switch reduction on NVSwitch (NVLink SHARP), as NCCL_NVLS_ENABLE=0"""
+    no_sharp: bool = field(default=False, metadata=_in(CLUSTER))
+    """no in-network reduction on the InfiniBand fabric (SHARP), where the preset has it"""
+    calibrate_from: str | None = field(default=None, metadata=_in(CLUSTER))
+    """comma-separated all_reduce_perf outputs (nccl-tests) or bench allreduce reports, one per node count"""
     world_sizes: str | None = None
     """comma-separated (default 1,2,4,... up to 1024)"""
     bucket_mb: float = 25.0

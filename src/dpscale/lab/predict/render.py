@@ -19,7 +19,8 @@ from dpscale.lab.bench.bench import Figures
 from dpscale.lab.bench.report import CellFormat, Image, ReportDir, Section, Table, new_figure, text_table
 from dpscale.lab.predict.cluster import Cluster, Link, MeasuredAllReduce
 from dpscale.lab.predict.degrade import ScaleTerms
-from dpscale.lab.predict.model import JSON_KEYS, PredictConfig, Prediction
+from dpscale.lab.predict.error_band import error_band
+from dpscale.lab.predict.model import BAND_KEYS, JSON_KEYS, PredictConfig, Prediction
 from dpscale.lab.predict.profile import ModelProfile
 from dpscale.lab.predict.timeline import BucketSpan
 
@@ -41,7 +42,7 @@ _COLUMNS: dict[str, tuple[str, CellFormat]] = {  # key: (header, format)
     "comm_ms": ("comm ms", ".2f"),
     "exposed_comm_ms": ("exposed ms", ".2f"),
     "samples_per_s": ("samples/s", _rate),
-    "efficiency": ("efficiency", ".1%"),
+    "efficiency": ("efficiency (band)", ""),  # _table_row: "87.1% (77-89)"
     "algorithms": ("algorithm", ""),
     "bottleneck": ("bottleneck", ""),
 }
@@ -68,9 +69,20 @@ def profile_summary(profile: ModelProfile) -> str:
     )
 
 
+def efficiency_text(p: Prediction) -> str:
+    """The efficiency with its error band (error_band.py): "87.1% (77-89)"; one worker: "100.0%"."""
+    if p.world_size == 1:
+        return f"{p.efficiency:.1%}"
+    return f"{p.efficiency:.1%} ({100 * p.efficiency_low:.0f}-{100 * p.efficiency_high:.0f})"
+
+
+def _table_row(p: Prediction) -> dict:
+    return {**p.to_dict(), "algorithms": p.algorithms, "efficiency": efficiency_text(p)}
+
+
 def format_table(predictions: Sequence[Prediction]) -> str:
     """The predictions as a fixed-width terminal table (the report's table, same cells)."""
-    rows = [{**p.to_dict(), "algorithms": p.algorithms} for p in predictions]
+    rows = [_table_row(p) for p in predictions]
     formats = {c: f for c, (_, f) in _COLUMNS.items() if f}
     return text_table(rows, list(_COLUMNS), formats, {c: h for c, (h, _) in _COLUMNS.items()})
 
@@ -91,7 +103,15 @@ def plot(predictions: Sequence[Prediction], title: str) -> Figure:
     fig = new_figure(11.0, 4.5)
     eff_ax, thr_ax = fig.subplots(1, 2)
     ns = [p.world_size for p in predictions]
-    eff_ax.plot(ns, [100 * p.efficiency for p in predictions], marker="o", lw=2, label="predicted")
+    line = eff_ax.plot(ns, [100 * p.efficiency for p in predictions], marker="o", lw=2, label="predicted")
+    band = error_band()
+    eff_ax.fill_between(
+        ns,
+        [100 * p.efficiency_low for p in predictions],
+        [100 * p.efficiency_high for p in predictions],
+        color=line[0].get_color(), alpha=0.2, lw=0,
+        label=f"{band.coverage:.0%} band (held-out error)",
+    )  # fmt: skip
     eff_ax.axhline(100, color="gray", ls="--", lw=1, label="linear scaling")
     eff_ax.set(ylabel="scaling efficiency (%)", title="Efficiency vs workers")
     eff_ax.set_ylim(0, max(110, *(105 * p.efficiency for p in predictions)))
@@ -156,7 +176,7 @@ def results_from_doc(doc: dict) -> tuple[list[Prediction], ModelProfile, Cluster
     config = PredictConfig(**{**doc["config"], "terms": ScaleTerms(**doc["config"]["terms"])})
     predictions = [
         Prediction(
-            **{k: p[k] for k in JSON_KEYS},
+            **{k: p[k] for k in JSON_KEYS if k not in BAND_KEYS},
             algorithms=p["algorithms"],
             terms_ms=p["terms_ms"],
             losses_ms=p["losses_ms"],
@@ -195,11 +215,12 @@ def write_report(
         "Step = compute + communication left exposed after backward (or, when longer, the time the node's "
         "host takes to prepare its workers' samples); each bucket's all-reduce starts when "
         "the bucket is ready and the previous one is done. Efficiency = throughput / (N x one-worker "
-        "throughput with no communication). Formulas and sources: docs/performance-model.md."
+        "throughput with no communication). Formulas and sources: docs/performance-model.md. "
+        f"In brackets, the error band: {error_band().describe()} (docs/predict.md)."
     )
     fmt = {c: f for c, (_, f) in _COLUMNS.items() if f}
     heads = {c: h for c, (h, _) in _COLUMNS.items()}
-    rows = [{**p.to_dict(), "algorithms": p.algorithms} for p in predictions]
+    rows = [_table_row(p) for p in predictions]
     report.write_markdown(
         "Scaling prediction",
         [
