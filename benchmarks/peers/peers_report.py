@@ -47,6 +47,9 @@ def _table(doc: dict, world: int) -> list[str]:
     head = ["size"] + [f"{p} time (p10-p90) / busbw" for p in peers]
     if "dpscale" in peers and others:
         head.append("dpscale / best peer busbw")
+    bound = memory_bound_GBps(doc, world)
+    if "dpscale" in peers and bound:
+        head.append("dpscale / memory bound")
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
     for s in sizes:
         row = [_size_text(s)]
@@ -68,6 +71,9 @@ def _table(doc: dict, world: int) -> list[str]:
                 if best is None or mine is None
                 else f"{mine['busbw_GBps'] / best['busbw_GBps']:.2f}x ({best['peer']})"
             )
+        if "dpscale" in peers and bound:
+            mine = by.get(("dpscale", s))
+            row.append("-" if mine is None else f"{mine['busbw_GBps'] / bound:.0%}")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -112,6 +118,7 @@ def plot(doc: dict, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     worlds = sorted({p["world_size"] for p in doc["points"]})
     if not worlds:
@@ -127,8 +134,11 @@ def plot(doc: dict, path: Path) -> None:
             ax.plot(xs, ys, marker="o", markersize=3, label=peer, **style)
         bound = memory_bound_GBps(doc, world)
         if bound is not None:
-            ax.axhline(bound, color="black", linestyle="--", label=f"memory bound {bound:.1f} GB/s")
+            label = f"memory bound {bound:.1f} GB/s (once buffers exceed the LLC)"
+            ax.axhline(bound, color="black", linestyle="--", label=label)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([4 * 16**k for k in range(8)]))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: _size_text(int(x))))
         ax.set_yscale("log")
         ax.set_xlabel("bytes per rank (float32, in place)")
         ax.set_ylabel("busbw, GB/s")
