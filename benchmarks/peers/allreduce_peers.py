@@ -68,6 +68,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_env(rank: int) -> dict[str, str]:
+    # LOCAL_RANK too: without it deepspeed.init_distributed goes looking for MPI to find the ranks
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+
+
 class PeerSet:
     """One peer's ranks: processes, their named pipes, and the exchange of one JSON line each."""
 
@@ -80,7 +85,13 @@ class PeerSet:
             os.mkfifo(ctl / f"res.{r}")
         self.log = open(log, "w")  # noqa: SIM115 (closed in close())
         self.procs = [
-            subprocess.Popen(argv, env={**env, "RANK": str(i)}, stdout=self.log, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                argv,
+                env={**env, **_rank_env(i)},
+                stdin=subprocess.DEVNULL,
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+            )
             for i, argv in enumerate(argvs)
         ]
         self.cmd_fds: list[int] = []
@@ -219,8 +230,16 @@ def _measure_world(world: int, peers: list[str], args, work: Path) -> dict:
             order = names[r % len(names) :] + names[: r % len(names)] if names else []
             for peer in order:
                 cmd = {"sizes": args.sizes, "iters": iters, "warmup": WARMUP, "check": r == 0}
-                sets[peer].send(cmd)
-                per_rank = sets[peer].receive(time.monotonic() + ROUND_TIMEOUT_S)
+                try:
+                    sets[peer].send(cmd)
+                    per_rank = sets[peer].receive(time.monotonic() + ROUND_TIMEOUT_S)
+                except (OSError, RuntimeError, TimeoutError) as e:
+                    # one peer failing ends its series, not the run
+                    skipped[peer] = f"failed in round {r + 1}: {e}"
+                    sets.pop(peer).close()
+                    names.remove(peer)
+                    del times[peer]
+                    continue
                 errors.setdefault(peer, []).extend(e for d in per_rank for e in d["errors"])
                 for i in range(len(args.sizes)):
                     # a call's time is the slowest rank's
