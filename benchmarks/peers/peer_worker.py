@@ -153,7 +153,10 @@ class MpiPeer(Peer):
         self.buf = np.zeros(args.max_bytes // ELEMENT, dtype=np.float32)
         import mpi4py
 
-        self.info = {"mpi4py": mpi4py.__version__, "mpi": MPI.Get_library_version().splitlines()[0]}
+        self.info = {
+            "mpi4py": mpi4py.__version__,
+            "mpi": MPI.Get_library_version().splitlines()[0].strip("\x00 "),
+        }
 
     def views(self, numel):
         a = self.buf[:numel]

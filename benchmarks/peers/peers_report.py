@@ -73,7 +73,8 @@ def _table(doc: dict, world: int) -> list[str]:
             )
         if "dpscale" in peers and bound:
             mine = by.get(("dpscale", s))
-            row.append("-" if mine is None else f"{mine['busbw_GBps'] / bound:.0%}")
+            # the bound is about memory: below 1 MiB the buffers live in cache
+            row.append("-" if mine is None or s < 1 << 20 else f"{mine['busbw_GBps'] / bound:.0%}")
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
