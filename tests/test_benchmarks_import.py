@@ -5,7 +5,7 @@ import pytest
 
 from support.benchmark_module import BENCHMARKS, load_benchmark
 
-SCRIPTS = sorted(BENCHMARKS.glob("*.py")) + sorted((BENCHMARKS / "predict_lab").glob("*.py"))
+SCRIPTS = [p for folder in ("", "predict_lab", "peers") for p in sorted((BENCHMARKS / folder).glob("*.py"))]
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(BENCHMARKS)))

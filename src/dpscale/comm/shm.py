@@ -37,6 +37,11 @@ __all__ = ["WAIT_POLICIES", "PeerTimeoutError", "SharedMemoryTransport"]
 # ~3 us); larger ones with torch, which is as fast per byte and may use several threads.
 _NUMPY_MAX_BYTES = 1 << 16
 _NUMPY_DTYPES = (torch.float32, torch.float64)  # half types accumulate in fp32 in torch
+# Larger parts are summed and spread a chunk at a time when the rank runs torch on one thread (as
+# one rank a core does): the copies into the peers' buffers then read the sum from cache rather than
+# from memory again, 2 S bytes of traffic a rank instead of 2.5 S (benchmarks/peers/README.md, "The
+# memory bound"). With more threads torch's one-pass add spreads over them and stays.
+_CHUNK_BYTES = 1 << 18  # a chunk's sum and the peer slice it is written to fit in a 1 MiB L2 cache
 # Regions remembered at most; a job reduces a fixed set (its buckets), so this only bounds a
 # caller that reduces ever-new tensors through the staging buffer.
 _MAX_REGIONS = 4096
@@ -65,6 +70,12 @@ class _Region:
         nbytes = self.mine.numel() * self.mine.element_size()
         small = self.mine.dtype in _NUMPY_DTYPES and nbytes <= _NUMPY_MAX_BYTES
         self.np_parts = [p.numpy() for p in self.parts] if small else None
+        # the parts cut in chunks, chunk by chunk ([mine, other, ...] each), for the chunked path
+        self.np_chunks: list[list[np.ndarray]] | None = None
+        if not small and self.mine.dtype in _NUMPY_DTYPES and len(self.parts) > 1:
+            step = _CHUNK_BYTES // self.mine.element_size()
+            whole = [p.numpy() for p in self.parts]
+            self.np_chunks = [[a[i : i + step] for a in whole] for i in range(0, len(whole[0]), step)]
         # the last tensor reduced here and its completed Future, handed out again for the same tensor
         self.tensor: torch.Tensor | None = None
         self.future: torch.futures.Future | None = None
@@ -78,6 +89,15 @@ class _Region:
                 np.add(mine, p, out=mine)
             for p in others:
                 np.copyto(p, mine)
+            return
+        if self.np_chunks is not None and between_hosts is None and torch.get_num_threads() == 1:
+            # the same additions in the same order as _sum_into, element by element
+            for mine, *others in self.np_chunks:
+                np.add(mine, others[0], out=mine)
+                for p in others[1:]:
+                    np.add(mine, p, out=mine)
+                for p in others:
+                    np.copyto(p, mine)
             return
         _sum_into(self.mine, self.parts)
         if between_hosts is not None:
