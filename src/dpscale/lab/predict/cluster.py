@@ -174,8 +174,9 @@ CLUSTER_PRESETS: dict[str, ClusterPreset] = {
         "nvlink4",
         "8xib-ndr400",
         8,
-        "NVIDIA DGX SuperPOD reference architecture with DGX H100: compute fabric of NDR 400 Gb/s "
-        "Quantum-2 InfiniBand switches with SHARP in-network computing",
+        "NVIDIA DGX SuperPOD reference architecture with DGX H100 (RA-11333-001; docs.nvidia.com/"
+        "dgx-superpod/reference-architecture-scalable-infrastructure-h100): compute fabric of "
+        "NDR 400 Gb/s Quantum-2 InfiniBand switches with SHARP in-network computing",
         sharp=True,
     ),
     # one NVLink domain of 72 GPUs is one "node" here (the model's intra-node level)
