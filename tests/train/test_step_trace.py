@@ -59,3 +59,15 @@ def test_without_trace_the_loop_keeps_no_marks(world_of_one):
 def test_trace_steps_without_trace_is_refused():
     with pytest.raises(ConfigError, match="--trace-steps needs --trace"):
         TrainConfig.from_flat(workload="synthetic", trace_steps="1:3")
+
+
+def test_under_a_torch_profiler_the_loops_phases_show_as_ranges(world_of_one):
+    import torch
+
+    from dpscale.engine.profiler_ranges import DATA_WAIT, FORWARD, OPTIMIZER, bucket_range_name
+
+    trainer = Trainer(TrainConfig.from_flat(workload="synthetic", max_steps=3, progress="none"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.fit()
+    names = {e.name for e in prof.events()}
+    assert {DATA_WAIT, OPTIMIZER, FORWARD, bucket_range_name(0)} <= names

@@ -36,6 +36,7 @@ from dpscale.engine.factory import wrap
 from dpscale.engine.hooks import compression_hook
 from dpscale.engine.noise_scale import NoiseScaleObserver
 from dpscale.engine.observers import GradNormTensors
+from dpscale.engine.profiler_ranges import DATA_WAIT, OPTIMIZER, profiler_enabled, record_function
 from dpscale.errors import ConfigError
 from dpscale.log import get_logger
 from dpscale.train.adaptive.adascale import AdaScaleGain
@@ -374,7 +375,8 @@ class Trainer:
     def _train_until_done(self, metrics: MetricsWriter | None, progress: Progress) -> None:
         """Steps until the planned last one, a divergence or an agreed stop; `metrics` on rank 0 only."""
         while self.step < self.total_steps:
-            batch = self._next_batch()
+            with _profiled(DATA_WAIT):
+                batch = self._next_batch()
             for c in self.callbacks:
                 c.on_batch(self, batch)
             self.log.verify = self._steps_run < self.cfg.engine.check_collectives_steps
@@ -459,7 +461,8 @@ class Trainer:
             big = decision.read_along[0] if big_sq else None
             self.noise_scale.update(noise, decision.small_sq, reduced_sq=decision.grad_norm**2, big_sq=big)
         lr = self.optimizer.param_groups[0]["lr"]
-        self._update(decision.skipped, norm)
+        with _profiled(OPTIMIZER):
+            self._update(decision.skipped, norm)
         if self._trace is not None:
             self._trace.optimizer_done()
         state = self.state
@@ -497,7 +500,8 @@ class Trainer:
         the first micro-batch's squared gradient norm and sample count."""
         model, last = self.model, len(batch.micro_batches) - 1
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        loaded = self.batches.take(len(batch.micro_batches))
+        with _profiled(DATA_WAIT):
+            loaded = self.batches.take(len(batch.micro_batches))
         micro_sq, micro_count = None, 0  # the first micro-batch's gradient (one worker, accumulation)
         take_micro = self.noise_scale.wants_micro_norm(len(batch.micro_batches), self.step)
         for j, (indices, (x, y)) in enumerate(zip(batch.micro_batches, loaded, strict=True)):
@@ -708,3 +712,8 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _profiled(name: str) -> AbstractContextManager:
+    """A range `name` in the torch.profiler the caller runs, if one records (else nothing)."""
+    return record_function(name) if profiler_enabled() else nullcontext()
