@@ -221,7 +221,7 @@ class MetricsConfig:
     """Each rank writes a Chrome trace of its steps here (rank<r>.trace.json: phases and bucket
     reductions; open in Perfetto)."""
     trace_steps: str | None = field(default=None, metadata=flag_spec(name="--trace-steps", metavar="A:B"))
-    """The steps A to B-1 (from 1) the trace holds (default 10:20 with --trace)."""
+    """The steps A to B-1 (numbered as in metrics.jsonl) the trace holds (default 10:20 with --trace)."""
 
     def __post_init__(self) -> None:
         if self.progress not in PROGRESS:

@@ -4,7 +4,8 @@ The Trainer marks what `dpscale run` sees from outside a script (engine/telemetr
 micro-batch's forward, the backward, the optimizer step; the engine's stats give the exposed
 communication and each bucket's reduction. A step runs from its first forward to the next step's,
 so its data wait (the next batch, the loop's metrics and checkpoints) comes last, as for `run`.
-Only the window's steps are kept. At the end of the run the ranks exchange their traced steps'
+Only the window's steps are kept; steps are numbered as in metrics.jsonl (a resumed run goes on
+from its checkpoint's step). At the end of the run the ranks exchange their traced steps'
 times (one collective) so each file also shows the idle time behind the slowest rank, and every
 rank writes its own rank<r>.trace.json.
 """
@@ -21,7 +22,10 @@ import torch.distributed as dist
 from dpscale.engine.stats import StepStats
 from dpscale.engine.telemetry import StepTelemetry, bucket_spans
 from dpscale.engine.trace import TraceWindow, rank_trace, traced
+from dpscale.log import get_logger
 from dpscale.paths import write_no_follow
+
+logger = get_logger(__name__)
 
 
 class StepTrace:
@@ -64,6 +68,10 @@ class StepTrace:
         everyone: list = [None] * world
         dist.all_gather_object(everyone, mine, group=group)
         idle = {k: max(d.get(k, t) for d in everyone) - t for k, t in mine.items()}
+        if rank == 0 and not mine:
+            logger.warning(
+                "--trace: no step of %s ran to its end in this run, so the traces hold none", telemetry.trace
+            )
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"rank{rank}.trace.json"

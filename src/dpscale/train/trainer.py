@@ -348,6 +348,8 @@ class Trainer:
         )
         if lead and self.resumed_from is not None:
             progress.note(f"resumed from {self.last_checkpoint} at step {self.step}")
+        if self._trace is not None:  # traced steps are numbered as metrics.jsonl's, a resumed run's too
+            self._trace.telemetry.steps = self.state.step
         t_start, samples_start = time.perf_counter(), self.state.samples_seen
         try:
             with self._explained():

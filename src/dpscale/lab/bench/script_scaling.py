@@ -20,7 +20,7 @@ one host: the one that serves the rendezvous store; the other hosts skip it and 
 
 JSON (`ScaleResult.to_dict()`, report.json's "results"):
     {"config": {"script": str, "args": [str], "world_sizes": [int], "engines": [str], "steps": int,
-                "warmup": int, "threads_per_worker": int},
+                "warmup": int, "threads_per_worker": int, "trace": str | null, "trace_steps": str | null},
                 "nnodes": int | null, "rdzv_endpoint": str | null, "rdzv_id": str | null,
                 "local_addr": str | null, "rdzv_conf": str | null, "node_rank": int | null},
      "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
