@@ -157,7 +157,10 @@ def _write_traces(telemetry: Path, trace_dir: str, window: TraceWindow | None) -
     paths = write_traces(trace_dir, docs, window)
     if not any(r.get("start_s") is not None for d in docs for r in d["records"]):
         logger.warning(
-            "--trace: the run ended before step %s, so the traces in %s hold no step", window, trace_dir
+            "--trace: the run ended before step %s (or timed its steps on a GPU, which traces do not "
+            "place yet), so the traces in %s hold no step",
+            window,
+            trace_dir,
         )
     else:
         logger.info("traces: %s", ", ".join(str(p) for p in paths))
