@@ -36,7 +36,7 @@ import torch
 from dpscale import DistributedDataParallel
 from dpscale.engine.profiler_ranges import profiler_enabled
 from dpscale.engine.telemetry import TelemetryDDP
-from dpscale.engine.trace import TraceWindow
+from dpscale.engine.trace import MAX_STEPS, TraceWindow
 from dpscale.lab.bench.rounds import fixed_round_sizes, quantile, run_rounds
 from dpscale.lab.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
@@ -86,7 +86,7 @@ def _rank(rank: int, world: int, rounds: int, steps: int) -> dict:
         "phases": TelemetryDDP(copy.deepcopy(base)),
         "trace": TelemetryDDP(copy.deepcopy(base)),
     }
-    models["trace"].telemetry.trace = TraceWindow(1, 10**9 + 1)
+    models["trace"].telemetry.trace = TraceWindow(1, MAX_STEPS + 1)  # the widest window: every step here
     opts = {v: torch.optim.SGD(m.parameters(), lr=work.lr) for v, m in models.items()}
     g = torch.Generator().manual_seed(rank)
 
