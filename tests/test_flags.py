@@ -289,8 +289,9 @@ def test_run_passes_the_module_file_and_torchrun_nproc_to_the_launcher(tmp_path,
     monkeypatch.chdir(tmp_path)
     seen = {}
 
-    def fake_run_script(script, args, *, nproc, engine):
+    def fake_run_script(script, args, *, nproc, engine, trace=None, trace_dir=None):
         seen.update(script=script, args=args, nproc=nproc, engine=engine)
+        assert trace is None and trace_dir is None  # no --trace
         return 0
 
     monkeypatch.setattr("dpscale.launch.run.run_script", fake_run_script)

@@ -29,7 +29,7 @@ RECORDED_KEYS = [
     "keep_checkpoints", "max_skipped_steps", "resume", "start_over", "run_id", "metrics_dir", "log_every",
     "progress", "engine", "bucket_cap_mb", "transport", "compression", "collective_timeout_s",
     "drift_check_every", "check_collectives_steps", "device", "precision", "data_workers", "no_noise_scale",
-    "auto_batch", "noise_scale_every",
+    "auto_batch", "noise_scale_every", "trace", "trace_steps",
 ]  # fmt: skip
 
 

@@ -164,7 +164,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     config = RunConfig(**dataclass_kwargs(args, RunConfig))
     script = module_file(args.script) if args.module else args.script
-    return run_script(script, args.args, nproc=config.nproc, engine=config.engine)
+    return run_script(
+        script,
+        args.args,
+        nproc=config.nproc,
+        engine=config.engine,
+        trace=config.window,
+        trace_dir=config.trace,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from dpscale.engine.compat.torch_args import (
 from dpscale.engine.hooks import CommHook, allreduce_hook, fp16_compress_hook
 from dpscale.engine.noise_scale import NoiseScaleObserver
 from dpscale.engine.observers import StepObserver
+from dpscale.engine.profiler_ranges import FORWARD, profiler_enabled, record_function
 from dpscale.engine.reducer import Reducer
 from dpscale.engine.stats import StepStats
 from dpscale.log import get_logger
@@ -246,13 +247,17 @@ class DistributedDataParallel(_TorchDDP):
         # wall clock for where the forward began (torch's forward_compute_time_start)
         clock, t0_epoch_ns = self.reducer.clock, time.time_ns()
         t0 = clock.stamp() if self._stats.samples_next() else None
-        out = self.module(*inputs, **kwargs)
+        # a torch.profiler the script runs gets dpscale's ranges (profiler_ranges.py); else none
+        profiled = profiler_enabled()
+        with record_function(FORWARD) if profiled else nullcontext():
+            out = self.module(*inputs, **kwargs)
         # read again after the module ran, as torch does: Lightning's manual optimization turns
         # sync off from inside forward and arms the reducer itself before backward
         if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self.require_forward_param_sync = True
             t1 = None if t0 is None else clock.stamp()
             self._stats.on_forward(clock, t0, t1, t0_epoch_ns, self.reducer)
+            self.reducer.profiling = profiled
             self.reducer.prepare_for_backward()
         else:
             self.require_forward_param_sync = False

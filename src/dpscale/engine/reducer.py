@@ -45,6 +45,13 @@ from dpscale.engine.grad_pool import GradPool, zero_views
 from dpscale.engine.hooks import CommHook, GradBucket, checked_future
 from dpscale.engine.noise_scale import bucket_sq_norm
 from dpscale.engine.observers import GradNorms, GradNormTensors, StepObserver
+from dpscale.engine.profiler_ranges import (
+    EXPOSED_COMM,
+    bucket_range_name,
+    close_range,
+    open_range,
+    record_function,
+)
 from dpscale.engine.stats import BucketTiming, StepStats, StepWindow
 
 # A bucket whose tensors average at most this many elements gets gradients accumulated in place
@@ -133,6 +140,10 @@ class Reducer:
         # asks for, this rank's gradient norm is taken during backward (_measure_now)
         self.observers: list[StepObserver] = []
         self._measure_now = False
+        # a torch.profiler records this step (set by the wrapper's forward): each bucket's
+        # reduction and the wait after backward become ranges there (profiler_ranges.py)
+        self.profiling = False
+        self._ranges: dict[int, record_function] = {}  # by bucket index: launched, not seen complete
         self._handles = [
             p.register_post_accumulate_grad_hook(
                 self._make_sparse_hook(i) if i in self.sparse_indices else self._make_hook(i)
@@ -460,6 +471,8 @@ class Reducer:
             timing.start = self.clock.stamp()
             fut = self._start_reduction(bucket)
         bucket.future = fut
+        if self.profiling:
+            self._ranges[bucket.index] = open_range(bucket_range_name(bucket.index))
         if isinstance(self.clock, EventClock):
             # NCCL marks the future done once the collective is enqueued; its callback runs with
             # the current stream made to wait for the reduction, so an event there marks its end
@@ -557,6 +570,8 @@ class Reducer:
                 assert b.future is not None and b.timing is not None
                 if b.future.done():
                     b.timing.end = now
+                    if self._ranges:
+                        close_range(self._ranges.pop(b.index))
                 else:
                     still.append(b)
             self._in_flight = still
@@ -586,11 +601,14 @@ class Reducer:
         had_grad.update({i: self.params[i].grad is not None for i in missing_sparse})
         used = self._globally_used(missing + missing_sparse) if allow_unused else {}
         self._used_since_sync = [False] * len(self.params)
+        exposed = open_range(EXPOSED_COMM) if self.profiling else None
         self._wait_all()
         results = [fut.wait() for fut in sparse_futures]
         # every reduction is over (on CUDA: the stream waits for them, see _wait_all): what
         # follows (gradients into .grad, norms) is not communication
         t_done = self.clock.stamp()
+        if exposed is not None:
+            close_range(exposed)
         for i, result in zip(self.sparse_indices, results, strict=True):
             result = result[0] if isinstance(result, list) else result
             if self._ready[i] or had_grad[i] or used[i]:
@@ -741,6 +759,8 @@ class Reducer:
             assert bucket.future is not None  # every bucket is launched before the wait
             result = bucket.future.wait()
             self._stamp_completed()
+            if self._ranges and bucket.index in self._ranges:  # events time it on CUDA: done here
+                close_range(self._ranges.pop(bucket.index))
             if isinstance(result, list):  # a Work's future yields the list of tensors
                 result = result[0]
             if result is not bucket.buffer and result.data_ptr() != bucket.buffer.data_ptr():
@@ -753,6 +773,9 @@ class Reducer:
         for b in self.buckets:
             if b.future is not None:
                 b.future.wait()
+        for r in self._ranges.values():
+            close_range(r)
+        self._ranges.clear()
 
     def _record_stats(self, t_backward_end: object, t_done: object, norms: GradNormTensors | None) -> None:
         timings: list[BucketTiming] = [b.timing for b in self.buckets if b.timing is not None]

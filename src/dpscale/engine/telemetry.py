@@ -39,6 +39,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from dpscale.engine.clock import Clock, HostClock, clock_for
 from dpscale.engine.ddp import DistributedDataParallel
+from dpscale.engine.stats import StepStats
+from dpscale.engine.trace import TraceWindow
 
 
 @dataclass
@@ -56,6 +58,11 @@ class StepRecord:
     checkpoints: int = 0  # torch.save calls in this step
     forward_total_ms: float = 0.0  # every training forward of the step, its micro-steps' included
     backward_total_ms: float = 0.0  # every backward of the step, its micro-steps' included
+    # only on the steps a trace window holds (trace.py): the step's number (from 1), its start on
+    # the host clock (perf_counter s) and each bucket's reduction in ms from that start
+    step: int | None = None
+    start_s: float | None = None
+    buckets: list[dict] | None = None
 
 
 PHASES = ("micro_steps_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms", "data_wait_ms")
@@ -71,6 +78,7 @@ class StepMarks:
     """What happened inside the current step (perf_counter seconds), for its phases."""
 
     last_forward: float | None = None  # start of the step's last training forward
+    synced_forward_end: float | None = None  # end of its synced forward (a trace's bucket origin)
     forward_total_s: float = 0.0
     backward: tuple[float, float] | None = None  # the step's last backward: (start, end)
     backward_total_s: float = 0.0
@@ -124,15 +132,29 @@ class StepTelemetry:
     _pending: list[tuple] = field(default_factory=list)
     _pending_forwards: list[tuple[Any, Any]] = field(default_factory=list)
     marks: StepMarks = field(default_factory=StepMarks)
+    # the steps a trace holds (trace.py): each gets its start and its buckets' reductions
+    trace: TraceWindow | None = None
+    # keep only the records of `trace`'s steps (a run with no step limit stays bounded)
+    trace_only: bool = False
 
-    def on_forward(self, inputs: tuple, kwargs: Mapping, synced: bool, comm: Callable[[], tuple]):
+    def on_forward(
+        self,
+        inputs: tuple,
+        kwargs: Mapping,
+        synced: bool,
+        comm: Callable[[], tuple],
+        buckets: Callable[[], list[dict] | None] | None = None,
+    ):
         """Called at each training forward; `comm()` gives the last synced backward's
-        (exposed_comm_ms, backward_ms), each None when not measured or a `Span` to read later."""
+        (exposed_comm_ms, backward_ms), each None when not measured or a `Span` to read later;
+        `buckets()`, asked on traced steps only, its buckets' reductions ({"index", "nbytes",
+        "start_s", "end_s"} on the host clock), None where not measured."""
         now = self.clock.stamp()
         if self._synced:  # the previous forward ended a step: this one begins the next
             assert self._start is not None  # set by the forward that began the step
+            traced = self._traced(self.steps + 1, buckets)
             # the step's marks are host times (perf_counter): its phases are computed when read
-            self._pending.append((self._start, now, self._samples, self._micro, comm(), self.marks))
+            self._pending.append((self._start, now, self._samples, self._micro, comm(), self.marks, traced))
             self._start, self._samples, self._micro, self.marks = None, 0, 0, StepMarks()
             self.steps += 1
             self.read(wait=False)
@@ -145,6 +167,29 @@ class StepTelemetry:
         self._synced = synced
         self.marks.last_forward = now if isinstance(now, float) else None  # host marks only
 
+    def _traced(self, step: int, buckets: Callable[[], list[dict] | None] | None) -> dict | None:
+        """What a trace needs of step `step` beyond its record; None outside the window (or on a
+        device clock, whose stamps are not host times)."""
+        if self.trace is None or step not in self.trace or not isinstance(self._start, float):
+            return None
+        start = self._start
+        spans = buckets() if buckets is not None else None
+        return {
+            "step": step,
+            "start_s": start,
+            "buckets": None
+            if spans is None
+            else [
+                {
+                    "index": b["index"],
+                    "nbytes": b["nbytes"],
+                    "start_ms": (b["start_s"] - start) * 1e3,
+                    "end_ms": (b["end_s"] - start) * 1e3,
+                }
+                for b in spans
+            ],
+        }
+
     def end_step(self) -> None:
         """The step ends at the next training forward, as after a synced one (a model without DDP:
         its optimizer step ends the step)."""
@@ -155,7 +200,8 @@ class StepTelemetry:
         self._samples += n
 
     def on_forward_timed(self, start: Any, end: Any) -> None:
-        self._pending_forwards.append((start, end))
+        if not self.trace_only:  # bounded: a traced run without a step limit keeps no list per step
+            self._pending_forwards.append((start, end))
 
     def read(self, *, wait: bool) -> None:
         """Pending steps and forwards into `records` and `forward_ms`, oldest first: those whose
@@ -164,7 +210,9 @@ class StepTelemetry:
         while self._pending and (wait or clock.ready(self._stamps(self._pending[0]))):
             entry = self._pending.pop(0)
             clock.wait(self._stamps(entry))
-            start, end, samples, micro, comm, marks = entry
+            start, end, samples, micro, comm, marks, traced = entry
+            if self.trace_only and traced is None:
+                continue
             exposed, backward = map(self._ms, comm)
             # phases from host marks: only where the step's own stamps are host times too (on a
             # GPU they would mix the host's enqueue times with the device's)
@@ -182,6 +230,7 @@ class StepTelemetry:
                     checkpoints=marks.checkpoints,
                     forward_total_ms=marks.forward_total_s * 1e3,
                     backward_total_ms=marks.backward_total_s * 1e3,
+                    **(traced or {}),
                 )
             )
         while self._pending_forwards and (wait or clock.ready(self._pending_forwards[0])):
@@ -235,12 +284,14 @@ class _Timed:
             return forward(*inputs, **kwargs)  # evaluation passes are not training steps
         synced = bool(self.require_backward_grad_sync)
         telemetry = self.telemetry
-        telemetry.on_forward(inputs, kwargs, synced, self._comm_stats)
+        telemetry.on_forward(inputs, kwargs, synced, self._comm_stats, self._bucket_spans)
         t0 = telemetry.clock.stamp()
         h0 = time.perf_counter()  # the phases' host marks (StepMarks), beside the clock's stamp
         out = forward(*inputs, **kwargs)
-        telemetry.marks.forward_total_s += time.perf_counter() - h0
+        h1 = time.perf_counter()
+        telemetry.marks.forward_total_s += h1 - h0
         if synced:
+            telemetry.marks.synced_forward_end = h1
             telemetry.on_forward_timed(t0, telemetry.clock.stamp())
         return out
 
@@ -259,6 +310,26 @@ class TelemetryDDP(_Timed, DistributedDataParallel):
         stats = self.last_step_stats
         return (stats.exposed_comm_ms, stats.backward_ms) if stats is not None else (None, None)
 
+    def _bucket_spans(self) -> list[dict] | None:
+        return bucket_spans(self.last_step_stats, self.telemetry.marks.synced_forward_end)
+
+
+def bucket_spans(stats: StepStats | None, origin: float | None) -> list[dict] | None:
+    """A synced backward's reductions on the host clock: the engine times them from the end of its
+    forward, `origin` the host time the caller saw that forward return (within the wrapper's
+    return of the engine's stamp)."""
+    if stats is None or origin is None:
+        return None
+    return [
+        {
+            "index": b.index,
+            "nbytes": b.nbytes,
+            "start_s": origin + b.start_ms / 1e3,
+            "end_s": origin + b.end_ms / 1e3,
+        }
+        for b in stats.buckets
+    ]
+
 
 @dataclass
 class _CommTimes:
@@ -266,6 +337,8 @@ class _CommTimes:
     clock: Clock = field(default_factory=HostClock)
     last_launch: Any = None
     last_done: Any = None
+    # while a trace is on: this synced backward's buckets (index, bytes, launch, completion)
+    spans: list[dict] | None = None
 
 
 def _timed(hook):
@@ -273,12 +346,25 @@ def _timed(hook):
 
     def timed_hook(state: tuple[_CommTimes, Any], bucket):
         times, inner_state = state
-        times.last_launch = times.clock.stamp()
+        times.last_launch = launch = times.clock.stamp()
         inner = inner_state if hook is not allreduce_hook else times.process_group
+        span = None
+        if times.spans is not None:
+            if bucket.index() == 0:  # a new backward: the last one's spans were read or not wanted
+                times.spans.clear()
+            buffer = bucket.buffer()
+            span = {
+                "index": bucket.index(),
+                "nbytes": buffer.numel() * buffer.element_size(),
+                "start_s": launch,
+            }
+            times.spans.append(span)
 
         def done(fut):
             # on CUDA the current stream here waits for the collective: an event marks its end
             times.last_done = times.clock.stamp()
+            if span is not None:
+                span["end_s"] = times.last_done
             return fut.value()
 
         return hook(inner, bucket).then(done)
@@ -304,7 +390,15 @@ class TorchTelemetryDDP(_Timed, nn.parallel.DistributedDataParallel):
     def forward(self, *inputs, **kwargs):
         if not self._hooked:  # before the first backward, as torch requires
             self.register_comm_hook(None, allreduce_hook)
+        if self.telemetry.trace is not None and self._comm.spans is None:
+            self._comm.spans = []
         return self._timed_forward(super().forward, inputs, kwargs)
+
+    def _bucket_spans(self) -> list[dict] | None:
+        spans = self._comm.spans
+        if not spans or not isinstance(self._comm.clock, HostClock):
+            return None
+        return [dict(s) for s in spans if "end_s" in s]
 
     def _comm_stats(self) -> tuple[Span | None, None]:
         c = self._comm

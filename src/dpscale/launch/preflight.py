@@ -79,6 +79,8 @@ def check_before_start(cfg: TrainConfig) -> None:
         if metrics.is_symlink() or (metrics.exists() and not metrics.is_file()):
             # rank 0 would refuse it only after the workers started (paths.open_no_follow)
             raise ConfigError(f"--metrics-dir: {metrics} is a symbolic link or not a regular file; remove it")
+    if cfg.metrics.trace:
+        check_writable_dir("--trace", cfg.metrics.trace)
     if cfg.engine.transport == "nccl" and not torch.cuda.is_available():
         raise ConfigError("--transport nccl needs CUDA GPUs and none is available; use auto, gloo or shm")
 

@@ -13,19 +13,23 @@ which signal stopped it and exits with 128 + its number.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpscale.engine.factory import RUN_ENGINES
+from dpscale.engine.trace import TraceWindow, trace_window, write_traces
 from dpscale.errors import ConfigError
+from dpscale.flags import flag_spec
 from dpscale.launch.agent import AgentSpec, run_agent
 from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes
-from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
+from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV, TRACE_ENV
 from dpscale.log import get_logger
+from dpscale.paths import check_writable_dir
 
 logger = get_logger(__name__)
 
@@ -38,12 +42,23 @@ class RunConfig:
     """Workers on this host."""
     engine: str = "dpscale"
     """dpscale (default), or torch to keep torch's DDP."""
+    trace: str | None = field(default=None, metadata=flag_spec(metavar="DIR"))
+    """Write one Chrome trace per rank here (rank<r>.trace.json; Perfetto opens it)."""
+    trace_steps: str | None = field(default=None, metadata=flag_spec(metavar="A:B"))
+    """The synchronized steps A to B-1 (from 1) the trace holds (default 10:20 with --trace)."""
 
     def __post_init__(self) -> None:
         if self.nproc < 1:
             raise ConfigError(f"--nproc must be at least 1, got {self.nproc}")
         if self.engine not in RUN_ENGINES:
             raise ConfigError(f"--engine: unknown {self.engine!r}; choose one of {', '.join(RUN_ENGINES)}")
+        trace_window(self.trace, self.trace_steps)
+        if self.trace is not None:
+            check_writable_dir("--trace", self.trace)
+
+    @property
+    def window(self) -> TraceWindow | None:
+        return trace_window(self.trace, self.trace_steps)
 
 
 def check_script(script: str) -> Path:
@@ -64,6 +79,8 @@ def run_script(
     threads: int | None = None,
     log_path: Path | None = None,
     nodes: Nodes | None = None,
+    trace: TraceWindow | None = None,
+    trace_dir: str | None = None,
 ) -> int:
     """Run `script args` on `nproc` workers; 0 when every worker succeeded, 1 when one failed.
 
@@ -71,18 +88,27 @@ def run_script(
     `steps` the run ends cleanly after that many synchronized steps. `threads` sets
     OMP_NUM_THREADS for the workers unless the caller's environment sets it (default 1 with more
     than one worker, as torchrun does). With `log_path` the workers' output goes there instead of
-    this terminal. With `nodes`, this host's `nproc` workers join a job of that many hosts.
+    this terminal. With `nodes`, this host's `nproc` workers join a job of that many hosts. With
+    `trace`, the records of those steps carry what a Chrome trace needs (engine/trace.py); with
+    `trace_dir` too (and no `telemetry_dir`), the run measures its steps and this host's ranks'
+    traces are written there once it ends.
     """
     RunConfig(nproc=nproc, engine=engine)  # the same checks as the flags get
     check_script(script)
     if threads is None and nproc > 1:
         threads = 1  # torchrun's default: N workers of all cores each would overload the host
-    env: dict[str, str | None] = {ENGINE_ENV: engine, TELEMETRY_ENV: telemetry_dir}
+    env: dict[str, str | None] = {ENGINE_ENV: engine}
     env[LIMIT_ENV] = None if steps is None else str(steps)
+    env[TRACE_ENV] = None if trace is None else str(trace)
     if threads is not None:
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(threads))
     # the job's temp dir (launch/job.py), which goes with the job whatever ends it
     with job_scope(), tempfile.TemporaryDirectory(prefix="dpscale-run-built-") as built:
+        measured = telemetry_dir
+        if trace is not None and trace_dir is not None and measured is None:
+            measured = str(Path(built) / "telemetry")
+            os.mkdir(measured)
+        env[TELEMETRY_ENV] = measured
         env[BUILT_ENV] = built
         code = _run(
             AgentSpec(
@@ -94,7 +120,9 @@ def run_script(
                 log_path=log_path,
             )
         )
-        synchronized = any(Path(built).iterdir())
+        synchronized = any(p.name.startswith("built-rank") for p in Path(built).iterdir())
+        if trace_dir is not None and measured is not None and measured != telemetry_dir:
+            _write_traces(Path(measured), trace_dir, trace)
     if code == 0 and telemetry_dir is None and not synchronized and (nproc > 1 or nodes is not None):
         # `scale` says it on its rows; a plain run would otherwise end as if the job were one
         logger.warning(
@@ -102,6 +130,24 @@ def run_script(
             "ranks did not synchronize: each trained alone (wrap the model in DDP to train as one job)"
         )
     return code
+
+
+def _write_traces(telemetry: Path, trace_dir: str, window: TraceWindow | None) -> None:
+    """This host's ranks' traces from what they measured (a rank that failed early left none)."""
+    docs = [json.loads(p.read_text()) for p in sorted(telemetry.glob("rank*.json"))]
+    if not docs:
+        logger.warning("--trace: no rank built a model to measure, so no trace was written")
+        return
+    paths = write_traces(trace_dir, docs, window)
+    if not any(r.get("start_s") is not None for d in docs for r in d["records"]):
+        logger.warning(
+            "--trace: the run ended before step %s (or timed its steps on a GPU, which traces do not "
+            "place yet), so the traces in %s hold no step",
+            window,
+            trace_dir,
+        )
+    else:
+        logger.info("traces: %s", ", ".join(str(p) for p in paths))
 
 
 def _run(spec: AgentSpec) -> int:

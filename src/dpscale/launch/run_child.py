@@ -39,6 +39,7 @@ ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
 LIMIT_ENV = "DPSCALE_RUN_STEPS"  # stop after this many synchronized steps; unset: run to the end
 BUILT_ENV = "DPSCALE_RUN_BUILT"  # directory where each rank that builds a DDP model leaves built-rank<r>
+TRACE_ENV = "DPSCALE_RUN_TRACE"  # A:B: the steps whose records carry what a trace needs (engine/trace.py)
 
 
 def stand_in(
@@ -72,6 +73,7 @@ def stand_in(
                 return
             self.telemetry.limit = limit
             self.telemetry.on_limit = lambda t: _stop(self, telemetry_dir)
+            _set_trace(self.telemetry, limit)
             if watch is not None:
                 watch.ddp_built(self.telemetry)
             # a script that ends before the limit still leaves what it measured
@@ -79,6 +81,16 @@ def stand_in(
 
     Measured.__name__ = Measured.__qualname__ = "DistributedDataParallel"
     return Measured
+
+
+def _set_trace(telemetry, limit: int | None) -> None:
+    """Stamp the steps of the trace window (TRACE_ENV) for the trace; without a step limit keep
+    only those records, so a traced run of any length holds a bounded telemetry."""
+    from dpscale.engine.trace import TraceWindow
+
+    if window := os.environ.get(TRACE_ENV):
+        telemetry.trace = TraceWindow.parse(window)
+        telemetry.trace_only = limit is None
 
 
 def _record(ddp, *, final: bool) -> dict:
@@ -143,6 +155,7 @@ def _watch_unwrapped(telemetry_dir: str, limit: int | None):
 
     watch = ScriptWatch()
     telemetry = StepTelemetry(limit=limit)
+    _set_trace(telemetry, limit)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     path = Path(telemetry_dir) / f"rank{rank}.json"
 

@@ -29,6 +29,7 @@ from dpscale.cores import over_host_cap
 from dpscale.data.sampler import TAIL_POLICIES
 from dpscale.engine.factory import TRAIN_ENGINES
 from dpscale.engine.hooks import COMPRESSIONS
+from dpscale.engine.trace import TraceWindow, trace_window
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_name, flag_spec
 from dpscale.train.device import DEVICES, PRECISIONS
@@ -216,11 +217,22 @@ class MetricsConfig:
     """Plain progress line every this many steps (0: about 10 lines per run)."""
     progress: str = "auto"
     """auto (a bar on a terminal, plain lines otherwise), bar, plain or none."""
+    trace: str | None = field(default=None, metadata=flag_spec(name="--trace", metavar="DIR"))
+    """Each rank writes a Chrome trace of its steps here (rank<r>.trace.json: phases and bucket
+    reductions; open in Perfetto)."""
+    trace_steps: str | None = field(default=None, metadata=flag_spec(name="--trace-steps", metavar="A:B"))
+    """The steps A to B-1 (numbered as in metrics.jsonl) the trace holds (default 10:20 with --trace)."""
 
     def __post_init__(self) -> None:
         if self.progress not in PROGRESS:
             raise ConfigError(f"progress: unknown {self.progress!r}; choose auto, bar, plain or none")
         _non_negative(self, "log_every")
+        trace_window(self.trace, self.trace_steps)
+
+    @property
+    def window(self) -> TraceWindow | None:
+        """The steps --trace holds (None: no trace)."""
+        return trace_window(self.trace, self.trace_steps)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -378,7 +390,7 @@ _FLAT_ORDER = (
     "keep_checkpoints", "max_skipped_steps", "resume", "start_over", "run_id", "metrics_dir", "log_every",
     "progress", "engine", "bucket_cap_mb", "transport", "compression", "collective_timeout_s",
     "drift_check_every", "check_collectives_steps", "device", "precision", "data_workers", "no_noise_scale",
-    "auto_batch", "noise_scale_every",
+    "auto_batch", "noise_scale_every", "trace", "trace_steps",
 )  # fmt: skip
 
 

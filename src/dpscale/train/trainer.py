@@ -36,6 +36,7 @@ from dpscale.engine.factory import wrap
 from dpscale.engine.hooks import compression_hook
 from dpscale.engine.noise_scale import NoiseScaleObserver
 from dpscale.engine.observers import GradNormTensors
+from dpscale.engine.profiler_ranges import DATA_WAIT, OPTIMIZER, profiler_enabled, record_function
 from dpscale.errors import ConfigError
 from dpscale.log import get_logger
 from dpscale.train.adaptive.adascale import AdaScaleGain
@@ -61,6 +62,7 @@ from dpscale.train.optim import build_optimizer, build_scheduler, sync_lr
 from dpscale.train.result import TrainResult, param_sha256, print_summary
 from dpscale.train.state import TrainState
 from dpscale.train.step_flags import StepFlags
+from dpscale.train.step_trace import StepTrace
 from dpscale.workloads import WORKLOADS
 from dpscale.workloads.load import load_task
 from dpscale.workloads.task import Task, call_model, num_samples, per_sample, to_device
@@ -195,6 +197,13 @@ class Trainer:
         self._steps_iter: Iterator[StepBatch] | None = None
         self._replay_rng: dict | None = None  # a resumed checkpoint's pending prefetch (batches.py)
         self._steps_run = 0  # by this process, for the first-steps collective check
+        # --trace: the window's steps marked for a Chrome trace (step_trace.py); None: no marks
+        window = config.metrics.window
+        self._trace = (
+            None
+            if window is None
+            else StepTrace(window, lambda: getattr(self.model, "last_step_stats", None))
+        )
 
     # -- building ------------------------------------------------------------------------
     def _initial_state(self) -> TrainState:
@@ -340,6 +349,8 @@ class Trainer:
         )
         if lead and self.resumed_from is not None:
             progress.note(f"resumed from {self.last_checkpoint} at step {self.step}")
+        if self._trace is not None:  # traced steps are numbered as metrics.jsonl's, a resumed run's too
+            self._trace.telemetry.steps = self.state.step
         t_start, samples_start = time.perf_counter(), self.state.samples_seen
         try:
             with self._explained():
@@ -351,6 +362,9 @@ class Trainer:
             if isinstance(self.model, DistributedDataParallel):
                 self.model.close()  # one fit per Trainer: give the hooks and shared memory back now
         elapsed = time.perf_counter() - t_start
+        if self._trace is not None and self.cfg.metrics.trace is not None:
+            with self._explained():  # collective: every rank's traced step times, for the idle lane
+                self._trace.write(self.cfg.metrics.trace, self.group, self._transport_name())
         scores = None
         if self.stopped_by is None:  # every rank agrees: a stopped run leaves now (preemption's grace)
             with self._explained():
@@ -364,7 +378,8 @@ class Trainer:
     def _train_until_done(self, metrics: MetricsWriter | None, progress: Progress) -> None:
         """Steps until the planned last one, a divergence or an agreed stop; `metrics` on rank 0 only."""
         while self.step < self.total_steps:
-            batch = self._next_batch()
+            with _profiled(DATA_WAIT):
+                batch = self._next_batch()
             for c in self.callbacks:
                 c.on_batch(self, batch)
             self.log.verify = self._steps_run < self.cfg.engine.check_collectives_steps
@@ -450,7 +465,10 @@ class Trainer:
             big = decision.read_along[0] if big_sq else None
             self.noise_scale.update(noise, decision.small_sq, reduced_sq=decision.grad_norm**2, big_sq=big)
         lr = self.optimizer.param_groups[0]["lr"]
-        self._update(decision.skipped, norm)
+        with _profiled(OPTIMIZER):
+            self._update(decision.skipped, norm)
+        if self._trace is not None:
+            self._trace.optimizer_done()
         state = self.state
         state.step += 1
         state.samples_seen += batch.global_count
@@ -486,22 +504,31 @@ class Trainer:
         the first micro-batch's squared gradient norm and sample count."""
         model, last = self.model, len(batch.micro_batches) - 1
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        loaded = self.batches.take(len(batch.micro_batches))
+        with _profiled(DATA_WAIT):
+            loaded = self.batches.take(len(batch.micro_batches))
         micro_sq, micro_count = None, 0  # the first micro-batch's gradient (one worker, accumulation)
         take_micro = self.noise_scale.wants_micro_norm(len(batch.micro_batches), self.step)
         for j, (indices, (x, y)) in enumerate(zip(batch.micro_batches, loaded, strict=True)):
             if not indices and j < last:
                 continue  # nothing to add locally; only the synced backward must always run
             x, y = to_device((x, y), self.device, non_blocking=True)
+            trace = self._trace
+            if trace is not None:
+                trace.forward_begins(x, synced=j == last)
             with nullcontext() if j == last else model.no_sync():
                 with self.precision.autocast():
                     out = call_model(model, x)
+                    if trace is not None:
+                        trace.forward_ends(synced=j == last)
                     losses = per_sample("Task.loss", self.task.per_sample_loss(out, y), max(1, len(indices)))
                 # an empty micro-batch was loaded as one sample (see batches.py): weight it zero
                 loss = losses.float().sum() * (1.0 if indices else 0.0)
                 # the engine averages over ranks, so scale the sum by W: mean over ranks of
                 # W * local_sum / global_count is the global-batch mean
+                b0 = time.perf_counter() if trace is not None else 0.0
                 self.precision.scale(loss * (self.world_size / batch.global_count)).backward()
+                if trace is not None:
+                    trace.backward(b0, time.perf_counter())
             loss_sum += loss.detach().double()
             if take_micro and micro_sq is None and indices:
                 micro_sq, micro_count = grad_sq_norm(model.parameters()), len(indices)
@@ -551,14 +578,16 @@ class Trainer:
             log=self.log,
         )
 
-    def _result(self, scores: dict[str, float] | None, samples_per_s: float) -> TrainResult:
-        cfg, state = self.cfg, self.state
+    def _transport_name(self) -> str:
         if isinstance(self.model, DistributedDataParallel):
             engine_transport = self.model.transport
             assert not isinstance(engine_transport, str), "the engine resolves its transport when built"
-            transport = engine_transport.name
-        else:
-            transport = dist.get_backend(self.group)
+            return engine_transport.name
+        return dist.get_backend(self.group)
+
+    def _result(self, scores: dict[str, float] | None, samples_per_s: float) -> TrainResult:
+        cfg, state = self.cfg, self.state
+        transport = self._transport_name()
         return TrainResult(
             world_size=self.world_size,
             global_batch=state.global_batch,
@@ -688,3 +717,8 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def _profiled(name: str) -> AbstractContextManager:
+    """A range `name` in the torch.profiler the caller runs, if one records (else nothing)."""
+    return record_function(name) if profiler_enabled() else nullcontext()

@@ -110,3 +110,19 @@ def foreach_copy_(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     else:
         for d, s in zip(dst, src, strict=True):
             d.copy_(s)
+
+
+@functools.cache
+def _profiler_enabled() -> Callable[[], bool] | None:
+    try:
+        return lookup(torch._C._autograd, "_profiler_enabled", "dpscale's ranges in torch.profiler")
+    except TorchPrivateError:
+        return None
+
+
+def profiler_enabled() -> bool:
+    """Whether a torch.profiler (or torch.autograd.profiler) session is recording on this thread's
+    process. torch has no public query; where the private one is gone the answer is False: the
+    engine then adds no ranges to the profile (public behaviour, nothing else changes)."""
+    enabled = _profiler_enabled()
+    return enabled is not None and bool(enabled())

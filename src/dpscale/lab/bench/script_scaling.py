@@ -20,7 +20,7 @@ one host: the one that serves the rendezvous store; the other hosts skip it and 
 
 JSON (`ScaleResult.to_dict()`, report.json's "results"):
     {"config": {"script": str, "args": [str], "world_sizes": [int], "engines": [str], "steps": int,
-                "warmup": int, "threads_per_worker": int},
+                "warmup": int, "threads_per_worker": int, "trace": str | null, "trace_steps": str | null},
                 "nnodes": int | null, "rdzv_endpoint": str | null, "rdzv_id": str | null,
                 "local_addr": str | null, "rdzv_conf": str | null, "node_rank": int | null},
      "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
@@ -50,6 +50,7 @@ from pathlib import Path
 
 from dpscale.cores import usable_cores
 from dpscale.engine.factory import RUN_ENGINES
+from dpscale.engine.trace import trace_window, write_traces
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.lab.bench import script_phases
@@ -58,6 +59,7 @@ from dpscale.launch.hosts import HostFlags, job_nodes
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.run import run_script
 from dpscale.log import workers
+from dpscale.paths import check_writable_dir
 
 JSON_ROW = (
     "world_size",
@@ -98,10 +100,23 @@ class ScaleConfig(HostFlags):
         default=1, metadata=flag_spec(help="intra-op threads (default: cores / largest N)")
     )
     """Intra-op threads per worker."""
+    trace: str | None = field(default=None, metadata=flag_spec(metavar="DIR"))
+    """Write one Chrome trace per rank here, a folder per world size (open in Perfetto)."""
+    trace_steps: str | None = field(default=None, metadata=flag_spec(metavar="A:B"))
+    """The synchronized steps A to B-1 (from 1, warm-up included) the trace holds (default 10:20)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"--steps must be at least 1, got {self.steps}")
+        window = trace_window(self.trace, self.trace_steps)
+        if window is not None:
+            if window.start > self.warmup + self.steps:
+                raise ConfigError(
+                    f"--trace-steps {window}: the runs stop after --warmup + --steps = "
+                    f"{self.warmup + self.steps} synchronized steps; trace steps within them"
+                )
+            assert self.trace is not None
+            check_writable_dir("--trace", self.trace)
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
         cores = usable_cores()
@@ -189,8 +204,13 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
             steps=limit,
             threads=config.threads_per_worker,
             log_path=log,
+            trace=trace_window(config.trace, config.trace_steps),
         )
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+    if config.trace is not None and ranks:
+        # every rank's records are here (gathered in the job): idle behind the slowest rank too
+        folder = f"n{n}" if len(config.engines) == 1 else f"n{n}-{engine}"
+        write_traces(Path(config.trace) / folder, ranks, trace_window(config.trace, config.trace_steps))
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
     if code != 0:
         raise ScriptFailed(f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}")
