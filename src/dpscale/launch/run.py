@@ -17,6 +17,7 @@ RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* for each worker and forwards signals; 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -28,11 +29,13 @@ from pathlib import Path
 from dpscale.engine.factory import RUN_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.launch import rendezvous
+from dpscale.launch.engine_try import TRY_ENV
 from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.process_life import Interrupted, guarded_module
 from dpscale.launch.rendezvous import MULTI_HOST_BACKEND
 from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV
+from dpscale.launch.script_checks import findings, read_facts
 from dpscale.log import get_logger
 
 logger = get_logger(__name__)
@@ -77,14 +80,18 @@ def run_script(
     threads: int | None = None,
     log_path: Path | None = None,
     nodes: Nodes | None = None,
+    try_fix: str | None = None,
 ) -> int:
     """Run `script args` on `nproc` workers; the exit code torchrun reports (0: every worker succeeded).
 
     With `telemetry_dir`, each worker writes its step telemetry there as rank<r>.json, and with
-    `steps` the run ends cleanly after that many synchronized steps. `threads` sets
+    `steps` the run ends cleanly after that many synchronized steps; each rank's facts about the
+    script (launch/script_checks.py) go there too, as facts-rank<r>.json, and without
+    `telemetry_dir` their findings are logged, one line each, at the end. `threads` sets
     OMP_NUM_THREADS for the workers unless the caller's environment sets it. With `log_path`
     the workers' output goes there instead of this terminal. With `nodes`, this host's `nproc`
-    workers join a job of that many hosts.
+    workers join a job of that many hosts. `try_fix` (an --try entry, launch/engine_try.py) is
+    applied to the script's DDP model.
     """
     RunConfig(nproc=nproc, engine=engine)  # the same checks as the flags get
     check_script(script)
@@ -104,7 +111,7 @@ def run_script(
     with job_scope() as job:  # the environment below carries the job's marker and temp dir
         job.start_reaper()  # before torchrun starts, also where run_script is the outermost scope
         env = dict(os.environ, **{ENGINE_ENV: engine})
-        for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps)):
+        for name, value in ((TELEMETRY_ENV, telemetry_dir), (LIMIT_ENV, steps), (TRY_ENV, try_fix)):
             env.pop(name, None)
             if value is not None:
                 env[name] = str(value)
@@ -113,7 +120,14 @@ def run_script(
         with tempfile.TemporaryDirectory(prefix="dpscale-run-built-") as built:
             env[BUILT_ENV] = built
             code = _run(cmd, env, log_path)
-            synchronized = any(Path(built).iterdir())
+            synchronized = any(Path(built).glob("built-rank*"))
+            facts = read_facts(built)
+    if telemetry_dir is not None:  # `scale` renders them with its report
+        for doc in facts:
+            (Path(telemetry_dir) / f"facts-rank{doc['rank']}.json").write_text(json.dumps(doc))
+    else:
+        for line in findings(facts):
+            logger.warning(line)
     if code == 0 and telemetry_dir is None and not synchronized and (nproc > 1 or nodes is not None):
         # `scale` says it on its rows; a plain run would otherwise end as if the job were one
         logger.warning(

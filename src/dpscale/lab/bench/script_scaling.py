@@ -54,9 +54,11 @@ from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.lab.bench import script_phases
 from dpscale.lab.bench.args import parse_int_list, parse_name_list
+from dpscale.launch.engine_try import parse_try, parse_try_list
 from dpscale.launch.hosts import HostFlags, job_nodes
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.run import run_script
+from dpscale.launch.script_checks import findings, read_facts
 from dpscale.log import workers
 
 JSON_ROW = (
@@ -98,6 +100,16 @@ class ScaleConfig(HostFlags):
         default=1, metadata=flag_spec(help="intra-op threads (default: cores / largest N)")
     )
     """Intra-op threads per worker."""
+    tries: list[str] = field(
+        default_factory=list,
+        metadata=flag_spec(
+            name="--try",
+            parse=parse_try_list,
+            metavar="FIXES",
+            help="rerun at the largest N with each engine-side fix: fp16, bucket_cap_mb=MiB, accumulation=K",
+        ),
+    )
+    """Engine-side fixes to measure at the largest world size, one rerun each (launch/engine_try.py)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -116,6 +128,10 @@ class ScaleConfig(HostFlags):
             if e not in RUN_ENGINES:
                 raise ConfigError(f"--engines: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
         self.check_hosts(self.world_sizes)
+        for fix in self.tries:
+            parse_try(fix)
+        if self.tries and "dpscale" not in self.engines:
+            raise ConfigError("--try: the fixes change dpscale's engine; add dpscale to --engines")
 
 
 @dataclass(frozen=True)
@@ -141,6 +157,10 @@ class ScalePoint:
     note: str | None = None  # why this row's figures compare, or do not, with the others
     synced_per_optimizer_step: float = 1.0  # > 1: the script all-reduces on accumulation micro-steps
     lost_points: dict[str, float] | None = None  # script_phases.efficiency_lost: where the loss went
+    checks: list[str] = field(default_factory=list)  # the script's problems (launch/script_checks.py)
+    learning_rates: list[float] = field(default_factory=list)  # rank 0's lr at its first optimizer steps
+    # ms per optimizer step the micro-steps' extra all-reduces left exposed (rank 0; None: not measured)
+    micro_step_comm_ms: float | None = None
 
     @property
     def spread(self) -> float | None:
@@ -155,14 +175,29 @@ class ScaleResult:
     config: ScaleConfig
     points: list[ScalePoint]
     profile: dict | None = None
+    # --try: one ScalePoint per fix at the largest N, its fix in `note` (measure_tries)
+    tries: list[ScalePoint] = field(default_factory=list)
+    try_refusal: str | None = None  # why --try reran nothing
 
     def to_dict(self) -> dict:
         points = [asdict(p) for p in self.points]
-        return {"config": asdict(self.config), "points": points, "profile": self.profile}
+        return {
+            "config": asdict(self.config),
+            "points": points,
+            "profile": self.profile,
+            "tries": [asdict(p) for p in self.tries],
+            "try_refusal": self.try_refusal,
+        }
 
     @classmethod
     def from_dict(cls, doc: dict) -> ScaleResult:
-        return cls(ScaleConfig(**doc["config"]), [ScalePoint(**p) for p in doc["points"]], doc.get("profile"))
+        return cls(
+            ScaleConfig(**doc["config"]),
+            [ScalePoint(**p) for p in doc["points"]],
+            doc.get("profile"),
+            [ScalePoint(**p) for p in doc.get("tries", [])],
+            doc.get("try_refusal"),
+        )
 
     def rows(self) -> list[dict]:
         """The `--json` rows."""
@@ -173,12 +208,14 @@ class ScriptFailed(RuntimeError):
     """The script failed or ended early; the message says which run and shows its output's tail."""
 
 
-def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: Nodes | None) -> list[dict]:
+def _measure_one(
+    config: ScaleConfig, n: int, engine: str, logs: Path, nodes: Nodes | None, try_fix: str | None = None
+) -> list[dict]:
     """Every rank's telemetry from one run of the script: on this host, or with `nodes` as one host
-    of a job over all of them (n / hosts workers here)."""
+    of a job over all of them (n / hosts workers here); with `try_fix` applied to its DDP model."""
     limit = config.warmup + config.steps
     with tempfile.TemporaryDirectory(prefix="dpscale-scale-") as out:
-        log = logs / f"{engine}-{n}.log"
+        log = logs / (f"{engine}-{n}.log" if try_fix is None else f"{engine}-{n}-try-{try_fix}.log")
         code = run_script(
             config.script,
             config.args,
@@ -189,11 +226,19 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
             steps=limit,
             threads=config.threads_per_worker,
             log_path=log,
+            try_fix=try_fix,
         )
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
+        facts = read_facts(out)
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
     if code != 0:
-        raise ScriptFailed(f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}")
+        advice = "".join(f"\n{line}" for line in findings(facts))
+        raise ScriptFailed(
+            f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}{advice}"
+        )
+    facts_by_rank = {f["rank"]: f for f in facts}
+    for r in ranks:  # what each rank saw of the script (launch/script_checks.py), beside its steps
+        r["script"] = facts_by_rank.get(r["rank"])
     wrapped = sum(r.get("ddp", True) for r in ranks)
     if len(ranks) != n or 0 < wrapped < n:
         raise ScriptFailed(
@@ -264,6 +309,10 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         # ranks that never synchronize hold nobody up: their steps do not even line up
         stragglers=script_phases.stragglers(plain_steps) if n > 1 and synchronized else [],
         synced_per_optimizer_step=script_phases.synced_per_optimizer_step(per_rank[0]),
+        checks=findings([r["script"] for r in ranks if r.get("script")]),
+        learning_rates=list((ranks[0].get("script") or {}).get("lrs", [])),
+        # one worker's all-reduces cost next to nothing: the cause is one of N > 1
+        micro_step_comm_ms=script_phases.micro_step_comm_ms(plain_steps[0]) if n > 1 else None,
     )
 
 
@@ -322,11 +371,6 @@ def _note(p: ScalePoint, base: ScalePoint | None) -> str | None:
         if p.efficiency is not None and p.efficiency > 1.0:
             why = "smaller per-rank steps can run faster per sample" if each < one else "check the spread"
             notes.append(f"above 100%: {why}")
-    if p.world_size > 1 and p.synced_per_optimizer_step > 1:
-        notes.append(
-            f"all-reduce on every micro-step: {p.synced_per_optimizer_step:g} synced backwards per optimizer "
-            "step; run all but the last under model.no_sync()"
-        )
     held = [
         f"{k} held {what}"
         for k, what in ((p.eval_steps, "an evaluation"), (p.checkpoint_steps, "a checkpoint"))
@@ -380,4 +424,24 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
             for p in points
             if p.engine == "dpscale"
         }
-    return ScaleResult(config, points, profile)
+    result = ScaleResult(config, points, profile)
+    if config.tries:
+        measure_tries(result, logs, nodes)
+    return result
+
+
+def measure_tries(result: ScaleResult, logs: Path, nodes: Nodes | None) -> None:
+    """--try: rerun the script at the largest N with dpscale's engine once per fix (in `note`)."""
+    config = result.config
+    n = max(config.world_sizes)
+    at_n = next((p for p in result.points if p.world_size == n and p.engine == "dpscale"), None)
+    if at_n is None or not at_n.synchronized or n == 1:
+        why = "it built no DDP model" if at_n is not None and n > 1 else "there is no N > 1 on this host"
+        result.try_refusal = f"--try reran nothing: {why}, so there is no engine to change at N={n}"
+        return
+    job = job_nodes(nodes, n, "dpscale")
+    assert job is None or isinstance(job, Nodes)
+    base = next((p for p in result.points if p.world_size == 1 and p.engine == "dpscale"), None)
+    for fix in config.tries:
+        point = _point(n, "dpscale", _measure_one(config, n, "dpscale", logs, job, fix), config)
+        result.tries.append(replace(point, efficiency=_efficiency(point, base), note=fix))
