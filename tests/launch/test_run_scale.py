@@ -281,9 +281,33 @@ def test_run_turns_batch_norm_and_the_engines_unused_parameter_error_into_advice
 
 
 @pytest.mark.slow
-def test_scale_says_when_the_learning_rate_stays_while_the_global_batch_grows(tmp_path):
+def test_scale_checks_the_learning_rate_and_tries_engine_fixes_predicted_next_to_measured(tmp_path):
     script = str(SCRIPTS / "examples_style.py")
-    p = run(["scale", "--nproc", "1,2", "--steps", "6", "--warmup", "1", "--", script], cwd=tmp_path)
+    tries = ["--try", "fp16,accumulation=2"]
+    cmd = [
+        "scale",
+        "--nproc",
+        "1,2",
+        "--steps",
+        "6",
+        "--warmup",
+        "1",
+        *tries,
+        "--report-dir",
+        "r",
+        "--",
+        script,
+    ]
+    p = run(cmd, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "check: learning rate unchanged (0.05 at the first optimizer step) at N=1 and N=2" in p.stdout
-    assert "diagnosis, largest cost first" in p.stdout or "efficiency points lost" in p.stdout
+    assert "--try at N=2: efficiency without a fix" in p.stdout
+    for fix in ("fp16 compression", "accumulation 2"):
+        (line,) = [ln for ln in p.stdout.splitlines() if ln.startswith(f"  {fix}: predicted ")]
+        assert "measured " in line and "%" in line
+    (report,) = (tmp_path / "r").iterdir()
+    doc = json.loads((report / "report.json").read_text())["results"]
+    assert [t["note"] for t in doc["tries"]] == ["fp16", "accumulation=2"]
+    # accumulation=2: one all-reduce per 2 steps, so twice the samples per measured step
+    assert doc["tries"][1]["samples_per_step"] == 2 * doc["points"][1]["samples_per_step"]
+    assert "## Diagnosis" in (report / "report.md").read_text()

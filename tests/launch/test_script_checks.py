@@ -14,11 +14,13 @@ from dpscale.launch.script_checks import ScriptFacts, findings, per_rank_batch_n
 
 
 def _facts(**kw) -> dict:
-    return asdict(ScriptFacts(**{"world_size": 2, **kw}))
+    doc = asdict(ScriptFacts(**{"world_size": 2, **kw}))
+    doc.pop("_since_step")
+    return doc
 
 
 def test_accumulation_without_no_sync_is_said_with_the_fix():
-    (line,) = findings([_facts(synced_forwards=40, optimizer_steps=10)])
+    (line,) = findings([_facts(synced_forwards=40, optimizer_steps=10, synced_per_step=[4] * 10)])
     assert line.startswith("all-reduce on every micro-step: 4 synced backwards per optimizer step")
     assert "model.no_sync()" in line
 
@@ -26,10 +28,10 @@ def test_accumulation_without_no_sync_is_said_with_the_fix():
 @pytest.mark.parametrize(
     "facts",
     [
-        _facts(synced_forwards=10, unsynced_forwards=30, optimizer_steps=10),  # no_sync on 3 of 4
-        _facts(synced_forwards=20, unsynced_forwards=20, optimizer_steps=10),  # the toggle, half the time
-        _facts(synced_forwards=11, optimizer_steps=10),  # no accumulation (the limit's extra forward)
-        _facts(world_size=1, synced_forwards=40, optimizer_steps=10),  # one worker reduces nothing
+        _facts(unsynced_forwards=30, synced_per_step=[1] * 10),  # no_sync on 3 of 4
+        _facts(unsynced_forwards=20, synced_per_step=[2] * 10),  # the toggle, half the time
+        _facts(synced_per_step=[1] * 10),  # no accumulation
+        _facts(world_size=1, synced_per_step=[4] * 10),  # one worker reduces nothing
     ],
 )
 def test_no_accumulation_finding_where_the_script_skips_syncs_or_does_not_accumulate(facts):
@@ -46,6 +48,16 @@ def test_batch_norm_layers_that_train_per_rank_are_named():
     (line,) = findings([_facts(batch_norm=["1"])])
     assert "BatchNorm without SyncBatchNorm (1)" in line and "convert_sync_batchnorm" in line
     assert "not equivalent" in line
+
+
+def test_synced_forwards_are_counted_per_optimizer_step():
+    facts = ScriptFacts(world_size=2)
+    for _ in range(3):
+        for _ in range(4):
+            facts.on_training_forward(nn.Linear(1, 1), synced=True)
+        facts.on_optimizer_step(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    facts.on_training_forward(nn.Linear(1, 1), synced=True)  # the forward the step limit stops at
+    assert facts.synced_per_step == [4, 4, 4] and facts.synced_forwards == 13
 
 
 def test_the_first_training_forward_at_one_worker_checks_no_batch_norm():

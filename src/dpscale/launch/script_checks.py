@@ -16,6 +16,7 @@ import ipaddress
 import json
 import os
 import socket
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,10 +39,13 @@ class ScriptFacts:
     synced_forwards: int = 0  # training forwards of a DDP model with gradient sync on
     unsynced_forwards: int = 0  # ... under no_sync() or require_backward_grad_sync = False
     optimizer_steps: int = 0
+    # synced training forwards between consecutive optimizer steps, for the first MAX_LRS steps
+    synced_per_step: list[int] = field(default_factory=list)
     lrs: list[float] = field(default_factory=list)  # param_groups[0]["lr"] at each optimizer step
     batch_norm: list[str] = field(default_factory=list)  # BatchNorm layers training per rank (N > 1)
     unused: list[str] = field(default_factory=list)  # parameters the engine found without a gradient
     interface: str | None = None  # the process group's interface problem, in words
+    _since_step: int = field(default=0, repr=False)  # synced forwards since the last optimizer step
 
     @classmethod
     def from_env(cls) -> ScriptFacts:
@@ -50,6 +54,7 @@ class ScriptFacts:
     def on_training_forward(self, module: Any, synced: bool) -> None:
         if synced:
             self.synced_forwards += 1
+            self._since_step += 1
         else:
             self.unsynced_forwards += 1
         if self.synced_forwards + self.unsynced_forwards == 1 and self.world_size > 1:
@@ -57,6 +62,9 @@ class ScriptFacts:
 
     def on_optimizer_step(self, optimizer: Any) -> None:
         self.optimizer_steps += 1
+        if len(self.synced_per_step) < MAX_LRS and self.synced_forwards:
+            self.synced_per_step.append(self._since_step)
+        self._since_step = 0
         if len(self.lrs) < MAX_LRS and optimizer.param_groups:
             lr = optimizer.param_groups[0].get("lr")
             if isinstance(lr, (int, float)) or hasattr(lr, "item"):
@@ -65,7 +73,9 @@ class ScriptFacts:
     def write(self, directory: str | Path) -> None:
         path = Path(directory) / f"facts-rank{self.rank}.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
+        doc = asdict(self)
+        doc.pop("_since_step")
+        tmp.write_text(json.dumps(doc))
         tmp.replace(path)
 
 
@@ -89,10 +99,11 @@ def per_rank_batch_norms(module: Any) -> list[str]:
 
 
 def synced_per_optimizer_step(facts: dict) -> float | None:
-    """Synced training forwards per optimizer step where no forward skipped the sync, else None."""
-    if facts["unsynced_forwards"] or not facts["optimizer_steps"]:
+    """The median synced training forwards per optimizer step where no forward skipped the sync,
+    else None."""
+    if facts["unsynced_forwards"] or not facts.get("synced_per_step"):
         return None
-    return facts["synced_forwards"] / facts["optimizer_steps"]
+    return float(statistics.median(facts["synced_per_step"]))
 
 
 def _names(names: list[str]) -> str:

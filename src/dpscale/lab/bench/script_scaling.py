@@ -20,7 +20,7 @@ one host: the one that serves the rendezvous store; the other hosts skip it and 
 
 JSON (`ScaleResult.to_dict()`, report.json's "results"):
     {"config": {"script": str, "args": [str], "world_sizes": [int], "engines": [str], "steps": int,
-                "warmup": int, "threads_per_worker": int},
+                "warmup": int, "threads_per_worker": int, "tries": [str] (--try's fixes),
                 "nnodes": int | null, "rdzv_endpoint": str | null, "rdzv_id": str | null,
                 "local_addr": str | null, "rdzv_conf": str | null, "node_rank": int | null},
      "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
@@ -35,9 +35,16 @@ JSON (`ScaleResult.to_dict()`, report.json's "results"):
                            | null (script_phases.RANK_PHASES),
                  "stragglers": [{"rank": int, "cause": "compute" | "data wait", "excess_ms": float}],
                  "lost_points": {LOSS: points} | null (script_phases.LOSSES),
-                 "note": str | null (why the row compares, or not, with N=1)}, ...],
+                 "note": str | null (why the row compares, or not, with N=1),
+                 "checks": [str] (the script's problems, one line each: launch/script_checks.py),
+                 "learning_rates": [float] (rank 0's lr at its first optimizer steps),
+                 "micro_step_comm_ms": float | null (exposed comm of the all-reduces on micro-steps
+                                       before the last, per optimizer step; N > 1)}, ...],
                 (the fields after "hosts" are absent from reports written before they were kept)
-     "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
+     "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run),
+     "tries": [point, ...] (--try: one per fix at the largest N, dpscale's engine, the fix in "note"),
+     "try_refusal": str | null (why --try reran nothing)}
+The diagnosis rendered from them: script_diagnosis.py.
 """
 
 from __future__ import annotations
