@@ -17,12 +17,14 @@ import json
 import os
 import socket
 import statistics
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dpscale.comm.attempt import interface_toward, source_address
+from dpscale.log import get_logger
+
+logger = get_logger(__name__)
 
 FACTS_GLOB = "facts-rank*.json"
 MAX_LRS = 64  # learning rates kept per rank: scale compares the first optimizer steps at each N
@@ -188,4 +190,4 @@ def _bound(backend: str, env: dict[str, str], toward: str) -> str | None:
 def say_now(line: str) -> None:
     """A finding that cannot wait for the run's end (the job may hang right after it)."""
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-        print(f"dpscale: {line}", file=sys.stderr, flush=True)
+        logger.warning(line)
