@@ -250,3 +250,64 @@ def test_scale_says_when_the_script_all_reduces_on_every_accumulation_micro_step
     p = run(["scale", "--nproc", "2", "--steps", "8", "--warmup", "4", "--json", "--", script], cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "all-reduce on every micro-step: 4 synced backwards per optimizer step" in p.stdout
+
+
+@pytest.mark.slow
+def test_run_says_what_to_change_for_accumulation_without_no_sync(tmp_path):
+    script = str(SCRIPTS / "accumulate_every_micro_step.py")
+    p = run(["run", "--nproc", "2", script, "--steps", "4"], cwd=tmp_path, timeout=180)
+    assert p.returncode == 0, p.stderr
+    (line,) = [ln for ln in p.stderr.splitlines() if "all-reduce on every micro-step" in ln]
+    assert "4 synced backwards per optimizer step" in line and "model.no_sync()" in line
+    # the same script skipping the syncs (Accelerate's way) is fine
+    fine = run(
+        ["run", "--nproc", "2", script, "--steps", "4", "--no-sync-when-distributed"],
+        cwd=tmp_path,
+        timeout=180,
+    )
+    assert fine.returncode == 0 and "all-reduce on every micro-step" not in fine.stderr
+
+
+@pytest.mark.slow
+def test_run_turns_batch_norm_and_the_engines_unused_parameter_error_into_advice(tmp_path):
+    script = str(SCRIPTS / "examples_style.py")
+    p = run(["run", "--nproc", "2", script, "--batch-norm", "--unused-layer"], cwd=tmp_path, timeout=180)
+    assert p.returncode != 0  # the engine refuses the unused layer, as torch's DDP does
+    last = p.stderr.strip().splitlines()[-2:]
+    assert any("BatchNorm without SyncBatchNorm (body.1)" in ln for ln in last), p.stderr
+    assert any(
+        "aux_head.weight, aux_head.bias" in ln and "find_unused_parameters=True" in ln for ln in last
+    ), p.stderr
+
+
+@pytest.mark.slow
+def test_scale_checks_the_learning_rate_and_tries_engine_fixes_predicted_next_to_measured(tmp_path):
+    script = str(SCRIPTS / "examples_style.py")
+    tries = ["--try", "fp16,accumulation=2"]
+    cmd = [
+        "scale",
+        "--nproc",
+        "1,2",
+        "--steps",
+        "6",
+        "--warmup",
+        "1",
+        *tries,
+        "--report-dir",
+        "r",
+        "--",
+        script,
+    ]
+    p = run(cmd, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "check: learning rate unchanged (0.05 at the first optimizer step) at N=1 and N=2" in p.stdout
+    assert "--try at N=2: efficiency without a fix" in p.stdout
+    for fix in ("fp16 compression", "accumulation 2"):
+        (line,) = [ln for ln in p.stdout.splitlines() if ln.startswith(f"  {fix}: predicted ")]
+        assert "measured " in line and "%" in line
+    (report,) = (tmp_path / "r").iterdir()
+    doc = json.loads((report / "report.json").read_text())["results"]
+    assert [t["note"] for t in doc["tries"]] == ["fp16", "accumulation=2"]
+    # accumulation=2: one all-reduce per 2 steps, so twice the samples per measured step
+    assert doc["tries"][1]["samples_per_step"] == 2 * doc["points"][1]["samples_per_step"]
+    assert "## Diagnosis" in (report / "report.md").read_text()

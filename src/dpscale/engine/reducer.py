@@ -64,6 +64,26 @@ SMALL_TENSOR_NUMEL = 8192
 KEEP_SPENT_ON = frozenset({"cpu"})
 
 
+class UnusedParametersError(RuntimeError):
+    """Parameters got no gradient in a synchronized backward while find_unused_parameters is off.
+
+    `names` lists them, so `dpscale run` can turn the error into advice from a record, not its text."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = list(names)
+        shown = ", ".join(repr(n) for n in self.names[:5])
+        more = f" and {len(self.names) - 5} more" if len(self.names) > 5 else ""
+        super().__init__(
+            f"parameters got no gradient in this backward pass: {shown}{more}. If they are "
+            "unused in forward on purpose, construct DistributedDataParallel with "
+            "find_unused_parameters=True; otherwise make sure every parameter takes part in "
+            "computing the loss."
+        )
+
+    def __reduce__(self):  # pickles with its names (multirank returns a rank's exception to the parent)
+        return (type(self), (self.names,))
+
+
 class Reducer:
     """Reduces a model's gradients bucket by bucket during each synced backward."""
 
@@ -621,14 +641,7 @@ class Reducer:
         self._record_stats(t_backward_end, t_done, self._grad_norms())
 
     def _raise_unused(self, missing: list[int]) -> None:
-        names = ", ".join(repr(self.names[i]) for i in missing[:5])
-        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise RuntimeError(
-            f"parameters got no gradient in this backward pass: {names}{more}. If they are "
-            "unused in forward on purpose, construct DistributedDataParallel with "
-            "find_unused_parameters=True; otherwise make sure every parameter takes part in "
-            "computing the loss."
-        )
+        raise UnusedParametersError([self.names[i] for i in missing])
 
     def _fill_missing(self, missing: list[int]) -> dict[int, bool]:
         """The bucket views of dense parameters that got no gradient in this backward: their

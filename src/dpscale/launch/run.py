@@ -25,9 +25,11 @@ from dpscale.engine.trace import TraceWindow, trace_window, write_traces
 from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.launch.agent import AgentSpec, run_agent
+from dpscale.launch.engine_try import TRY_ENV
 from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV, TRACE_ENV
+from dpscale.launch.script_checks import findings, read_facts
 from dpscale.log import get_logger
 from dpscale.paths import check_writable_dir
 
@@ -81,17 +83,21 @@ def run_script(
     nodes: Nodes | None = None,
     trace: TraceWindow | None = None,
     trace_dir: str | None = None,
+    try_fix: str | None = None,
 ) -> int:
     """Run `script args` on `nproc` workers; 0 when every worker succeeded, 1 when one failed.
 
     With `telemetry_dir`, each worker writes its step telemetry there as rank<r>.json, and with
-    `steps` the run ends cleanly after that many synchronized steps. `threads` sets
+    `steps` the run ends cleanly after that many synchronized steps; each rank's facts about the
+    script (launch/script_checks.py) go there too, as facts-rank<r>.json, and without
+    `telemetry_dir` their findings are logged, one line each, at the end. `threads` sets
     OMP_NUM_THREADS for the workers unless the caller's environment sets it (default 1 with more
     than one worker, as torchrun does). With `log_path` the workers' output goes there instead of
     this terminal. With `nodes`, this host's `nproc` workers join a job of that many hosts. With
     `trace`, the records of those steps carry what a Chrome trace needs (engine/trace.py); with
     `trace_dir` too (and no `telemetry_dir`), the run measures its steps and this host's ranks'
-    traces are written there once it ends.
+    traces are written there once it ends. `try_fix` (an --try entry, launch/engine_try.py) is
+    applied to the script's DDP model.
     """
     RunConfig(nproc=nproc, engine=engine)  # the same checks as the flags get
     check_script(script)
@@ -100,6 +106,7 @@ def run_script(
     env: dict[str, str | None] = {ENGINE_ENV: engine}
     env[LIMIT_ENV] = None if steps is None else str(steps)
     env[TRACE_ENV] = None if trace is None else str(trace)
+    env[TRY_ENV] = try_fix
     if threads is not None:
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(threads))
     # the job's temp dir (launch/job.py), which goes with the job whatever ends it
@@ -120,9 +127,16 @@ def run_script(
                 log_path=log_path,
             )
         )
-        synchronized = any(p.name.startswith("built-rank") for p in Path(built).iterdir())
+        synchronized = any(Path(built).glob("built-rank*"))
+        facts = read_facts(built)
         if trace_dir is not None and measured is not None and measured != telemetry_dir:
             _write_traces(Path(measured), trace_dir, trace)
+    if telemetry_dir is not None:  # `scale` renders them with its report
+        for doc in facts:
+            (Path(telemetry_dir) / f"facts-rank{doc['rank']}.json").write_text(json.dumps(doc))
+    else:
+        for line in findings(facts):
+            logger.warning(line)
     if code == 0 and telemetry_dir is None and not synchronized and (nproc > 1 or nodes is not None):
         # `scale` says it on its rows; a plain run would otherwise end as if the job were one
         logger.warning(

@@ -17,7 +17,9 @@ is measured from its top-level model and optimizer (launch/script_watch.py); eac
 stops on its own at the limit and writes only its own record (they share no step to meet at).
 
 Every rank that builds a DDP model leaves a mark for the launcher (BUILT_ENV), so `dpscale run`
-can say when the ranks never synchronized.
+can say when the ranks never synchronized, and every rank writes what it saw of the script there
+(launch/script_checks.py: accumulation without no_sync, BatchNorm, unused parameters, the learning
+rate, the process group's interface) when it leaves, at the step limit too.
 """
 
 from __future__ import annotations
@@ -33,13 +35,26 @@ from typing import Any
 
 from dpscale.comm.attempt import gloo_interface_hint
 from dpscale.comm.select import host_id
+from dpscale.engine.reducer import UnusedParametersError
+from dpscale.launch.engine_try import TRY_ENV, parse_try
 from dpscale.launch.process_life import die_with_parent, exit_now
+from dpscale.launch.script_checks import ScriptFacts, interface_problem, say_now
 
 ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
 LIMIT_ENV = "DPSCALE_RUN_STEPS"  # stop after this many synchronized steps; unset: run to the end
 BUILT_ENV = "DPSCALE_RUN_BUILT"  # directory where each rank that builds a DDP model leaves built-rank<r>
 TRACE_ENV = "DPSCALE_RUN_TRACE"  # A:B: the steps whose records carry what a trace needs (engine/trace.py)
+
+
+# what this rank saw of the script, and where it goes when the rank leaves (install sets both)
+_facts = ScriptFacts()
+_facts_dir: list[str] = []
+
+
+def _write_facts() -> None:
+    if _facts_dir:
+        _facts.write(_facts_dir[0])
 
 
 def stand_in(
@@ -50,10 +65,12 @@ def stand_in(
     Building one leaves `built-rank<r>` in `built_dir` (the launcher's sign that the ranks
     synchronize); with `watch` (launch/script_watch.py) its telemetry gets the script's backward,
     optimizer and checkpoint stamps."""
+    import torch
     import torch.distributed as dist
     import torch.nn as nn
 
     from dpscale.engine import DistributedDataParallel
+    from dpscale.engine.hooks import fp16_compress_hook
     from dpscale.engine.telemetry import TelemetryDDP, TorchTelemetryDDP
 
     base: Any
@@ -62,9 +79,16 @@ def stand_in(
     else:
         base = TelemetryDDP if engine == "dpscale" else TorchTelemetryDDP
 
+    fix = parse_try(os.environ[TRY_ENV]) if os.environ.get(TRY_ENV) else None
+
     class Measured(base):
         def __init__(self, *args, **kwargs):
+            if fix is not None and fix.kind == "bucket_cap_mb":
+                kwargs["bucket_cap_mb"] = fix.value
             super().__init__(*args, **kwargs)
+            if fix is not None and fix.kind == "fp16":
+                self.register_comm_hook(self.process_group, fp16_compress_hook)
+            self._synced_forwards = 0
             group = self.process_group
             self._where = (dist.get_rank(group), dist.get_world_size(group), dist.get_backend(group))
             if built_dir is not None:
@@ -78,6 +102,19 @@ def stand_in(
                 watch.ddp_built(self.telemetry)
             # a script that ends before the limit still leaves what it measured
             atexit.register(_write, self, telemetry_dir, final=False)
+
+        def forward(self, *inputs, **kwargs):
+            if not (self.training and torch.is_grad_enabled()):
+                return super().forward(*inputs, **kwargs)
+            _facts.on_training_forward(self.module, bool(self.require_backward_grad_sync))
+            if fix is None or fix.kind != "accumulation" or not self.require_backward_grad_sync:
+                return super().forward(*inputs, **kwargs)
+            # --try accumulation=K: K - 1 of every K synced steps run as under no_sync() (engine_try.py)
+            self._synced_forwards += 1
+            if self._synced_forwards % int(fix.value or 1) == 0:
+                return super().forward(*inputs, **kwargs)
+            with self.no_sync():
+                return super().forward(*inputs, **kwargs)
 
     Measured.__name__ = Measured.__qualname__ = "DistributedDataParallel"
     return Measured
@@ -139,6 +176,7 @@ def _stop(ddp, directory: str) -> None:
     # every rank reaches this at the same step; meeting here means no rank leaves while a peer
     # still reads its part of the last reduction
     dist.barrier(group=ddp.process_group)
+    _write_facts()  # exit_now skips atexit
     if hasattr(ddp, "close"):
         ddp.close()  # dpscale's shared-memory buffers go back now, not at interpreter exit
     # leave without interpreter teardown: the script's process group and its gloo threads are
@@ -170,6 +208,7 @@ def _watch_unwrapped(telemetry_dir: str, limit: int | None):
 
     def stop(t) -> None:
         write(final=True)
+        _write_facts()
         exit_now(0)  # as _stop: a process group the script made may hold gloo threads
 
     telemetry.on_limit = stop
@@ -182,8 +221,9 @@ def _watch_unwrapped(telemetry_dir: str, limit: int | None):
 _script_timeout_s: list[float] = []
 
 
-def _record_script_timeout() -> None:
-    """Have init_process_group (both places scripts import it from) note the timeout the script gives.
+def _watch_init_process_group() -> None:
+    """Have init_process_group (both places scripts import it from) note the timeout the script gives
+    and check, before it connects, that its traffic between hosts takes the rendezvous' interface.
 
     torch's DDP waits on its collectives as long as the process group says; dpscale's engine has a
     timeout of its own (300 s), which would otherwise hold the job that long after a rank left.
@@ -198,6 +238,11 @@ def _record_script_timeout() -> None:
         timeout = kwargs.get("timeout")
         if timeout is not None:
             _script_timeout_s[:] = [timeout.total_seconds()]
+        backend = kwargs.get("backend", args[0] if args else None) or "gloo"
+        # said now as well as at the end: a process group on the wrong interface may never connect
+        if problem := interface_problem(str(backend).split(":")[-1]):
+            _facts.interface = problem
+            say_now(problem)
         return torchs(*args, **kwargs)
 
     dist.init_process_group = c10d.init_process_group = init_process_group
@@ -222,11 +267,18 @@ def install(
     """Make torch.nn.parallel.DistributedDataParallel (both places scripts import it from) the stand-in."""
     import torch.nn.parallel as parallel
     import torch.nn.parallel.distributed as distributed
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    global _facts
+    _facts = ScriptFacts.from_env()
+    if built_dir is not None:
+        _facts_dir[:] = [built_dir]
+        atexit.register(_write_facts)
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _facts.on_optimizer_step(optimizer))
     watch = _watch_unwrapped(telemetry_dir, limit) if telemetry_dir is not None else None
     cls = stand_in(engine, telemetry_dir, limit, built_dir, watch)
+    _watch_init_process_group()
     if engine == "dpscale":
-        _record_script_timeout()
         cls = _with_script_timeout(cls)
     parallel.DistributedDataParallel = cls  # type: ignore[misc,assignment]  # the point: scripts get the stand-in
     distributed.DistributedDataParallel = cls  # type: ignore[misc,assignment]
@@ -247,7 +299,11 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = ifname
     sys.argv = [argv[0], *argv[1:]]
     sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` does (here it was the cwd for -m)
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except UnusedParametersError as e:  # the engine's error, kept as a record for the launcher's advice
+        _facts.unused = e.names
+        raise
 
 
 if __name__ == "__main__":

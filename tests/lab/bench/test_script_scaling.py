@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from dpscale.engine.telemetry import PHASES
 from dpscale.lab.bench import script_scaling
 from dpscale.lab.bench.script_scaling import ScaleConfig
 from dpscale.lab.bench.script_scaling_report import format_table, warnings
+from support.scale_records import measure as _measure
+from support.scale_records import rank as _rank
+from support.scale_records import step as _step
 
 
 def _ranks(step_ms: list[float], samples: int) -> list[dict]:
@@ -28,45 +30,6 @@ def test_throughput_and_step_time_come_from_the_same_steps():
     point = script_scaling._point(1, "dpscale", _ranks([1.0, 1.0, 20.0, 1.0, 1.0], samples=8), config)
     assert point.step_ms == 1.0
     assert point.samples_per_s == 8 / 1e-3
-
-
-def _step(phases: dict, *, samples: int, optimizer_steps: int = 1, micro_steps: int = 1, **extra) -> dict:
-    full = dict.fromkeys(PHASES, 0.0) | phases
-    return {
-        "step_ms": sum(full.values()),
-        "samples": samples,
-        "micro_steps": micro_steps,
-        "exposed_comm_ms": full["exposed_comm_ms"],
-        "backward_ms": full["backward_ms"],
-        "phases": full,
-        "optimizer_steps": optimizer_steps,
-        "forward_total_ms": full["forward_ms"],
-        "backward_total_ms": full["backward_ms"] + full["exposed_comm_ms"],
-        **extra,
-    }
-
-
-def _rank(records: list[dict], rank: int = 0, world: int = 1, ddp: bool = True) -> dict:
-    return {
-        "rank": rank,
-        "world_size": world,
-        "ddp": ddp,
-        "transport": "shm" if ddp else "none",
-        "host": "h",
-        "param_count": 10,
-        "param_bytes": 40,
-        "forward_ms": [],
-        "records": records,
-    }
-
-
-def _measure(monkeypatch, runs: dict[int, list[dict]], steps: int) -> script_scaling.ScaleResult:
-    """`measure` over canned rank records (no process starts)."""
-    monkeypatch.setattr(script_scaling, "_measure_one", lambda config, n, engine, logs, job: runs[n])
-    config = ScaleConfig(
-        script="train.py", world_sizes=sorted(runs), steps=steps, warmup=0, threads_per_worker=1
-    )
-    return script_scaling.measure(config, Path("."))
 
 
 def test_a_one_worker_run_without_ddp_is_the_baseline_and_its_row_says_so(monkeypatch):
@@ -170,10 +133,14 @@ def test_a_script_that_all_reduces_on_every_accumulation_micro_step_is_told_to_u
     )
     records = [micro, micro, micro, last] * 3
     runs = {1: [_rank(records)], 2: [_rank(records, 0, 2), _rank(records, 1, 2)]}
-    base, pair = _measure(monkeypatch, runs, 12).points
+    result = _measure(monkeypatch, runs, 12)
+    base, pair = result.points
     assert pair.synced_per_optimizer_step == 4
-    assert pair.note is not None and "all-reduce on every micro-step: 4 synced backwards" in pair.note
-    assert base.note is None or "no_sync" not in base.note  # one worker has nothing to reduce
+    # the 3 micro-steps' all-reduces before the last: 3 ms exposed each, of a 54 ms step
+    assert pair.micro_step_comm_ms == pytest.approx(9.0) and base.micro_step_comm_ms is None
+    text = format_table(result)
+    assert "all-reduce on accumulation micro-steps (4 per optimizer step): 9.0 ms/step (16.7 points)" in text
+    assert "model.no_sync()" in text
 
 
 def test_a_script_without_ddp_across_hosts_is_told_so_not_that_ranks_did_not_train(monkeypatch, tmp_path):

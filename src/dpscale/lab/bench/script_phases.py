@@ -82,6 +82,17 @@ def synced_per_optimizer_step(steps: Sequence[dict]) -> float:
     return statistics.median(s.get("synced_steps", 1) for s in steps) if steps else 1.0
 
 
+def micro_step_comm_ms(steps: Sequence[dict]) -> float | None:
+    """The median exposed communication per optimizer step of its synced micro-steps before the last
+    (what no_sync() would save at least); None where no step held more than one synced backward."""
+    extra = [
+        s["exposed_comm_ms"] - s["phases"]["exposed_comm_ms"]
+        for s in steps
+        if s.get("synced_steps", 1) > 1 and s.get("phases") and s["exposed_comm_ms"] is not None
+    ]
+    return statistics.median(extra) if extra else None
+
+
 def kind(step: dict) -> str | None:
     """'checkpoint' or 'evaluation' for a step that held one, else None (a plain training step)."""
     if step.get("checkpoints"):

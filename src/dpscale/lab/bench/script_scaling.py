@@ -20,7 +20,8 @@ one host: the one that serves the rendezvous store; the other hosts skip it and 
 
 JSON (`ScaleResult.to_dict()`, report.json's "results"):
     {"config": {"script": str, "args": [str], "world_sizes": [int], "engines": [str], "steps": int,
-                "warmup": int, "threads_per_worker": int, "trace": str | null, "trace_steps": str | null},
+                "warmup": int, "threads_per_worker": int, "trace": str | null, "trace_steps": str | null,
+                "tries": [str] (--try's fixes),
                 "nnodes": int | null, "rdzv_endpoint": str | null, "rdzv_id": str | null,
                 "local_addr": str | null, "rdzv_conf": str | null, "node_rank": int | null},
      "points": [{"world_size": int, "engine": str, "transport": str, "steps": int, "step_ms": float,
@@ -35,9 +36,16 @@ JSON (`ScaleResult.to_dict()`, report.json's "results"):
                            | null (script_phases.RANK_PHASES),
                  "stragglers": [{"rank": int, "cause": "compute" | "data wait", "excess_ms": float}],
                  "lost_points": {LOSS: points} | null (script_phases.LOSSES),
-                 "note": str | null (why the row compares, or not, with N=1)}, ...],
+                 "note": str | null (why the row compares, or not, with N=1),
+                 "checks": [str] (the script's problems, one line each: launch/script_checks.py),
+                 "learning_rates": [float] (rank 0's lr at its first optimizer steps),
+                 "micro_step_comm_ms": float | null (exposed comm of the all-reduces on micro-steps
+                                       before the last, per optimizer step; N > 1)}, ...],
                 (the fields after "hosts" are absent from reports written before they were kept)
-     "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run)}
+     "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run),
+     "tries": [point, ...] (--try: one per fix at the largest N, dpscale's engine, the fix in "note"),
+     "try_refusal": str | null (why --try reran nothing)}
+The diagnosis rendered from them: script_diagnosis.py.
 """
 
 from __future__ import annotations
@@ -55,9 +63,11 @@ from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.lab.bench import script_phases
 from dpscale.lab.bench.args import parse_int_list, parse_name_list
+from dpscale.launch.engine_try import parse_try, parse_try_list
 from dpscale.launch.hosts import HostFlags, job_nodes
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.run import run_script
+from dpscale.launch.script_checks import findings, read_facts
 from dpscale.log import workers
 from dpscale.paths import check_writable_dir
 
@@ -104,6 +114,16 @@ class ScaleConfig(HostFlags):
     """Write one Chrome trace per rank here, a folder per world size (open in Perfetto)."""
     trace_steps: str | None = field(default=None, metadata=flag_spec(metavar="A:B"))
     """The synchronized steps A to B-1 (from 1, warm-up included) the trace holds (default 10:20)."""
+    tries: list[str] = field(
+        default_factory=list,
+        metadata=flag_spec(
+            name="--try",
+            parse=parse_try_list,
+            metavar="FIXES",
+            help="rerun at the largest N with each engine-side fix: fp16, bucket_cap_mb=MiB, accumulation=K",
+        ),
+    )
+    """Engine-side fixes to measure at the largest world size, one rerun each (launch/engine_try.py)."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -131,6 +151,10 @@ class ScaleConfig(HostFlags):
             if e not in RUN_ENGINES:
                 raise ConfigError(f"--engines: unknown {e!r}; choose from {', '.join(RUN_ENGINES)}")
         self.check_hosts(self.world_sizes)
+        for fix in self.tries:
+            parse_try(fix)
+        if self.tries and "dpscale" not in self.engines:
+            raise ConfigError("--try: the fixes change dpscale's engine; add dpscale to --engines")
 
 
 @dataclass(frozen=True)
@@ -156,6 +180,10 @@ class ScalePoint:
     note: str | None = None  # why this row's figures compare, or do not, with the others
     synced_per_optimizer_step: float = 1.0  # > 1: the script all-reduces on accumulation micro-steps
     lost_points: dict[str, float] | None = None  # script_phases.efficiency_lost: where the loss went
+    checks: list[str] = field(default_factory=list)  # the script's problems (launch/script_checks.py)
+    learning_rates: list[float] = field(default_factory=list)  # rank 0's lr at its first optimizer steps
+    # ms per optimizer step the micro-steps' extra all-reduces left exposed (rank 0; None: not measured)
+    micro_step_comm_ms: float | None = None
 
     @property
     def spread(self) -> float | None:
@@ -170,14 +198,29 @@ class ScaleResult:
     config: ScaleConfig
     points: list[ScalePoint]
     profile: dict | None = None
+    # --try: one ScalePoint per fix at the largest N, its fix in `note` (measure_tries)
+    tries: list[ScalePoint] = field(default_factory=list)
+    try_refusal: str | None = None  # why --try reran nothing
 
     def to_dict(self) -> dict:
         points = [asdict(p) for p in self.points]
-        return {"config": asdict(self.config), "points": points, "profile": self.profile}
+        return {
+            "config": asdict(self.config),
+            "points": points,
+            "profile": self.profile,
+            "tries": [asdict(p) for p in self.tries],
+            "try_refusal": self.try_refusal,
+        }
 
     @classmethod
     def from_dict(cls, doc: dict) -> ScaleResult:
-        return cls(ScaleConfig(**doc["config"]), [ScalePoint(**p) for p in doc["points"]], doc.get("profile"))
+        return cls(
+            ScaleConfig(**doc["config"]),
+            [ScalePoint(**p) for p in doc["points"]],
+            doc.get("profile"),
+            [ScalePoint(**p) for p in doc.get("tries", [])],
+            doc.get("try_refusal"),
+        )
 
     def rows(self) -> list[dict]:
         """The `--json` rows."""
@@ -188,12 +231,14 @@ class ScriptFailed(RuntimeError):
     """The script failed or ended early; the message says which run and shows its output's tail."""
 
 
-def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: Nodes | None) -> list[dict]:
+def _measure_one(
+    config: ScaleConfig, n: int, engine: str, logs: Path, nodes: Nodes | None, try_fix: str | None = None
+) -> list[dict]:
     """Every rank's telemetry from one run of the script: on this host, or with `nodes` as one host
-    of a job over all of them (n / hosts workers here)."""
+    of a job over all of them (n / hosts workers here); with `try_fix` applied to its DDP model."""
     limit = config.warmup + config.steps
     with tempfile.TemporaryDirectory(prefix="dpscale-scale-") as out:
-        log = logs / f"{engine}-{n}.log"
+        log = logs / (f"{engine}-{n}.log" if try_fix is None else f"{engine}-{n}-try-{try_fix}.log")
         code = run_script(
             config.script,
             config.args,
@@ -205,15 +250,23 @@ def _measure_one(config: ScaleConfig, n: int, engine: str, logs: Path, nodes: No
             threads=config.threads_per_worker,
             log_path=log,
             trace=trace_window(config.trace, config.trace_steps),
+            try_fix=try_fix,
         )
         ranks = [json.loads(p.read_text()) for p in sorted(Path(out).glob("rank*.json"))]
-    if config.trace is not None and ranks:
+        facts = read_facts(out)
+    if config.trace is not None and ranks and try_fix is None:
         # every rank's records are here (gathered in the job): idle behind the slowest rank too
         folder = f"n{n}" if len(config.engines) == 1 else f"n{n}-{engine}"
         write_traces(Path(config.trace) / folder, ranks, trace_window(config.trace, config.trace_steps))
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
     if code != 0:
-        raise ScriptFailed(f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}")
+        advice = "".join(f"\n{line}" for line in findings(facts))
+        raise ScriptFailed(
+            f"{config.script} with {n} workers ({engine}) exited with code {code}:\n{tail}{advice}"
+        )
+    facts_by_rank = {f["rank"]: f for f in facts}
+    for r in ranks:  # what each rank saw of the script (launch/script_checks.py), beside its steps
+        r["script"] = facts_by_rank.get(r["rank"])
     wrapped = sum(r.get("ddp", True) for r in ranks)
     if nodes is not None and not wrapped and 0 < len(ranks) < n:
         # each rank trained, but only a DDP model's group carries the telemetry between hosts
@@ -293,6 +346,10 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
         # ranks that never synchronize hold nobody up: their steps do not even line up
         stragglers=script_phases.stragglers(plain_steps) if n > 1 and synchronized else [],
         synced_per_optimizer_step=script_phases.synced_per_optimizer_step(per_rank[0]),
+        checks=findings([r["script"] for r in ranks if r.get("script")]),
+        learning_rates=list((ranks[0].get("script") or {}).get("lrs", [])),
+        # one worker's all-reduces cost next to nothing: the cause is one of N > 1
+        micro_step_comm_ms=script_phases.micro_step_comm_ms(plain_steps[0]) if n > 1 else None,
     )
 
 
@@ -351,11 +408,6 @@ def _note(p: ScalePoint, base: ScalePoint | None) -> str | None:
         if p.efficiency is not None and p.efficiency > 1.0:
             why = "smaller per-rank steps can run faster per sample" if each < one else "check the spread"
             notes.append(f"above 100%: {why}")
-    if p.world_size > 1 and p.synced_per_optimizer_step > 1:
-        notes.append(
-            f"all-reduce on every micro-step: {p.synced_per_optimizer_step:g} synced backwards per optimizer "
-            "step; run all but the last under model.no_sync()"
-        )
     held = [
         f"{k} held {what}"
         for k, what in ((p.eval_steps, "an evaluation"), (p.checkpoint_steps, "a checkpoint"))
@@ -409,4 +461,24 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
             for p in points
             if p.engine == "dpscale"
         }
-    return ScaleResult(config, points, profile)
+    result = ScaleResult(config, points, profile)
+    if config.tries:
+        measure_tries(result, logs, nodes)
+    return result
+
+
+def measure_tries(result: ScaleResult, logs: Path, nodes: Nodes | None) -> None:
+    """--try: rerun the script at the largest N with dpscale's engine once per fix (in `note`)."""
+    config = result.config
+    n = max(config.world_sizes)
+    at_n = next((p for p in result.points if p.world_size == n and p.engine == "dpscale"), None)
+    if at_n is None or not at_n.synchronized or n == 1:
+        why = "it built no DDP model" if at_n is not None and n > 1 else "there is no N > 1 on this host"
+        result.try_refusal = f"--try reran nothing: {why}, so there is no engine to change at N={n}"
+        return
+    job = job_nodes(nodes, n, "dpscale")
+    assert job is None or isinstance(job, Nodes)
+    base = next((p for p in result.points if p.world_size == 1 and p.engine == "dpscale"), None)
+    for fix in config.tries:
+        point = _point(n, "dpscale", _measure_one(config, n, "dpscale", logs, job, fix), config)
+        result.tries.append(replace(point, efficiency=_efficiency(point, base), note=fix))

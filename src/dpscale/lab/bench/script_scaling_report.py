@@ -10,10 +10,10 @@ import shlex
 from dataclasses import asdict
 from pathlib import Path
 
-from dpscale.lab.bench import script_scaling
+from dpscale.lab.bench import script_diagnosis, script_scaling
 from dpscale.lab.bench.bench import Bench, Figures, points, values
 from dpscale.lab.bench.report import Image, ReportDir, Section, Table, new_figure, text_table
-from dpscale.lab.bench.script_phases import RANK_PHASES, lost_points
+from dpscale.lab.bench.script_phases import RANK_PHASES
 from dpscale.lab.bench.script_scaling import ScaleConfig, ScaleResult
 from dpscale.lab.bench.trust import timing_warnings
 from dpscale.paths import write_no_follow
@@ -79,7 +79,8 @@ def phase_rows(result: ScaleResult) -> list[dict]:
 
 
 def diagnosis(result: ScaleResult) -> list[str]:
-    """One line per rank that holds the others up, with its cost."""
+    """Where each N's efficiency went, then the script's checks, the ranked causes with the fix to
+    try and, with --try, predicted beside measured (script_diagnosis.py)."""
     lines = []
     for p in result.points:
         if p.lost_points is not None:
@@ -87,21 +88,7 @@ def diagnosis(result: ScaleResult) -> list[str]:
             parts = ", ".join(f"{name} {pts:.1f}" for name, pts in ranked)
             lost = sum(p.lost_points.values())
             lines.append(f"N={p.world_size} ({p.engine}): {lost:.1f} efficiency points lost: {parts}")
-        for s in p.stragglers:
-            at = f"N={p.world_size} ({p.engine})"
-            if s["cause"] == "compute":
-                points = lost_points(p.step_ms, s["excess_ms"])
-                cost = f", about {points:.0f} efficiency points" if points is not None else ""
-                lines.append(
-                    f"{at}: rank {s['rank']} compute +{s['excess_ms']:.1f} ms/step over the other ranks: "
-                    f"a straggler{cost}"
-                )
-            else:
-                lines.append(
-                    f"{at}: rank {s['rank']} waits for data {s['share']:.0%} of its step "
-                    f"(+{s['excess_ms']:.1f} ms over the others): raise its DataLoader workers"
-                )
-    return lines
+    return lines + script_diagnosis.render(result)
 
 
 def plot_phases(result: ScaleResult):
@@ -196,7 +183,6 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
             "waiting for the slowest rank's step. The phases add up to the counted step.",
             Table(phases, columns, dict.fromkeys([*RANK_PHASES, "step_ms"], ".2f"), headers),
             Image("phases.png", "each rank's step by phase, per world size"),
-            *diagnosis(result),
         ]
     blocks = []
     if result.profile is not None:
@@ -236,9 +222,22 @@ def write_report(result: ScaleResult, report: ReportDir) -> None:
             Section("Results", [method, definitions, Table(doc["points"], list(_COLUMNS), formats, headers)]),
             Section("Plot", [Image("scale.png", "throughput and efficiency vs workers"), *blocks]),
             Section("Where each step goes", phase_blocks),
+            Section("Diagnosis", _diagnosis_blocks(result)),
         ],
         warnings=warnings(result),
     )
+
+
+def _diagnosis_blocks(result: ScaleResult) -> list:
+    lines = diagnosis(result)
+    if not lines:
+        return ["Nothing found: no check fired and no cause cost 0.5 efficiency points or more."]
+    return [
+        "The script's checks, then the causes of lost efficiency, largest first, each with its cost "
+        "and the fix to try. A gain marked predicted is `dpscale predict`'s, from the profile measured "
+        "at N=1 on this machine's links; `--try` measures it.",
+        "\n".join(f"- {line}" for line in lines),
+    ]
 
 
 def _setup(results: dict) -> tuple[set[str], set[str]]:

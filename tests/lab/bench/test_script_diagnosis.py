@@ -1,0 +1,96 @@
+"""`dpscale scale`'s diagnosis (lab/bench/script_diagnosis.py): the script's checks across world
+sizes, the causes ranked by cost with the fix and its predicted gain, and --try's reruns, from
+canned rank records (the runs themselves: tests/launch/test_run_scale.py)."""
+
+from dataclasses import asdict
+
+import pytest
+
+from dpscale.cli.main import main
+from dpscale.lab.bench import script_diagnosis
+from dpscale.lab.bench.script_scaling_report import format_table
+from dpscale.launch.script_checks import ScriptFacts
+from support.scale_records import measure, rank, step
+
+ONE = {"forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 2.0}
+
+
+def _big(r: dict) -> dict:
+    return {**r, "param_count": 25_000_000, "param_bytes": 100_000_000}  # 100 MB of gradients
+
+
+def _runs(exposed_ms: float, *, lr2: float = 0.1, per_rank_at_2: int = 16) -> dict:
+    facts = {n: asdict(ScriptFacts(world_size=n, lrs=[0.1 if n == 1 else lr2] * 8)) for n in (1, 2)}
+    one = [step(ONE, samples=16)] * 8
+    two = [step({**ONE, "exposed_comm_ms": exposed_ms}, samples=per_rank_at_2)] * 8
+    return {
+        1: [_big(rank(one, script=facts[1]))],
+        2: [_big(rank(two, 0, 2, script=facts[2])), _big(rank(two, 1, 2, script=facts[2]))],
+    }
+
+
+def test_exposed_communication_is_ranked_with_the_gains_predict_expects(monkeypatch):
+    result = measure(monkeypatch, _runs(exposed_ms=16.0), 8)
+    (first, *_) = script_diagnosis.causes(result)
+    assert first.what == "exposed communication" and first.point.world_size == 2
+    assert first.ms == pytest.approx(16.0) and first.points == pytest.approx(100 * 16 / 48)
+    for fix in ("fp16 compression predicted +", "bucket_cap_mb 50 predicted", "accumulation 2 predicted +"):
+        assert fix in first.fix
+    # fp16 halves the bytes of 100 MB of gradients: predict expects a gain
+    assert script_diagnosis.predicted_gain(result, first.point, script_diagnosis.parse_try("fp16")) > 0
+    text = format_table(result)
+    assert "1. N=2 (dpscale): exposed communication: 16.0 ms/step (33.3 points): try accumulation 2" in text
+
+
+def test_a_learning_rate_left_unchanged_while_the_global_batch_grew_is_said(monkeypatch):
+    (line,) = script_diagnosis.checks(measure(monkeypatch, _runs(exposed_ms=1.0), 8))
+    assert line.startswith("learning rate unchanged (0.1 at the first optimizer step) at N=1 and N=2")
+    assert "grew 2x (16 -> 32 samples per optimizer step)" in line
+    # scaled with the batch, or the global batch kept: nothing to say
+    assert not script_diagnosis.checks(measure(monkeypatch, _runs(exposed_ms=1.0, lr2=0.2), 8))
+    assert not script_diagnosis.checks(measure(monkeypatch, _runs(exposed_ms=1.0, per_rank_at_2=8), 8))
+
+
+def test_try_prints_predicted_next_to_measured(monkeypatch):
+    runs = _runs(exposed_ms=16.0)
+    halved = [step({**ONE, "exposed_comm_ms": 8.0}, samples=16)] * 8
+    runs[("try", "fp16")] = [_big(rank(halved, 0, 2)), _big(rank(halved, 1, 2))]  # type: ignore[index]
+    result = measure(monkeypatch, runs, 8, tries=["fp16"])
+    (tried,) = result.tries
+    assert tried.note == "fp16" and tried.efficiency == pytest.approx(32 / 40)
+    lines = script_diagnosis.tries(result)
+    assert lines[0] == "--try at N=2: efficiency without a fix 66.7% (measured)"
+    assert (
+        lines[1].startswith("  fp16 compression: predicted ") and "measured 80.0% (+13.3 points)" in lines[1]
+    )
+
+
+def test_try_refuses_in_one_line_where_no_ddp_model_was_built(monkeypatch):
+    alone = [step(ONE, samples=16)] * 8
+    runs = {1: [rank(alone, ddp=False)], 2: [rank(alone, 0, 2, ddp=False), rank(alone, 1, 2, ddp=False)]}
+    result = measure(monkeypatch, runs, 8, tries=["fp16"])
+    assert not result.tries
+    assert script_diagnosis.tries(result) == [
+        "--try reran nothing: it built no DDP model, so there is no engine to change at N=2"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--try", "fp32"], "--try: unknown fix 'fp32'"),
+        (["--try", "bucket_cap_mb=0"], "--try: bucket_cap_mb must be a size in MiB"),
+        (["--try", "accumulation=1"], "--try: accumulation must be an integer from 2"),
+        (["--try", "fp16,,accumulation=2"], "--try: 'fp16,,accumulation=2' has an empty entry"),
+        (["--try", "fp16,fp16"], "names a fix twice"),
+        (["--try", "fp16", "--engines", "torch"], "--try: the fixes change dpscale's engine"),
+    ],
+)
+def test_bad_try_values_exit_2_in_one_line_before_any_run(tmp_path, capsys, monkeypatch, flags, said):
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('never run')\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["scale", "--nproc", "1,2", *flags, "--", str(script)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0]
+    assert not (tmp_path / "reports").exists()
