@@ -14,7 +14,6 @@ which signal stopped it and exits with 128 + its number.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,7 +122,7 @@ def _run(spec: AgentSpec) -> int:
 def _error(log_path: Path | None, text: str) -> None:
     """The error where the workers' output went: this terminal, or the end of their log."""
     if log_path is None:
-        print(f"dpscale run: error: {text}", file=sys.stderr, flush=True)
+        logger.error("%s", text)
         return
     with open(log_path, "a") as log:
         log.write(f"dpscale: error: {text}\n")
