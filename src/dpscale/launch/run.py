@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,7 +182,7 @@ def _run(spec: AgentSpec) -> int:
 def _error(log_path: Path | None, text: str) -> None:
     """The error where the workers' output went: this terminal, or the end of their log."""
     if log_path is None:
-        print(f"dpscale run: error: {text}", file=sys.stderr, flush=True)
+        logger.error("%s", text)
         return
     with open(log_path, "a") as log:
         log.write(f"dpscale: error: {text}\n")
