@@ -7,7 +7,8 @@ wait it must not do is set long (a minute) and the bound stays far below it.
 
 - `cpu_baseline_s()`: a fixed piece of Python work (~10 ms on a quiet 2-core host), for margins that
   cover thread scheduling in one process.
-- `process_baseline_s()`: starting a Python that imports dpscale's command line (~3 s quiet), for
+- `process_baseline_s()`: starting a Python that imports what a rank of dpscale's command line
+  imports (the CLI, the trainer, the engine, the launcher, the lab's harness; ~3 s quiet), for
   margins that cover starting, stopping or killing processes; `process_baseline_once_s()` is the
   same measured once per test process, for polls that end as soon as their condition holds.
 """
@@ -17,6 +18,11 @@ import statistics
 import subprocess
 import sys
 import time
+
+_HEAVY_IMPORTS = (
+    "import dpscale.cli.main, dpscale.engine, dpscale.train.trainer, dpscale.launch.launcher, "
+    "dpscale.lab.multirank, dpscale.lab.bench.bench"
+)
 
 
 def _work() -> int:
@@ -34,9 +40,11 @@ def cpu_baseline_s(runs: int = 5) -> float:
 
 
 def process_baseline_s() -> float:
-    """Seconds to start a Python that imports dpscale's command line and exit, measured now."""
+    """Seconds to start a Python that imports what a rank of dpscale's command line imports, and
+    exit, measured now. `import dpscale.cli.main` alone is lazy (~0.2 s, torch not loaded): too
+    small a unit for margins that cover starting ranks, so the heavy modules are named here."""
     start = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import dpscale.cli.main"], check=True, timeout=600)
+    subprocess.run([sys.executable, "-c", _HEAVY_IMPORTS], check=True, timeout=600)
     return time.monotonic() - start
 
 
