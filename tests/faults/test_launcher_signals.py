@@ -47,14 +47,19 @@ def test_a_sigterm_before_training_starts_ends_with_one_line(tmp_path):
         while not started.exists():
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 143, err
-        assert err.strip().splitlines()[-1] == "dpscale train: stopped by SIGTERM", err
-        assert not wait_until_gone(tag, 5)
+        _sigterm_ends_with_one_line(proc, tag)
     finally:
         kill_tagged(tag)
         proc.wait()
+
+
+def _sigterm_ends_with_one_line(proc, tag: str) -> None:
+    """SIGTERM to `dpscale train`: exit 143, its last line says so, nothing of the job left."""
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "dpscale train: stopped by SIGTERM", err
+    assert not wait_until_gone(tag, 5)
 
 
 def _catches(pid: int, sig: int) -> bool:
@@ -74,12 +79,8 @@ def test_a_sigterm_while_the_command_imports_torch_ends_with_one_line():
             time.sleep(0.002)
         with open(f"/proc/{proc.pid}/maps") as maps:
             torch_loaded = "libtorch" in maps.read()
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
         assert not torch_loaded, "the command's handlers came only after torch was imported"
-        assert proc.returncode == 143, err
-        assert err.strip().splitlines()[-1] == "dpscale train: stopped by SIGTERM", err
-        assert not wait_until_gone(tag, 5)
+        _sigterm_ends_with_one_line(proc, tag)
     finally:
         kill_tagged(tag)
         proc.wait()
