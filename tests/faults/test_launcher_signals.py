@@ -111,9 +111,12 @@ def _worker_of_rank(tag: str, rank: int) -> int:
         try:
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            name = open(f"/proc/{pid}/comm", "rb").read().strip()
         except OSError:
             continue
         if b"dpscale.launch.worker" in cmd and f"RANK={rank}".encode() in env:
+            return pid
+        if name == f"dpscale-rank{rank}".encode():  # forked from the workers' server (launch/fork_start.py)
             return pid
     raise AssertionError(f"no worker of rank {rank} among {tagged(tag)}")
 

@@ -43,11 +43,10 @@ def _add_train(sub) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from dpscale.launch.launcher import LaunchError, RunStopped, launch
+    from dpscale.launch import fork_start
     from dpscale.launch.options import LaunchOptions
     from dpscale.launch.preflight import check_config, preflight
     from dpscale.train.config import TrainConfig
-    from dpscale.train.trainer import resolve_task
 
     launch_opts = LaunchOptions(**dataclass_kwargs(args, LaunchOptions))
     fields = config_file_kwargs(launch_opts.config, TrainConfig) if launch_opts.config else {}
@@ -62,6 +61,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     min_nproc, nproc = launch_opts.nproc_range
     nodes = launch_opts.nodes()
     check_config(cfg, [nproc, min_nproc])
+    if nproc > 1 or launch_opts.max_restarts or nodes is not None:  # workers will start (else: in process)
+        # the workers' server: started already by run() where it could, now part of the job
+        fork_start.start_server()
+    from dpscale.launch.launcher import LaunchError, RunStopped, launch
+    from dpscale.train.trainer import resolve_task
+
     preflight(cfg, resolve_task(cfg), given=set(fields))
     try:
         result = launch(
@@ -247,10 +252,16 @@ def run() -> None:
     optimizer, holds the group), and one of them needing the GIL during interpreter shutdown can
     abort a run that succeeded (see dpscale/launch/process_life.py). Other commands exit normally.
     """
+    from dpscale.launch import fork_start
+
+    if fork_start.starts_workers(sys.argv[1:]):
+        # before anything imports torch: the workers' server imports it on the other core meanwhile
+        fork_start.start_server()
     code = main()
     if sys.argv[1:2] == ["train"]:
         from dpscale.launch.process_life import exit_now
 
+        fork_start.stop_server()
         exit_now(code)
     sys.exit(code)
 

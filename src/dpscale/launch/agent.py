@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpscale.launch import rendezvous
+from dpscale.launch import fork_start, rendezvous
 from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes
 from dpscale.launch.process_life import INTERRUPTING, Interrupted
@@ -78,6 +78,9 @@ class AgentSpec:
     """where the workers' and the agent's output go (truncated first); None: this terminal"""
     first_signal: Callable[[str], object] | None = None
     """takes the first SIGTERM, SIGINT or SIGUSR1 (its name) instead of stopping the workers"""
+    forked: bool = False
+    """args are `-m MODULE` of dpscale's own: fork each worker from the preloaded server and run
+    MODULE.forked() there (fork_start.py), instead of starting `python -m MODULE`"""
 
 
 def run_agent(spec: AgentSpec) -> dict[int, Any]:
@@ -89,9 +92,12 @@ def run_agent(spec: AgentSpec) -> dict[int, Any]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import elastic_launch
 
-    launch_cfg = _launch_config(spec)
+    forked = spec.forked and fork_start.enabled()
+    launch_cfg = _launch_config(spec, forked)
+    if forked:
+        fork_start.start_server()  # a no-op where the command started it already
     stopped = (
-        StoppedWorkers(spec.stopped_limit_s, launch_cfg.run_id)
+        StoppedWorkers(spec.stopped_limit_s, launch_cfg.run_id, fork_start.server_pid() if forked else None)
         if spec.stopped_limit_s is not None
         else contextlib.nullcontext()
     )
@@ -102,14 +108,19 @@ def run_agent(spec: AgentSpec) -> dict[int, Any]:
         _Signals(spec.first_signal) as signals,
     ):
         job.start_reaper()  # before the agent starts workers, also where this is the outermost scope
+        if forked:
+            entrypoint: Any = fork_start.entry
+            args: tuple = (spec.args[-1], dict(os.environ))  # the module; the environment, job's included
+        else:
+            entrypoint, args = sys.executable, spec.args
         try:
             with stopped:
-                return elastic_launch(launch_cfg, sys.executable)(*spec.args)
+                return elastic_launch(launch_cfg, entrypoint)(*args)
         except SignalException as e:  # the agent stopped the workers: say which signal stopped us
             raise Interrupted(signals.stopped_by or e.sigval) from None
 
 
-def _launch_config(spec: AgentSpec):
+def _launch_config(spec: AgentSpec, forked: bool):
     from torch.distributed.launcher.api import LaunchConfig
 
     nodes = spec.nodes
@@ -144,6 +155,7 @@ def _launch_config(spec: AgentSpec):
         max_restarts=spec.max_restarts,
         monitor_interval=0.1,
         signals_to_handle=_TORCH_SIGNALS,  # the others are ours (_Signals)
+        start_method="forkserver" if forked else "spawn",  # "spawn" is torch's default (unused for a binary)
     )
 
 

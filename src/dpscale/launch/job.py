@@ -114,6 +114,11 @@ class Job:
 _current: list[Job] = []  # the job this process runs, while in a scope
 
 
+def current_job() -> Job | None:
+    """The job this process runs now, or None outside every scope."""
+    return _current[-1] if _current else None
+
+
 @contextlib.contextmanager
 def job_scope() -> Iterator[Job]:
     """Run the block as one job (see the module doc), or as part of the job already running here.

@@ -283,6 +283,7 @@ def _launch_elastic(
             },
             # the first SIGTERM, SIGUSR1 or SIGINT asks the workers to stop after a step
             first_signal=Path(spec.stop).write_text,
+            forked=True,  # from the server the command started (fork_start.py)
         )
         try:
             run_agent(agent)

@@ -6,10 +6,11 @@ shutdown timeout) before SIGKILL. `StoppedWorkers` kills a worker that has staye
 collective timeout instead: its peers have timed out waiting for it by then and written who hung.
 
 Only the agent's workers count (the children whose environment carries the agent's run id; not the
-job's reaper), and only the time this process itself ran: when the whole job is suspended (every
-process stopped, then continued, as a scheduler's suspend or a `kill -STOP` of the job does) the
-watch is stopped too, and a worker continued a moment after this process must not look as if it
-had been stopped all along (`StoppedClock`).
+job's reaper; or, where the workers are forked from a server, the server's children: their
+environment as /proc shows it is the server's, fork_start.py), and only the time this process itself
+ran: when the whole job is suspended (every process stopped, then continued, as a scheduler's
+suspend or a `kill -STOP` of the job does) the watch is stopped too, and a worker continued a moment
+after this process must not look as if it had been stopped all along (`StoppedClock`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class StoppedClock:
 class StoppedWorkers:
     """While in use, a thread kills any worker of the agent `run_id` that stayed stopped for `limit_s`."""
 
-    def __init__(self, limit_s: float, run_id: str) -> None:
+    def __init__(self, limit_s: float, run_id: str, server_pid: int | None = None) -> None:
         self._clock = StoppedClock(limit_s)
+        self._server_pid = server_pid
         self._needle = f"{RUN_ID_ENV}={run_id}".encode() + b"\0"
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="dpscale-stopped-workers", daemon=True)
@@ -80,6 +82,8 @@ class StoppedWorkers:
                     os.kill(pid, signal.SIGKILL)
 
     def _workers(self) -> list[int]:
+        if self._server_pid is not None:
+            return children(self._server_pid)
         workers = []
         for pid in children():
             with contextlib.suppress(OSError):
@@ -88,11 +92,12 @@ class StoppedWorkers:
         return workers
 
 
-def children() -> list[int]:
-    """This process's children (Linux: /proc/self/task/*/children; elsewhere none)."""
+def children(pid: int | None = None) -> list[int]:
+    """The children of process `pid`, this one by default (Linux: /proc/PID/task/*/children;
+    elsewhere none)."""
     pids: list[int] = []
     with contextlib.suppress(OSError):
-        for task in Path("/proc/self/task").iterdir():
+        for task in Path(f"/proc/{pid or 'self'}/task").iterdir():
             with contextlib.suppress(OSError):
                 pids += [int(p) for p in (task / "children").read_text().split()]
     return pids

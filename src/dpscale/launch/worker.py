@@ -39,7 +39,7 @@ from dpscale.errors import ConfigError, UserCodeError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.launch import torch_private
 from dpscale.launch.nodes import rendezvous_warning
-from dpscale.launch.process_life import EXIT_DIVERGED, die_with_parent, exit_now
+from dpscale.launch.process_life import EXIT_DIVERGED, die_with_parent, exit_now, parent_of, set_process_name
 from dpscale.launch.protocol import (
     LAUNCH_SPEC_ENV,
     LAUNCHER_PID_ENV,
@@ -182,9 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_DIVERGED if result.get("stopped_by") == "diverged" else 0
 
 
-def _launched() -> int:
+def forked() -> int:
+    """Forked by `dpscale train` from its preloaded server (fork_start.py), the server being our
+    parent: as `_launched`, dying with the server, which dies with the launcher."""
+    # `top` and `ps -o comm` show the rank: the command line is the server's
+    set_process_name(f"dpscale-rank{os.environ.get('RANK', '')}")
+    launcher = int(os.environ[LAUNCHER_PID_ENV])
+    server = os.getppid()
+    if parent_of(server) not in (launcher, None):  # the launcher is gone already: so is this worker
+        return 1
+    return _launched(server)
+
+
+def _launched(parent: int | None = None) -> int:
     """Started by `dpscale train`: the config comes from the launcher, rank 0's result goes back to it."""
-    die_with_parent(int(os.environ[LAUNCHER_PID_ENV]))
+    die_with_parent(int(os.environ[LAUNCHER_PID_ENV]) if parent is None else parent)
     spec = LaunchSpec.read(os.environ[LAUNCH_SPEC_ENV])
     stop_file = Path(spec.stop)
     try:

@@ -1,0 +1,144 @@
+"""`dpscale train`'s workers forked from a server that imported torch once, not started afresh.
+
+A worker started as `python -m dpscale.launch.worker` first imports torch and dpscale: 3-4 s of
+one core on a small host, paid by every worker, again by every restart, and only after the command
+has imported torch itself. Instead the command starts multiprocessing's fork server as soon as it
+knows it will start workers (`start_server`), so that the server imports the worker's modules on
+the other core while the command imports its own; torch's agent (start_method "forkserver") then
+forks each worker from it, a restart's too, in milliseconds (BENCHMARKS.md, "Starting workers").
+
+What a worker sees stays what `python -m dpscale.launch.worker` saw:
+- its environment: the launcher's as it is when the workers start (`entry` replaces the server's,
+  which is the launcher's from when the server started), with the agent's variables on top (torch
+  sets them in the child before `entry` runs: they are what differs from the server's);
+- its end with the launcher: its parent is the server, which ends when the command does (its
+  end of the pipe closes, SIGKILL included), and the worker dies with its parent
+  (worker.forked -> process_life.die_with_parent); the job's reaper also ends the server on an
+  abnormal end. The server is the process's one forkserver, which the lab's ranks share
+  (lab/multirank.py): it starts outside the job, as theirs does, and serves later launches too;
+- its exit code: what the worker returns or exits with. Two ways of ending that
+  torch.multiprocessing would turn into a silent 0, without the result torch's agent waits for
+  (it would wait for ever), are exit codes instead: Ctrl-C (KeyboardInterrupt) is 130 and a
+  sys.exit(0) from inside is 1.
+
+Only dpscale's own worker is forked: a user's script under `dpscale run`/`scale` starts as a fresh
+interpreter, as torchrun starts it, since scripts count on being `__main__` of their own process.
+`DPSCALE_WORKER_START=exec` starts train's workers that way too (the fallback, and for comparison).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import multiprocessing
+import multiprocessing.util
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping
+from multiprocessing import forkserver
+
+START_ENV = "DPSCALE_WORKER_START"
+# what the server imports before it forks anything: this module first (its _SERVER_ENV is the
+# server's environment), then the worker and what it trains with; the lab's ranks' too, since
+# whichever starts the one forkserver of a process sets what it preloads
+PRELOAD = [
+    "dpscale.launch.fork_start",
+    "torch",
+    "torch.distributed",
+    "torch._dynamo",
+    "dpscale",
+    "dpscale.engine",
+    "dpscale.train.trainer",
+    "dpscale.launch.worker",
+]
+_EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+# imported in the server (PRELOAD): its environment before any fork, and that this is so
+_SERVER_ENV = dict(os.environ)
+_IMPORTED_BY = os.getpid()
+
+
+def enabled() -> bool:
+    """Whether train's workers are forked (the default) or started as `python -m` (`exec`)."""
+    return os.environ.get(START_ENV, "fork") != "exec"
+
+
+def start_server() -> None:
+    """Start the process's fork server now, if it is not running (it imports PRELOAD meanwhile).
+
+    Inside a job (launch/job.py) the server starts outside it, as the lab's does: it serves this
+    process's later launches too, and ends when this process does."""
+    if not enabled():
+        return
+    from dpscale.launch.job import current_job
+
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    job = current_job()
+    if job is None:
+        forkserver.ensure_running()
+        return
+    with job.outside():
+        forkserver.ensure_running()
+    job.add_path(multiprocessing.util.get_temp_dir())  # the server's socket, should this process die
+    if pid := server_pid():
+        job.add(pid)  # and the server itself
+
+
+def starts_workers(argv: list[str]) -> bool:
+    """Whether `dpscale ARGV` is a `train` that will start workers (more than one, restarts, or a
+    job across hosts), read from the flags alone: what `dpscale` checks before it imports torch
+    (cli/main.py). A wrong guess costs only time: the flags are parsed again, properly."""
+    if argv[:1] != ["train"]:
+        return False
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--nproc", default="1")
+    peek.add_argument("--max-restarts", default="0")
+    peek.add_argument("--nnodes")
+    known, _ = peek.parse_known_args(argv[1:])
+    return known.nproc.strip() not in ("1", "1:1") or known.max_restarts.strip() != "0" or bool(known.nnodes)
+
+
+def stop_server() -> None:
+    """Remove the server's socket directory, which multiprocessing removes only at an interpreter
+    exit that `dpscale train` skips (process_life.exit_now); the server itself ends with this
+    process."""
+    if server_pid() is not None:
+        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+
+
+def server_pid() -> int | None:
+    """The running fork server's pid (the workers' parent), or None. CPython keeps it in a private
+    attribute; without it the server still ends with this process (its pipe closes)."""
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)  # noqa: SLF001
+
+
+def entry(module: str, launcher_env: Mapping[str, str]) -> int:
+    """What each forked worker runs: the launcher's environment with the agent's variables on top,
+    then `module.forked()`, its exit code made one that torch's agent sees (module doc)."""
+    _take_environment(launcher_env)
+    try:
+        code = importlib.import_module(module).forked()
+    except KeyboardInterrupt:
+        raise SystemExit(_EXIT_INTERRUPTED) from None
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        raise SystemExit(code or 1) from None
+    if code:
+        raise SystemExit(code)
+    return 0
+
+
+def _take_environment(launcher_env: Mapping[str, str]) -> None:
+    if _IMPORTED_BY == os.getpid():
+        # not preloaded (a forkserver someone else started): the server's environment is unknown,
+        # so the agent's variables cannot be told apart; keep them and add what is missing
+        for name, value in launcher_env.items():
+            os.environ.setdefault(name, value)
+    else:
+        agent = {name: value for name, value in os.environ.items() if _SERVER_ENV.get(name) != value}
+        os.environ.clear()
+        os.environ.update(launcher_env)
+        os.environ.update(agent)
+    tempfile.tempdir = None  # the launcher's temp dir (TMPDIR, the job's), not the server's
