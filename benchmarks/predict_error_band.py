@@ -11,15 +11,16 @@ with each held-out case's prediction and published value, so that the tests can 
 the predictor applies it against every one of them.
 
 The rule (issue #33, session 12; fixed before any case that issue adds was predicted): the band is
-the smallest to the largest held-out error. Why that and not a percentile: for a new case whose error
-is exchangeable with the n held-out ones, the chance that it falls between their smallest and their
-largest is (n - 1) / (n + 1) (the order-statistic argument of split-conformal prediction), 20/22 = 91%
-at n = 21; dropping either end would guarantee only (n - 2) / (n + 1) = 86%, so at this n it is the
-narrowest interval between held-out errors that guarantees 90%, and it covers every held-out case. The rule it replaces (the 5th-95th percentile, interpolated)
-left two of the 21 outside by construction and claimed 90% it could not guarantee. The post-hoc
-cases (collected after the held-out results were known, published_posthoc.py, and the ResNet-50
-README's earlier tables that issue added, published_rn50_history.py) are not used
-for the band; its coverage of them is reported.
+the smallest to the largest held-out error. Why that and not a percentile: for a new case whose
+error is exchangeable with the n held-out ones, the chance that it falls between their smallest and
+their largest is (n - 1) / (n + 1) (the order-statistic argument of split-conformal prediction),
+20/22 = 91% at n = 21; dropping either end would guarantee only (n - 2) / (n + 1) = 86%, so at this
+n it is the narrowest interval between held-out errors that guarantees 90%, and it covers every
+held-out case. The rule it replaces (the 5th-95th percentile, interpolated) left two of the 21
+outside by construction and claimed 90% it could not guarantee. The post-hoc cases (collected after
+the held-out results were known, published_posthoc.py, and the ResNet-50 README's earlier tables
+that issue added, published_rn50_history.py) are not used for the band; its coverage of them is
+reported.
 """
 
 from __future__ import annotations
