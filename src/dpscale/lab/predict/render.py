@@ -110,7 +110,7 @@ def plot(predictions: Sequence[Prediction], title: str) -> Figure:
         [100 * p.efficiency_low for p in predictions],
         [100 * p.efficiency_high for p in predictions],
         color=line[0].get_color(), alpha=0.2, lw=0,
-        label=f"{band.coverage:.0%} band (held-out error)",
+        label=f"band: every held-out error ({band.coverage:.0%} for a new case)",
     )  # fmt: skip
     eff_ax.axhline(100, color="gray", ls="--", lw=1, label="linear scaling")
     eff_ax.set(ylabel="scaling efficiency (%)", title="Efficiency vs workers")
