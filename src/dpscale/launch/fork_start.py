@@ -58,6 +58,12 @@ _EXIT_INTERRUPTED = 128 + signal.SIGINT
 # imported in the server (PRELOAD): its environment before any fork, and that this is so
 _SERVER_ENV = dict(os.environ)
 _IMPORTED_BY = os.getpid()
+_forked = False  # this process is a worker `entry` runs
+
+
+def forked_worker() -> bool:
+    """Whether this process is a worker forked by torch's agent from the server (`entry`)."""
+    return _forked
 
 
 def enabled() -> bool:
@@ -117,6 +123,8 @@ def server_pid() -> int | None:
 def entry(module: str, launcher_env: Mapping[str, str]) -> int:
     """What each forked worker runs: the launcher's environment with the agent's variables on top,
     then `module.forked()`, its exit code made one that torch's agent sees (module doc)."""
+    global _forked
+    _forked = True
     _take_environment(launcher_env)
     try:
         code = importlib.import_module(module).forked()

@@ -25,6 +25,8 @@ from typing import Any
 
 from dpscale.comm.attempt import attempt_id, within
 from dpscale.errors import ConfigError, UserCodeError
+from dpscale.launch import torch_private
+from dpscale.launch.fork_start import forked_worker
 from dpscale.launch.process_life import exit_now
 from dpscale.launch.protocol import WorkerFailure
 
@@ -136,4 +138,6 @@ class RefusalWatch:
                 bad_input=str(refused.get("bad_input", "")) or "another rank was refused by its input",
                 user_traceback=str(refused.get("user_traceback", "")),
             ).write(self._dir)
+            if forked_worker():  # the agent waits for the value a returning worker hands back
+                torch_private.hand_back_result(0)
             exit_now(0)

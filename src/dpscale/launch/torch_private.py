@@ -132,3 +132,29 @@ def static_store(handler: Any) -> Any:
 def set_static_store(handler: Any, store: Any) -> None:
     static_store(handler)  # checks the attribute
     handler._store = store
+
+
+def hand_back_result(value: Any) -> bool:
+    """In a worker that torch's agent forked (fork_start.py), put `value` where the agent reads the
+    worker's return value: the `ret_val_` queue of `torch.distributed.elastic.multiprocessing.api.
+    _wrap`, a frame of the main thread. A worker that has to leave from another thread (os._exit)
+    then ends as one whose function returned; without it the agent, seeing exit 0 and no value,
+    would wait for it for ever. False where the main thread runs no such frame (not forked)."""
+    import sys
+    import threading
+
+    from torch.distributed.elastic.multiprocessing import api
+
+    wrap = getattr(api, "_wrap", None)
+    if wrap is None:
+        raise _missing("ending a forked worker from a thread", "elastic.multiprocessing.api._wrap")
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None and frame.f_code is not wrap.__code__:
+        frame = frame.f_back
+    if frame is None:
+        return False
+    queue = frame.f_locals.get("ret_val_")
+    if queue is None:
+        raise _missing("ending a forked worker from a thread", "a ret_val_ queue in _wrap")
+    queue.put(value)
+    return True
