@@ -1,15 +1,16 @@
 """The shm transport before and after a change, in alternating rounds in one run.
 
     flock /tmp/dpscale-bench.lock python benchmarks/shm_ab.py [--sizes 4K,16M] [--rounds 30]
-        [--workload mlp] [--busy 0] [--old-rev db06f5d] [--json out.json]
+        [--workload mlp] [--busy 0] [--world 2] [--old-rev db06f5d] [--json out.json]
 
-Two ranks hold three shm transports side by side, each with its own segments, and all-reduce a
-float32 buffer of each size (in the transport's segments, as the engine's buckets are) through
-them in turn, a round of calls each, the order rotating every round (bench/rounds.py):
+`--world` ranks (2 by default) hold three shm transports side by side, each with its own
+segments, and all-reduce a float32 buffer of each size (in the transport's segments, as the
+engine's buckets are) through them in turn, a round of calls each, the order rotating every round
+(bench/rounds.py):
 
 - `old`: `src/dpscale/comm/shm.py` as of `--old-rev` (read with `git show`; db06f5d is main before
-  the small-message path and the blocking wait): views looked up and a torch Future made on
-  every call, spin-then-yield waiting;
+  the small-message path and the blocking wait: views looked up and a torch Future made on
+  every call, spin-then-yield waiting), with `shm_wait.py` of the same revision where it has one;
 - `spin`: today's transport with `wait="spin"` (the old waiting, the new per-call path);
 - `block`: today's transport with `wait="block"` (spin briefly, then sleep on a futex).
 
@@ -50,14 +51,28 @@ VARIANTS = ("old", "spin", "block")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _old_module(source: str, rev: str) -> types.ModuleType:
-    """shm.py as of `rev`, loaded as a module of dpscale.comm (its relative imports resolve there)."""
-    name = f"dpscale.comm._shm_{rev}"
+def _load(name: str, source: str, rev: str, path: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__package__ = "dpscale.comm"
     sys.modules[name] = module
-    exec(compile(source, f"{rev}:src/dpscale/comm/shm.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
     return module
+
+
+def _old_module(sources: dict[str, str], rev: str) -> types.ModuleType:
+    """shm.py as of `rev`, loaded as a module of dpscale.comm (its imports of dpscale.comm resolve
+    there), its `from dpscale.comm.shm_wait import ...` given shm_wait.py of `rev` if it has one."""
+    if "shm_wait" not in sources:
+        return _load(f"dpscale.comm._shm_{rev}", sources["shm"], rev, "src/dpscale/comm/shm.py")
+    old_wait = _load(
+        f"dpscale.comm._shm_wait_{rev}", sources["shm_wait"], rev, "src/dpscale/comm/shm_wait.py"
+    )
+    current = sys.modules["dpscale.comm.shm_wait"]
+    sys.modules["dpscale.comm.shm_wait"] = old_wait
+    try:
+        return _load(f"dpscale.comm._shm_{rev}", sources["shm"], rev, "src/dpscale/comm/shm.py")
+    finally:
+        sys.modules["dpscale.comm.shm_wait"] = current
 
 
 def _calls_per_round(nbytes: int) -> int:
@@ -65,8 +80,8 @@ def _calls_per_round(nbytes: int) -> int:
     return max(4, min(200, (8 << 20) // max(nbytes, 1)))
 
 
-def _transports(old_source: str, rev: str) -> dict:
-    old_cls = _old_module(old_source, rev).SharedMemoryTransport
+def _transports(old_sources: dict[str, str], rev: str) -> dict:
+    old_cls = _old_module(old_sources, rev).SharedMemoryTransport
     return {
         "old": old_cls(timeout_s=120),
         "spin": SharedMemoryTransport(timeout_s=120, wait="spin"),
@@ -86,8 +101,10 @@ def _timed(fn, calls: int) -> tuple[list[float], float]:
     return times, time.process_time() - cpu0
 
 
-def _rank_allreduce(rank: int, world: int, old_source: str, rev: str, sizes: list[int], rounds: int) -> dict:
-    transports = _transports(old_source, rev)
+def _rank_allreduce(
+    rank: int, world: int, old_sources: dict[str, str], rev: str, sizes: list[int], rounds: int
+) -> dict:
+    transports = _transports(old_sources, rev)
     out: dict = {}
     for nbytes in sizes:
         bufs = {v: t.alloc(nbytes // 4, torch.float32) for v, t in transports.items()}
@@ -104,9 +121,9 @@ def _rank_allreduce(rank: int, world: int, old_source: str, rev: str, sizes: lis
 
 
 def _rank_engine(
-    rank: int, world: int, old_source: str, rev: str, name: str, rounds: int, steps: int
+    rank: int, world: int, old_sources: dict[str, str], rev: str, name: str, rounds: int, steps: int
 ) -> dict:
-    transports = _transports(old_source, rev)
+    transports = _transports(old_sources, rev)
     work = WORKLOADS[name]
     train, _ = work.build_data(0)
     models, opts = {}, {}
@@ -152,6 +169,16 @@ def _size_text(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+def _git_show(rev: str, module: str) -> str | None:
+    """src/dpscale/comm/MODULE.py as of `rev`, or None if it has none."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:src/dpscale/comm/{module}.py"],
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4K,16M", help="comma-separated, binary K/M (default 4K,16M)")
@@ -159,18 +186,19 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps per round with --workload")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--busy", type=int, default=0, help="busy-looping processes to run meanwhile")
+    parser.add_argument("--world", type=int, default=2, help="ranks (more than the cores: oversubscribed)")
     parser.add_argument("--old-rev", default="db06f5d", help="git revision of the `old` shm.py")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     sizes = [max(4, s // 4 * 4) for s in parse_size_list(args.sizes, flag="--sizes")]
-    if args.rounds < 3 or args.busy < 0 or args.steps < 1:
-        parser.error("--rounds must be >= 3, --steps >= 1 and --busy >= 0")
-    old_source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{args.old_rev}:src/dpscale/comm/shm.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    if args.rounds < 3 or args.busy < 0 or args.steps < 1 or args.world < 2:
+        parser.error("--rounds must be >= 3, --steps >= 1, --busy >= 0 and --world >= 2")
+    old_sources = {name: _git_show(args.old_rev, name) for name in ("shm", "shm_wait")}
+    old_sources = {name: text for name, text in old_sources.items() if text is not None}
+    if "shm" not in old_sources:
+        parser.error(
+            f"--old-rev {args.old_rev}: no src/dpscale/comm/shm.py there (a git revision of this repo)"
+        )
     if args.workload:
         fn, what = _rank_engine, (args.workload, args.rounds, args.steps)
         items = {f"{args.workload} step": None}
@@ -181,7 +209,7 @@ def main() -> int:
     busy = _busy(args.busy)
     try:
         start = time.time()
-        per_rank = run_ranks(fn, 2, old_source, args.old_rev, *what, timeout_s=1800)
+        per_rank = run_ranks(fn, args.world, old_sources, args.old_rev, *what, timeout_s=1800)
         wall_s = time.time() - start
         load_after = os.getloadavg()[0]
     finally:
@@ -189,7 +217,8 @@ def main() -> int:
             p.kill()
             p.wait()
     print(
-        f"shm A/B, 2 ranks, {args.rounds} rounds, {args.busy} busy processes, old = {args.old_rev}; "
+        f"shm A/B, {args.world} ranks on {os.cpu_count()} CPUs, {args.rounds} rounds, "
+        f"{args.busy} busy processes, old = {args.old_rev}; "
         f"load {load_before:.1f} before, {load_after:.1f} after; {wall_s:.0f} s"
     )
     header = ("what", "variant", "median us (p10-p90)", "/ old (p10-p90)", "CPU us/call")
@@ -228,6 +257,7 @@ def main() -> int:
             "workload": args.workload,
             "steps": args.steps,
             "busy": args.busy,
+            "world": args.world,
             "old_rev": args.old_rev,
             "load_before": load_before,
             "load_after": load_after,
