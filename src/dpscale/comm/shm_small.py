@@ -26,10 +26,10 @@ import torch
 
 from dpscale.comm.sum_order import ranges_in_order, sum_into
 
-# Tensors up to this size take the one-round path. Every rank reads all ranks' copies (world_size
-# times the bytes the in-place path reads), so past some size the second barrier is the cheaper
-# price; where that size lies on a host: benchmarks/shm_ab.py (BENCHMARKS.md).
-SMALL_MAX_BYTES = 1 << 15
+# Tensors up to this size take the one-round path. It copies the tensor in and every rank reads
+# all ranks' copies (world_size times the bytes each rank reads in place), so past a few KiB the
+# second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py --small-max-bytes.
+SMALL_MAX_BYTES = 1 << 13
 # summed with numpy (a fraction of torch's per-call cost); other dtypes through torch (`sum_into`)
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 # Operand lists remembered at most (by size and dtype; a job reduces a fixed set of them)
