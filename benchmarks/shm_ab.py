@@ -1,17 +1,23 @@
 """The shm transport before and after a change, in alternating rounds in one run.
 
     flock /tmp/dpscale-bench.lock python benchmarks/shm_ab.py [--sizes 4K,16M] [--rounds 30]
-        [--workload mlp] [--busy 0] [--old-rev db06f5d] [--json out.json]
+        [--workload mlp] [--busy 0] [--world 2] [--small-max-bytes N] [--old-rev db06f5d] [--json out.json]
 
-Two ranks hold three shm transports side by side, each with its own segments, and all-reduce a
-float32 buffer of each size (in the transport's segments, as the engine's buckets are) through
-them in turn, a round of calls each, the order rotating every round (bench/rounds.py):
+`--world` ranks (2 by default) hold three shm transports side by side, each with its own
+segments, and all-reduce a float32 buffer of each size (in the transport's segments, as the
+engine's buckets are) through them in turn, a round of calls each, the order rotating every round
+(bench/rounds.py):
 
 - `old`: `src/dpscale/comm/shm.py` as of `--old-rev` (read with `git show`; db06f5d is main before
-  the small-message path and the blocking wait): views looked up and a torch Future made on
-  every call, spin-then-yield waiting;
+  the small-message path and the blocking wait: views looked up and a torch Future made on
+  every call, spin-then-yield waiting), with `shm_wait.py` of the same revision where it has one;
 - `spin`: today's transport with `wait="spin"` (the old waiting, the new per-call path);
 - `block`: today's transport with `wait="block"` (spin briefly, then sleep on a futex).
+
+`spin` and `block` send tensors up to `--small-max-bytes` (default: the shipped
+`shm_small.SMALL_MAX_BYTES`) through the one-round path, larger ones in place; `old` has whatever
+its revision has. To find where the one-round path stops paying, run sizes on both sides of the
+limit with a large one (e.g. `--small-max-bytes 32768 --sizes 4K,8K,16K,32K`).
 
 With `--workload NAME` the ranks instead train that workload (dpscale's engine over each
 transport, 64 samples per rank, one intra-op thread, SGD) in rounds of `--steps` steps: what a
@@ -40,7 +46,7 @@ from pathlib import Path
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.comm import SharedMemoryTransport
+from dpscale.comm import SharedMemoryTransport, shm_small
 from dpscale.lab.bench.args import parse_size_list
 from dpscale.lab.bench.rounds import quantile, run_rounds
 from dpscale.lab.multirank import run_ranks
@@ -50,14 +56,28 @@ VARIANTS = ("old", "spin", "block")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _old_module(source: str, rev: str) -> types.ModuleType:
-    """shm.py as of `rev`, loaded as a module of dpscale.comm (its relative imports resolve there)."""
-    name = f"dpscale.comm._shm_{rev}"
+def _load(name: str, source: str, rev: str, path: str) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__package__ = "dpscale.comm"
     sys.modules[name] = module
-    exec(compile(source, f"{rev}:src/dpscale/comm/shm.py", "exec"), module.__dict__)
+    exec(compile(source, f"{rev}:{path}", "exec"), module.__dict__)
     return module
+
+
+def _old_module(sources: dict[str, str], rev: str) -> types.ModuleType:
+    """shm.py as of `rev`, loaded as a module of dpscale.comm (its imports of dpscale.comm resolve
+    there), its `from dpscale.comm.shm_wait import ...` given shm_wait.py of `rev` if it has one."""
+    if "shm_wait" not in sources:
+        return _load(f"dpscale.comm._shm_{rev}", sources["shm"], rev, "src/dpscale/comm/shm.py")
+    old_wait = _load(
+        f"dpscale.comm._shm_wait_{rev}", sources["shm_wait"], rev, "src/dpscale/comm/shm_wait.py"
+    )
+    current = sys.modules["dpscale.comm.shm_wait"]
+    sys.modules["dpscale.comm.shm_wait"] = old_wait
+    try:
+        return _load(f"dpscale.comm._shm_{rev}", sources["shm"], rev, "src/dpscale/comm/shm.py")
+    finally:
+        sys.modules["dpscale.comm.shm_wait"] = current
 
 
 def _calls_per_round(nbytes: int) -> int:
@@ -65,8 +85,11 @@ def _calls_per_round(nbytes: int) -> int:
     return max(4, min(200, (8 << 20) // max(nbytes, 1)))
 
 
-def _transports(old_source: str, rev: str) -> dict:
-    old_cls = _old_module(old_source, rev).SharedMemoryTransport
+def _transports(spec: dict) -> dict:
+    """The variants' transports; `spec`: the old sources and revision, the one-round path's limit."""
+    old_cls = _old_module(spec["sources"], spec["rev"]).SharedMemoryTransport
+    if spec["small_max_bytes"] is not None:  # read by the transports made below
+        shm_small.SMALL_MAX_BYTES = spec["small_max_bytes"]
     return {
         "old": old_cls(timeout_s=120),
         "spin": SharedMemoryTransport(timeout_s=120, wait="spin"),
@@ -86,8 +109,8 @@ def _timed(fn, calls: int) -> tuple[list[float], float]:
     return times, time.process_time() - cpu0
 
 
-def _rank_allreduce(rank: int, world: int, old_source: str, rev: str, sizes: list[int], rounds: int) -> dict:
-    transports = _transports(old_source, rev)
+def _rank_allreduce(rank: int, world: int, spec: dict, sizes: list[int], rounds: int) -> dict:
+    transports = _transports(spec)
     out: dict = {}
     for nbytes in sizes:
         bufs = {v: t.alloc(nbytes // 4, torch.float32) for v, t in transports.items()}
@@ -103,10 +126,8 @@ def _rank_allreduce(rank: int, world: int, old_source: str, rev: str, sizes: lis
     return out
 
 
-def _rank_engine(
-    rank: int, world: int, old_source: str, rev: str, name: str, rounds: int, steps: int
-) -> dict:
-    transports = _transports(old_source, rev)
+def _rank_engine(rank: int, world: int, spec: dict, name: str, rounds: int, steps: int) -> dict:
+    transports = _transports(spec)
     work = WORKLOADS[name]
     train, _ = work.build_data(0)
     models, opts = {}, {}
@@ -152,6 +173,16 @@ def _size_text(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+def _git_show(rev: str, module: str) -> str | None:
+    """src/dpscale/comm/MODULE.py as of `rev`, or None if it has none."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:src/dpscale/comm/{module}.py"],
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout if done.returncode == 0 else None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="4K,16M", help="comma-separated, binary K/M (default 4K,16M)")
@@ -159,18 +190,27 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps per round with --workload")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--busy", type=int, default=0, help="busy-looping processes to run meanwhile")
+    parser.add_argument("--world", type=int, default=2, help="ranks (more than the cores: oversubscribed)")
+    parser.add_argument(
+        "--small-max-bytes",
+        type=int,
+        help="spin/block: largest tensor of the one-round path (default: as shipped; 0 turns it off)",
+    )
     parser.add_argument("--old-rev", default="db06f5d", help="git revision of the `old` shm.py")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
     sizes = [max(4, s // 4 * 4) for s in parse_size_list(args.sizes, flag="--sizes")]
-    if args.rounds < 3 or args.busy < 0 or args.steps < 1:
-        parser.error("--rounds must be >= 3, --steps >= 1 and --busy >= 0")
-    old_source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{args.old_rev}:src/dpscale/comm/shm.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    if args.rounds < 3 or args.busy < 0 or args.steps < 1 or args.world < 2:
+        parser.error("--rounds must be >= 3, --steps >= 1, --busy >= 0 and --world >= 2")
+    if args.small_max_bytes is not None and args.small_max_bytes < 0:
+        parser.error(f"--small-max-bytes must be >= 0, got {args.small_max_bytes}")
+    small_max = shm_small.SMALL_MAX_BYTES if args.small_max_bytes is None else args.small_max_bytes
+    old_sources = {name: _git_show(args.old_rev, name) for name in ("shm", "shm_wait")}
+    old_sources = {name: text for name, text in old_sources.items() if text is not None}
+    if "shm" not in old_sources:
+        parser.error(
+            f"--old-rev {args.old_rev}: no src/dpscale/comm/shm.py there (a git revision of this repo)"
+        )
     if args.workload:
         fn, what = _rank_engine, (args.workload, args.rounds, args.steps)
         items = {f"{args.workload} step": None}
@@ -181,7 +221,8 @@ def main() -> int:
     busy = _busy(args.busy)
     try:
         start = time.time()
-        per_rank = run_ranks(fn, 2, old_source, args.old_rev, *what, timeout_s=1800)
+        spec = {"sources": old_sources, "rev": args.old_rev, "small_max_bytes": args.small_max_bytes}
+        per_rank = run_ranks(fn, args.world, spec, *what, timeout_s=1800)
         wall_s = time.time() - start
         load_after = os.getloadavg()[0]
     finally:
@@ -189,7 +230,8 @@ def main() -> int:
             p.kill()
             p.wait()
     print(
-        f"shm A/B, 2 ranks, {args.rounds} rounds, {args.busy} busy processes, old = {args.old_rev}; "
+        f"shm A/B, {args.world} ranks on {os.cpu_count()} CPUs, {args.rounds} rounds, "
+        f"{args.busy} busy processes, old = {args.old_rev}, one-round path up to {small_max} B; "
         f"load {load_before:.1f} before, {load_after:.1f} after; {wall_s:.0f} s"
     )
     header = ("what", "variant", "median us (p10-p90)", "/ old (p10-p90)", "CPU us/call")
@@ -228,6 +270,8 @@ def main() -> int:
             "workload": args.workload,
             "steps": args.steps,
             "busy": args.busy,
+            "world": args.world,
+            "small_max_bytes": small_max,
             "old_rev": args.old_rev,
             "load_before": load_before,
             "load_after": load_after,

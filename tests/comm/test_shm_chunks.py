@@ -2,14 +2,15 @@
 
 The all-reduce's order of additions defines a training run's bits, so the path that sums large
 parts a cache-sized chunk at a time (numpy, one torch thread) must add the same numbers in the same
-order as `_sum_into` (torch) does: compared bit for bit, in one process, on every rank's part.
+order as `sum_into` (torch) does: compared bit for bit, in one process, on every rank's part.
 """
 
 import pytest
 import torch
 
 from dpscale.comm import shm
-from dpscale.comm.shm import _Region, _sum_into
+from dpscale.comm.shm import _Region
+from dpscale.comm.sum_order import sum_into
 
 
 def _buffers(world: int, numel: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
@@ -23,7 +24,7 @@ def _reference(views: list[torch.Tensor], rank: int, world: int) -> list[torch.T
     """What the one-pass path leaves in every rank's buffer after rank `rank` has done its part."""
     out = [v.clone() for v in views]
     region = _Region(out, rank, world)
-    _sum_into(region.mine, region.parts)
+    sum_into(region.mine, region.parts)
     for part in region.parts[1:]:
         part.copy_(region.mine)
     return out
@@ -58,9 +59,9 @@ def test_more_threads_keep_the_one_pass_path(monkeypatch):
 
     def counted(out, parts):
         calls.append(len(parts))
-        _sum_into(out, parts)
+        sum_into(out, parts)
 
-    monkeypatch.setattr(shm, "_sum_into", counted)
+    monkeypatch.setattr(shm, "sum_into", counted)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     _Region(views, 0, 2).sum_and_spread()
     assert calls == [2]

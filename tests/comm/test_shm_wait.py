@@ -100,3 +100,43 @@ def test_a_peer_that_never_arrives_is_named_after_the_timeout(wait, monkeypatch)
 def test_an_unknown_wait_policy_is_refused_before_any_collective():
     with pytest.raises(ValueError, match="wait='nap' is unknown; choose one of block, spin"):
         SharedMemoryTransport(wait="nap")
+
+
+def test_block_spins_less_after_a_long_sleep_and_more_after_a_short_one():
+    r0, _ = two_ranks("block")
+    assert r0.spin_budget == shm_wait._BLOCK_SPIN
+    r0._adapt(2 * shm_wait._LONG_SLEEP_S)  # the peer was not running: spinning did not help
+    assert r0.spin_budget == shm_wait._BLOCK_SPIN // 2
+    for _ in range(20):
+        r0._adapt(2 * shm_wait._LONG_SLEEP_S)
+    assert r0.spin_budget == shm_wait._BLOCK_SPIN_MIN
+    r0._adapt(shm_wait._LONG_SLEEP_S / 10)  # the peer came just after: a longer spin would have caught it
+    assert r0.spin_budget == 2 * shm_wait._BLOCK_SPIN_MIN
+    for _ in range(20):
+        r0._adapt(0.0)
+    assert r0.spin_budget == shm_wait._BLOCK_SPIN
+
+
+def test_ranks_that_share_cpus_spin_only_briefly():
+    fd = os.memfd_create("dpscale-test-ctl", os.MFD_CLOEXEC)
+    os.ftruncate(fd, 64)
+    c = Counters([mmap.mmap(fd, 64)] * 2, 0, timeout_s=1, wait="block", oversubscribed=True)
+    os.close(fd)
+    assert c.spin_budget == shm_wait._BLOCK_SPIN_MIN
+    c._adapt(0.0)
+    assert c.spin_budget == shm_wait._BLOCK_SPIN_MIN
+    assert c._yields == shm_wait._SHARED_CPU_YIELDS  # then yield to the peer that may need the CPU
+    assert two_ranks("block")[0]._yields == 0  # never when each rank can have a CPU of its own
+
+
+def test_a_peer_that_arrives_long_after_halves_the_spin(monkeypatch):
+    monkeypatch.setattr(shm_wait, "_LONG_SLEEP_S", 0.01)
+    r0, r1 = two_ranks("block")
+
+    def late():
+        time.sleep(0.2)  # far past the spin (~0.1 ms) and the long-sleep mark
+        r1.arrive()
+
+    run_pair(lambda: r0.wait_all(r0.arrive(), "test"), late)
+    assert r0.sleeps >= 1
+    assert r0.spin_budget == shm_wait._BLOCK_SPIN // 2

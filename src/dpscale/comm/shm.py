@@ -5,7 +5,9 @@ so the engine's gradient buckets are reduced where they are, with no send buffer
 a reduce-scatter then an all-gather in one sweep: rank r sums part r of the buffer over all
 ranks and writes the sum into part r of *every* rank's buffer. Each part is touched by one rank
 only, so two barriers suffice: one before (every rank's data is ready) and one after (every
-rank has finished writing into my buffer).
+rank has finished writing into my buffer). Tensors up to `shm_small.SMALL_MAX_BYTES` take a
+one-round path instead (every rank sums all ranks' copies, posted in mailboxes: one barrier),
+with the same additions in the same order (`sum_order.py`), so the bits do not depend on the path.
 
 Barriers are per-rank counters in a shared control segment (`shm_wait.py`, which also holds how
 a rank waits for a late peer). Small all-reduces are dominated by per-call overhead, not by
@@ -28,8 +30,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dpscale.comm import shm_small
 from dpscale.comm.base import chunk_bounds, completed
+from dpscale.comm.shm_small import Mailboxes, SmallAllReduce
 from dpscale.comm.shm_wait import WAIT_POLICIES, Counters, PeerTimeoutError
+from dpscale.comm.sum_order import part_order, sum_into
 
 __all__ = ["WAIT_POLICIES", "PeerTimeoutError", "SharedMemoryTransport"]
 
@@ -45,6 +50,9 @@ _CHUNK_BYTES = 1 << 18  # a chunk's sum and the peer slice it is written to fit 
 # Regions remembered at most; a job reduces a fixed set (its buckets), so this only bounds a
 # caller that reduces ever-new tensors through the staging buffer.
 _MAX_REGIONS = 4096
+# A rank's control segment: its barrier line (shm_wait.py) on a page of its own, then its two
+# mailboxes for small all-reduces (shm_small.py)
+_CTL_BYTES = 4096
 
 
 class _Segment:
@@ -64,9 +72,10 @@ class _Region:
     def __init__(self, views: list[torch.Tensor], rank: int, world_size: int):
         self.views = views
         self.lo, self.hi = chunk_bounds(views[0].numel(), world_size, rank)
-        self.mine = views[rank][self.lo : self.hi]
-        # my part of every rank's buffer, mine first: the sum is written over it, so it is read first
-        self.parts = [self.mine] + [v[self.lo : self.hi] for j, v in enumerate(views) if j != rank]
+        # my part of every rank's buffer in the order they are added, mine first: the sum is
+        # written over it, so it is read first
+        self.parts = [views[j][self.lo : self.hi] for j in part_order(rank, world_size)]
+        self.mine = self.parts[0]
         nbytes = self.mine.numel() * self.mine.element_size()
         small = self.mine.dtype in _NUMPY_DTYPES and nbytes <= _NUMPY_MAX_BYTES
         self.np_parts = [p.numpy() for p in self.parts] if small else None
@@ -76,6 +85,8 @@ class _Region:
             step = _CHUNK_BYTES // self.mine.element_size()
             whole = [p.numpy() for p in self.parts]
             self.np_chunks = [[a[i : i + step] for a in whole] for i in range(0, len(whole[0]), step)]
+        # the one-round all-reduce of the region, if it is small enough (set by the transport)
+        self.small: SmallAllReduce | None = None
         # the last tensor reduced here and its completed Future, handed out again for the same tensor
         self.tensor: torch.Tensor | None = None
         self.future: torch.futures.Future | None = None
@@ -91,7 +102,7 @@ class _Region:
                 np.copyto(p, mine)
             return
         if self.np_chunks is not None and between_hosts is None and torch.get_num_threads() == 1:
-            # the same additions in the same order as _sum_into, element by element
+            # the same additions in the same order as sum_into, element by element
             for mine, *others in self.np_chunks:
                 np.add(mine, others[0], out=mine)
                 for p in others[1:]:
@@ -99,7 +110,7 @@ class _Region:
                 for p in others:
                     np.copyto(p, mine)
             return
-        _sum_into(self.mine, self.parts)
+        sum_into(self.mine, self.parts)
         if between_hosts is not None:
             between_hosts(self.mine)
         for part in self.parts[1:]:
@@ -136,7 +147,13 @@ class SharedMemoryTransport:
         self._segments: list[_Segment] = []
         self._regions: dict[tuple[int, int, torch.dtype], _Region] = {}
         self._staging: torch.Tensor | None = None
-        self._ctl = Counters(self._map_all(64), self.rank, timeout_s=timeout_s, wait=wait)
+        capacity = shm_small.SMALL_MAX_BYTES  # read here, so a test can turn the path off
+        maps = self._map_all(_CTL_BYTES + 2 * capacity)
+        self._ctl = Counters(
+            maps, self.rank, timeout_s=timeout_s, wait=wait, oversubscribed=self._oversubscribed()
+        )
+        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank)
+        self._last_private: tuple[tuple, SmallAllReduce] | None = None
 
     @property
     def wait(self) -> str:
@@ -159,6 +176,13 @@ class SharedMemoryTransport:
         finally:
             os.close(fd)
         return maps
+
+    def _oversubscribed(self) -> bool:
+        """Collective: whether the ranks have fewer CPUs among them than there are ranks (then a
+        rank that spins while it waits holds a CPU that a late peer needs)."""
+        cpus: list = [None] * self.world_size
+        dist.all_gather_object(cpus, sorted(os.sched_getaffinity(0)), group=self.group)
+        return len(set().union(*cpus)) < self.world_size
 
     def alloc(self, numel: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """A zeroed buffer in fresh segments, mapped by every peer (collective)."""
@@ -199,6 +223,8 @@ class SharedMemoryTransport:
             if len(self._regions) >= _MAX_REGIONS:
                 self._regions.clear()
             region = self._regions[key] = _Region(views, self.rank, self.world_size)
+            if self._mail.fits(tensor):
+                region.small = self._mail.bind(views[self.rank])
         return region
 
     def _peer_views(self, tensor: torch.Tensor) -> list[torch.Tensor] | None:
@@ -232,16 +258,45 @@ class SharedMemoryTransport:
     # -- collectives -------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, between_hosts=None) -> torch.futures.Future:
         """Sum in place. `between_hosts(part)`, if given, reduces my summed part across hosts."""
-        region, staged = self._region_for(tensor)
+        region = self._region(tensor)
+        if between_hosts is None:
+            small = self._small(tensor, region)
+            if small is not None:
+                self._all_reduce_small(small)
+                return completed(tensor) if region is None else region.completed(tensor)
+        if region is None:  # a tensor of the caller's: reduced in a staging copy
+            staging = self._staged(tensor)
+            self._all_reduce_in_place(staging, between_hosts)
+            tensor.view(-1).copy_(staging.views[self.rank])
+            return completed(tensor)
+        self._all_reduce_in_place(region, between_hosts)
+        return region.completed(tensor)
+
+    def _small(self, tensor: torch.Tensor, region: _Region | None) -> SmallAllReduce | None:
+        """The one-round all-reduce of `tensor`, or None if it is too large for it."""
+        if region is not None:
+            return region.small
+        if not self._mail.fits(tensor):
+            return None
+        # A tensor of the caller's: only the last one's binding is kept (it holds the tensor, as
+        # the staging region holds the last staged one), for callers that reduce one tensor often.
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        if self._last_private is None or self._last_private[0] != key:
+            self._last_private = (key, self._mail.bind(tensor))
+        return self._last_private[1]
+
+    def _all_reduce_small(self, small: SmallAllReduce) -> None:
+        slot = (self._ctl.seq + 1) & 1  # mailboxes alternate with the arrival this call makes
+        small.post(slot)
+        self._wait_all(self._arrive(), "all_reduce: inputs posted")
+        small.sum(slot)
+
+    def _all_reduce_in_place(self, region: _Region, between_hosts) -> None:
         self._wait_all(self._arrive(), "all_reduce: inputs ready")
         # an empty part still takes part in the cross-host collective, which every rank issues
         if region.hi > region.lo or between_hosts is not None:
             region.sum_and_spread(between_hosts)
         self._wait_all(self._arrive(), "all_reduce: results written")
-        if staged:
-            tensor.view(-1).copy_(region.views[self.rank])
-            return completed(tensor)
-        return region.completed(tensor)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         region, staged = self._region_for(tensor)
@@ -266,13 +321,14 @@ class SharedMemoryTransport:
         region, _ = self._region_for(tensor)
         self._wait_all(self._arrive(), "reduce_scatter: inputs ready")
         lo, hi = region.lo, region.hi
-        _sum_into(output.view(-1), [v[lo:hi] for v in region.views])
+        sum_into(output.view(-1), [v[lo:hi] for v in region.views])
         self._wait_all(self._arrive(), "reduce_scatter: read")
 
     def close(self) -> None:
         self._segments.clear()
         self._regions.clear()
         self._staging = None
+        self._last_private = None
 
     def describe(self) -> str:
         return f"shm ({self.world_size} workers, shared memory on one host)"
@@ -291,24 +347,3 @@ def _map_peer(pid: int, fd: int, size: int, rank: int) -> mmap.mmap:
         return mmap.mmap(peer_fd, size)
     finally:
         os.close(peer_fd)
-
-
-def _sum_into(out: torch.Tensor, parts: list[torch.Tensor]) -> None:
-    """out = sum(parts), in one pass where possible; fp16/bf16 accumulate in fp32.
-
-    `out` may be `parts[0]` (never a later part: it is overwritten by the first add).
-    """
-    if len(parts) == 1:
-        if out.data_ptr() != parts[0].data_ptr():
-            out.copy_(parts[0])
-        return
-    if len(parts) == 2 or out.dtype in (torch.float32, torch.float64):
-        # torch's CPU add computes half types in fp32 and rounds once per add
-        torch.add(parts[0], parts[1], out=out)
-        for p in parts[2:]:
-            out.add_(p)
-        return
-    acc = parts[0].float()
-    for p in parts[1:]:
-        acc.add_(p)
-    out.copy_(acc)

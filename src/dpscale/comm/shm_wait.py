@@ -7,12 +7,18 @@ sees the counter also sees the data written before it).
 
 Two ways to wait for a peer that is late (`WAIT_POLICIES`):
 
-- `block` (the default): spin for about 100-150 us of checks (a peer that is about to
-  arrive costs no system call), then sleep in the kernel on the peer's counter (Linux futex, the
-  word under pthread mutexes) until the peer's arrival wakes it. A waiting rank then burns no CPU,
-  which matters when the host has more runnable processes than cores: a spinning rank takes the
-  core its late peer needs. The arriving rank makes the wake-up system call only when a peer has
-  said it sleeps on it, so a quiet host pays nothing for this.
+- `block` (the default): spin for a while (a peer that is about to arrive costs no system call),
+  then sleep in the kernel on the peer's counter (Linux futex, the word under pthread mutexes)
+  until the peer's arrival wakes it. A waiting rank then burns no CPU, which matters when the host
+  has more runnable processes than cores: a spinning rank takes the core its late peer needs. The
+  arriving rank makes the wake-up system call only when a peer has said it sleeps on it, so a
+  quiet host pays nothing for this. How long to spin adapts: up to `_BLOCK_SPIN` checks (~100-150
+  us) while the peers it sleeps on arrive soon after it gives up (more spinning would have caught
+  them), down to `_BLOCK_SPIN_MIN` (a few us) while they arrive long after (they were not running:
+  spinning only kept a CPU from them). When the ranks have fewer CPUs than ranks among them it
+  spins only that minimum, then yields the CPU a few times (the late peer may be waiting for this
+  very CPU) before it sleeps. A sleeping rank is woken, never polled, so unlike `sched_yield` it
+  cannot lose a whole time slice to a busy process that shares its CPU.
 - `spin`: spin, then `sched_yield`, then 0.5 ms sleeps (the transport's first policy; it keeps
   the fewest microseconds per barrier on an idle host with a core per rank, and yields the CPU
   only after milliseconds).
@@ -42,6 +48,17 @@ _YIELD = 20000
 # that arrives 30-60 us late); 1000 removed it and cost nothing measurable on engine steps, quiet
 # or with 5 busy processes (BENCHMARKS.md, "spin budget")
 _BLOCK_SPIN = 1000
+# `block`: the fewest busy checks before sleeping (~3-5 us: a peer running on another CPU and
+# about to arrive), where spinning longer has not paid or the ranks share CPUs
+_BLOCK_SPIN_MIN = 30
+# `block`: a sleep longer than this means the peer was not running; a shorter one, that it was
+# close and a longer spin would have caught it (the spin budget then halves or doubles)
+_LONG_SLEEP_S = 0.0005
+# `block`, ranks sharing CPUs: yields before sleeping. The late peer is then often runnable on this
+# CPU, and a yield hands it the CPU with no futex wake-up to pay on its arrival (Open MPI yields
+# likewise when it runs more processes than cores: its mpi_yield_when_idle). Few, and only then:
+# a yield can hand a whole time slice to a busy process that shares the CPU.
+_SHARED_CPU_YIELDS = 4
 # A sleeper wakes at least this often to check its deadline; arrivals wake it at once.
 _BLOCK_SLICE_S = 0.01
 
@@ -76,9 +93,12 @@ def _fence() -> None:
 
 
 class Counters:
-    """The control lines of every rank (`maps[j]` is rank j's 64 bytes), and the wait policy."""
+    """The control lines of every rank (the first 64 bytes of `maps[j]`, rank j's control segment),
+    and the wait policy."""
 
-    def __init__(self, maps: list[mmap.mmap], rank: int, *, timeout_s: float, wait: str):
+    def __init__(
+        self, maps: list[mmap.mmap], rank: int, *, timeout_s: float, wait: str, oversubscribed: bool = False
+    ):
         assert wait in WAIT_POLICIES, wait  # checked by the transport, before any collective
         self.maps = maps  # kept: the arrays below are views of them
         self.lines = [np.frombuffer(m, dtype=np.int64, count=_LINE) for m in maps]
@@ -92,6 +112,10 @@ class Counters:
         sec, frac = divmod(_BLOCK_SLICE_S, 1.0)
         self._slice = _Timespec(int(sec), int(frac * 1e9))
         self.sleeps = 0  # times this rank slept in the kernel (block policy): for tests and probes
+        # `block`: busy checks before sleeping, adapted between the minimum and this cap
+        self._spin_cap = _BLOCK_SPIN_MIN if oversubscribed else _BLOCK_SPIN
+        self.spin_budget = self._spin_cap
+        self._yields = _SHARED_CPU_YIELDS if oversubscribed else 0
 
     def arrive(self) -> int:
         self.seq += 1
@@ -134,10 +158,26 @@ class Counters:
 
     def _block_on(self, j: int, seq: int, what: str) -> None:
         ctl = self.lines[j]
-        for _ in range(_BLOCK_SPIN):
+        for _ in range(self.spin_budget):
             if ctl[_COUNT] >= seq:
                 return
-        deadline = time.monotonic() + self.timeout_s
+        for _ in range(self._yields):
+            os.sched_yield()
+            if ctl[_COUNT] >= seq:
+                return
+        start = time.monotonic()
+        self._sleep_on(j, seq, what, start + self.timeout_s)
+        self._adapt(time.monotonic() - start)
+
+    def _adapt(self, slept_s: float) -> None:
+        """After a sleep of `slept_s`: spin longer next time if the peer came soon, else shorter."""
+        if slept_s < _LONG_SLEEP_S:
+            self.spin_budget = min(self._spin_cap, self.spin_budget * 2)
+        else:
+            self.spin_budget = max(_BLOCK_SPIN_MIN, self.spin_budget // 2)
+
+    def _sleep_on(self, j: int, seq: int, what: str, deadline: float) -> None:
+        ctl = self.lines[j]
         mine, addr, slice_addr = self._mine, self._addrs[j], ctypes.addressof(self._slice)
         while True:
             mine[_ASLEEP_ON] = j + 1

@@ -1,0 +1,140 @@
+"""The shm transport's one-round all-reduce for small tensors, through mailboxes.
+
+For a small tensor the in-place all-reduce's two barriers (shm.py) cost more than its bytes. Here
+every rank copies its tensor into a mailbox of its own in shared memory, arrives once, and when
+every peer has arrived sums all ranks' mailboxes into its own tensor. No rank writes memory that a
+peer may still read, so one synchronization a call suffices: each rank has two mailboxes and
+fills them in turn, by the parity of the collective's sequence number. A rank fills a mailbox
+again two collectives later at the earliest, after it has seen every peer arrive at the
+collective in between, and a peer arrives there only once it has read the mailbox. (DeepSpeed's
+CPU shared-memory all-reduce synchronizes small messages once a call in the same way, with flag
+states: csrc/cpu/comm/shm.cpp in microsoft/DeepSpeed.)
+
+Each rank adds every part in the order of `sum_order` (rank p's value first for part p), the
+additions the in-place path makes, so the bits do not depend on which path a size takes and are
+the same on every rank (up to the payload of a NaN that is the sum of two NaNs, see sum_order.py).
+"""
+
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpscale.comm.sum_order import ranges_in_order, sum_into
+
+# Tensors up to this size take the one-round path. It copies the tensor in and every rank reads
+# all ranks' copies (world_size times the bytes each rank reads in place), so past a few KiB the
+# second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py --small-max-bytes.
+SMALL_MAX_BYTES = 1 << 13
+# summed with numpy (a fraction of torch's per-call cost); other dtypes through torch (`sum_into`)
+_NUMPY_DTYPES = (torch.float32, torch.float64)
+# Operand lists remembered at most (by size and dtype; a job reduces a fixed set of them)
+_MAX_SHAPES = 1024
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """What the one-round sum of a (numel, dtype) reads: the ranges [lo, hi) added in one order
+    (`sum_order.ranges_in_order`), and per mailbox slot my mailbox as bytes and for every range
+    the ranks' copies of it in the order they are added."""
+
+    bounds: list[tuple[int, int]]
+    inboxes: tuple[np.ndarray, np.ndarray]
+    copies: tuple[list[list], list[list]]
+
+
+class Mailboxes:
+    """Every rank's two mailboxes of `capacity` bytes, at `offset` in its control segment
+    (`maps[j]` is rank j's, mapped here)."""
+
+    def __init__(self, maps: list[mmap.mmap], offset: int, capacity: int, rank: int):
+        self.capacity = capacity
+        self.rank = rank
+        self.world_size = len(maps)
+        # boxes[slot][j]: rank j's mailbox `slot`, as bytes (none when the path is turned off)
+        starts = (offset, offset + capacity)
+        self.boxes = [[_bytes(m, at, capacity) for m in maps] for at in starts] if capacity else []
+        self._terms: dict[tuple[int, torch.dtype], _Terms] = {}
+
+    def fits(self, tensor: torch.Tensor) -> bool:
+        return (
+            self.world_size > 1
+            and self.capacity > 0
+            and tensor.numel() * tensor.element_size() <= self.capacity
+            and tensor.is_contiguous()
+            and tensor.device.type == "cpu"
+        )
+
+    def bind(self, tensor: torch.Tensor) -> SmallAllReduce:
+        """The one-round all-reduce of `tensor` (which `fits`), in place."""
+        return SmallAllReduce(tensor, self._terms_of(tensor.numel(), tensor.dtype))
+
+    def _terms_of(self, numel: int, dtype: torch.dtype) -> _Terms:
+        key = (numel, dtype)
+        terms = self._terms.get(key)
+        if terms is None:
+            if len(self._terms) >= _MAX_SHAPES:
+                self._terms.clear()
+            terms = self._terms[key] = self._new_terms(numel, dtype)
+        return terms
+
+    def _new_terms(self, numel: int, dtype: torch.dtype) -> _Terms:
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        ranges = ranges_in_order(numel, self.world_size)
+        inboxes, copies = [], []
+        for boxes in self.boxes:
+            ranks: list[Any] = [box[:nbytes].view(dtype) for box in boxes]
+            if dtype in _NUMPY_DTYPES:
+                ranks = [c.numpy() for c in ranks]
+            inboxes.append(boxes[self.rank][:nbytes].numpy())
+            copies.append([[ranks[j][lo:hi] for j in order] for lo, hi, order in ranges])
+        bounds = [(lo, hi) for lo, hi, _ in ranges]
+        return _Terms(bounds, (inboxes[0], inboxes[1]), (copies[0], copies[1]))
+
+
+class SmallAllReduce:
+    """The one-round all-reduce of one tensor: `post(slot)` copies it into my mailbox `slot`; once
+    every peer has posted, `sum(slot)` writes the sum of all mailboxes `slot` into it."""
+
+    def __init__(self, tensor: torch.Tensor, terms: _Terms):
+        flat = tensor.detach().view(-1)
+        self._source = flat.view(torch.uint8).numpy()
+        self._inboxes = terms.inboxes
+        self._numpy = flat.dtype in _NUMPY_DTYPES
+        if self._numpy:
+            # per slot, the additions as (a, b, out) in order: one flat loop of numpy calls, whose
+            # ~0.5 us each is most of a small all-reduce's time
+            out = flat.numpy()
+            self._adds = tuple(_numpy_adds(out, terms.bounds, copies) for copies in terms.copies)
+        else:
+            parts = [flat[lo:hi] for lo, hi in terms.bounds]
+            self._sums = tuple(list(zip(parts, copies, strict=True)) for copies in terms.copies)
+
+    def post(self, slot: int) -> None:
+        np.copyto(self._inboxes[slot], self._source)
+
+    def sum(self, slot: int) -> None:
+        if self._numpy:
+            # the additions of sum_into, with numpy's cheaper calls (the same IEEE adds in the same order)
+            for a, b, out in self._adds[slot]:
+                np.add(a, b, out=out)
+            return
+        for part, copies in self._sums[slot]:
+            sum_into(part, copies)
+
+
+def _numpy_adds(out: np.ndarray, bounds: list[tuple[int, int]], copies: list[list]) -> list[tuple]:
+    adds = []
+    for (lo, hi), (first, second, *rest) in zip(bounds, copies, strict=True):
+        acc = out[lo:hi]
+        adds.append((first, second, acc))
+        adds += [(acc, c, acc) for c in rest]
+    return adds
+
+
+def _bytes(m: mmap.mmap, offset: int, count: int) -> torch.Tensor:
+    return torch.frombuffer(m, dtype=torch.uint8, count=count, offset=offset)

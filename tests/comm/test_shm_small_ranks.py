@@ -1,0 +1,137 @@
+"""The shm transport's one-round path for small tensors, between real ranks.
+
+Each rank holds two transports: one as shipped, one with the one-round path turned off (every
+size through the in-place path, as before it existed). Sizes around the threshold, every dtype,
+in the segments and not, must come out with the same bits from both, on every rank, and equal to
+the sum in the order `sum_order` defines. The ranks call in uneven rhythm (random short pauses)
+and mix one-round calls with in-place ones and barriers, so a mailbox refilled too early would
+show as a wrong sum.
+"""
+
+import os
+import random
+import time
+
+import pytest
+import torch
+
+from dpscale.comm import SharedMemoryTransport, chunk_bounds, shm_small, shm_wait
+from dpscale.comm.sum_order import part_order, sum_into
+from dpscale.lab.multirank import run_ranks
+
+pytestmark = pytest.mark.slow  # starts processes (spawned ranks)
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _sizes(dtype: torch.dtype) -> list[int]:
+    most = shm_small.SMALL_MAX_BYTES // torch.empty(0, dtype=dtype).element_size()
+    return [1, 5, 1000, most - 1, most, most + 1]  # the last one takes the in-place path
+
+
+def _data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 10 + rank)
+    scale = torch.pow(10.0, torch.randint(-4, 5, (numel,), generator=g).double())
+    return (torch.randn(numel, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def _expected(xs: list[torch.Tensor]) -> torch.Tensor:
+    world, numel = len(xs), xs[0].numel()
+    out = torch.empty_like(xs[0])
+    for p in range(world):
+        lo, hi = chunk_bounds(numel, world, p)
+        sum_into(out[lo:hi], [xs[j][lo:hi] for j in part_order(p, world)])
+    return out
+
+
+def _reduce(t: SharedMemoryTransport, x: torch.Tensor, in_segment: bool) -> torch.Tensor:
+    buf = t.alloc(x.numel(), x.dtype) if in_segment else x.clone()
+    if in_segment:
+        buf.copy_(x)
+    t.all_reduce(buf).wait()
+    return buf.clone()
+
+
+def both_paths(rank: int, world: int) -> list[tuple]:
+    before = shm_small.SMALL_MAX_BYTES
+    shm_small.SMALL_MAX_BYTES = 0
+    try:
+        in_place = SharedMemoryTransport(timeout_s=60)
+    finally:
+        shm_small.SMALL_MAX_BYTES = before
+    shipped = SharedMemoryTransport(timeout_s=60)
+    pause = random.Random(rank)
+    out, seed = [], 0
+    for dtype in DTYPES:
+        for numel in _sizes(dtype):
+            for in_segment in (True, False):
+                seed += 1
+                xs = [_data(j, numel, dtype, seed) for j in range(world)]
+                time.sleep(pause.choice([0, 0, 0.0002, 0.002]))  # ranks out of step
+                got = _reduce(shipped, xs[rank], in_segment)
+                want = _reduce(in_place, xs[rank], in_segment)
+                out.append((dtype, numel, in_segment, got, want, _expected(xs)))
+                if seed % 3 == 0:
+                    shipped.barrier()  # shifts which mailbox the next call fills
+    shipped.close()
+    in_place.close()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_one_round_path_gives_the_in_place_bits_on_every_rank(world):
+    per_rank = run_ranks(both_paths, world, timeout_s=240)
+    for rank, cases in enumerate(per_rank):
+        for (dtype, numel, in_segment, got, want, expected), first in zip(cases, per_rank[0], strict=True):
+            what = (rank, dtype, numel, in_segment)
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), what
+            assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), what
+            assert torch.equal(got.view(torch.uint8), first[3].view(torch.uint8)), what  # same on every rank
+    assert not [n for n in os.listdir("/dev/shm") if "dpscale" in n]
+
+
+def many_small_calls(rank: int, world: int, calls: int) -> list[str]:
+    t = SharedMemoryTransport(timeout_s=60)
+    buf = t.alloc(64, torch.float32)
+    big = t.alloc(shm_small.SMALL_MAX_BYTES, torch.float32)  # 4x the threshold: in place
+    pause = random.Random(rank + 100)
+    wrong = []
+    for i in range(calls):
+        if pause.random() < 0.2:
+            time.sleep(pause.choice([0.00005, 0.0005]))
+        buf.copy_(torch.arange(64, dtype=torch.float32) * (rank + 1) + i)
+        t.all_reduce(buf)
+        want = torch.arange(64, dtype=torch.float32) * (world * (world + 1) / 2) + world * i
+        if not torch.equal(buf, want):
+            wrong.append(f"call {i}: {buf[:4].tolist()} != {want[:4].tolist()}")
+        if i % 7 == 0:
+            big.fill_(1.0)
+            t.all_reduce(big)
+            if not bool((big == world).all()):
+                wrong.append(f"call {i}: in-place all-reduce wrong")
+    spin = t._ctl.spin_budget
+    t.close()
+    return [*wrong, f"spin {spin}"]
+
+
+def test_back_to_back_small_calls_in_uneven_step_never_read_a_refilled_mailbox():
+    for result in run_ranks(many_small_calls, 3, 400, timeout_s=120):
+        assert result[:-1] == []
+
+
+def pinned_to_one_cpu(rank: int, world: int) -> tuple[int, float]:
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    t = SharedMemoryTransport(timeout_s=60)
+    buf = torch.full((10,), float(rank + 1))
+    for _ in range(20):
+        buf.fill_(float(rank + 1))
+        t.all_reduce(buf)
+    cap = t._ctl._spin_cap
+    t.close()
+    return cap, float(buf[0])
+
+
+def test_ranks_sharing_one_cpu_spin_only_briefly_and_still_sum():
+    for cap, value in run_ranks(pinned_to_one_cpu, 2, timeout_s=120):
+        assert cap == shm_wait._BLOCK_SPIN_MIN
+        assert value == 3.0
