@@ -12,7 +12,7 @@ from dpscale.launch import torch_private
 PACKAGE = Path(dpscale.__file__).parent
 LAUNCH = PACKAGE / "launch"
 # private names of the standard library, not torch's
-_STDLIB = {"_exit", "_getframe"}
+_STDLIB = {"_exit", "_getframe", "_forkserver"}  # multiprocessing.forkserver's server (fork_start.py)
 
 
 def _defined_in_dpscale() -> set[str]:

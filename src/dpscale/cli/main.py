@@ -43,7 +43,6 @@ def _add_train(sub) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from dpscale.launch import fork_start
     from dpscale.launch.options import LaunchOptions
     from dpscale.launch.preflight import check_config, preflight
     from dpscale.train.config import TrainConfig
@@ -61,9 +60,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     min_nproc, nproc = launch_opts.nproc_range
     nodes = launch_opts.nodes()
     check_config(cfg, [nproc, min_nproc])
-    if nproc > 1 or launch_opts.max_restarts or nodes is not None:  # workers will start (else: in process)
-        # the workers' server: started already by run() where it could, now part of the job
-        fork_start.start_server()
     from dpscale.launch.launcher import LaunchError, RunStopped, launch
     from dpscale.train.trainer import resolve_task
 

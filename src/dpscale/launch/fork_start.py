@@ -29,6 +29,7 @@ interpreter, as torchrun starts it, since scripts count on being `__main__` of t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import multiprocessing
 import multiprocessing.util
@@ -107,11 +108,18 @@ def starts_workers(argv: list[str]) -> bool:
 
 
 def stop_server() -> None:
-    """Remove the server's socket directory, which multiprocessing removes only at an interpreter
-    exit that `dpscale train` skips (process_life.exit_now); the server itself ends with this
-    process."""
-    if server_pid() is not None:
-        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    """End the server and remove its socket's directory, at the end of the command: its workers
+    have ended, and a server still importing (the command refused its input first) would otherwise
+    go on for seconds; multiprocessing removes the directory only at an interpreter exit, which
+    `dpscale train` skips (process_life.exit_now)."""
+    pid = server_pid()
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
 
 
 def server_pid() -> int | None:
