@@ -62,17 +62,24 @@ def _fold(earlier: dict, later: dict) -> dict:
     return {**later, "micro_steps_ms": sum(earlier.values()) + later["micro_steps_ms"]}
 
 
-def optimizer_steps(records: Sequence[dict]) -> list[dict]:
-    """`records` merged into optimizer steps; unchanged where no optimizer step was seen (a script
-    whose optimizer is not a torch.optim.Optimizer, or records written before they were counted).
-    Synced steps after the last optimizer step are left out (an unfinished optimizer step)."""
+def optimizer_steps(records: Sequence[dict], warmup: int = 0) -> list[dict]:
+    """`records[warmup:]` merged into optimizer steps; unchanged where no optimizer step was seen (a
+    script whose optimizer is not a torch.optim.Optimizer, or records written before they were
+    counted). The warm-up is counted in synced steps, so the window may begin inside an optimizer
+    step (Accelerate syncs every micro-step at one worker): one begun within `records[:warmup]` is
+    left out, as are synced steps after the last optimizer step (an unfinished optimizer step)."""
     if not any(r.get("optimizer_steps") for r in records):
-        return list(records)
-    out, group = [], []
-    for r in records:
+        return list(records[warmup:])
+    out: list[dict] = []
+    group: list[dict] = []
+    first = 0  # index in `records` of the group's first synced step
+    for i, r in enumerate(records):
+        if not group:
+            first = i
         group.append(r)
         if r.get("optimizer_steps"):
-            out.append(_merge(group) if len(group) > 1 else r)
+            if first >= warmup:
+                out.append(_merge(group) if len(group) > 1 else r)
             group = []
     return out
 

@@ -300,8 +300,8 @@ def _measure_one(
 
 def _timed_steps(ranks: list[dict], config: ScaleConfig) -> list[list[dict]]:
     """Each rank's timed steps, as optimizer steps (script_phases.optimizer_steps), equally many."""
-    timed = slice(config.warmup, config.warmup + config.steps)
-    per_rank = [script_phases.optimizer_steps(r["records"][timed]) for r in ranks]
+    end = config.warmup + config.steps
+    per_rank = [script_phases.optimizer_steps(r["records"][:end], config.warmup) for r in ranks]
     k = min(len(steps) for steps in per_rank)
     return [steps[:k] for steps in per_rank]
 
@@ -358,7 +358,7 @@ def profile_from(rank0: dict, config: ScaleConfig, point: ScalePoint) -> dict:
     forward and backward over all of its micro-steps, the rest (the optimizer, loading data, the
     script's own work) as the optimizer phase. Gradients are assumed ready evenly through backward
     (no per-parameter times). `measure` adds each world size's per-rank samples per optimizer step."""
-    steps = script_phases.optimizer_steps(rank0["records"][config.warmup : config.warmup + config.steps])
+    steps = script_phases.optimizer_steps(rank0["records"][: config.warmup + config.steps], config.warmup)
     steps = [s for s in steps if script_phases.kind(s) is None] or steps
     if all(
         s.get("phases") for s in steps
