@@ -119,6 +119,21 @@ def test_evaluation_steps_are_counted_apart_not_blamed_on_the_host(monkeypatch):
     assert point.note is not None and "3 held an evaluation and 3 held a checkpoint" in point.note
 
 
+def test_the_step_in_which_other_ranks_wait_for_rank_0s_own_evaluation_is_counted_with_it(monkeypatch):
+    # nanoGPT evaluates and saves on rank 0 only: rank 1 goes on into the next step and waits for
+    # rank 0 in its all-reduce, a step counted at 194 ms against a median of 117 (p90, and the
+    # exposed communication the diagnosis blamed)
+    plain = _step({"forward_ms": 4.0, "backward_ms": 6.0}, samples=8)
+    evaluated = _step({"forward_ms": 4.0, "backward_ms": 6.0, "data_wait_ms": 90.0}, samples=8, checkpoints=1)
+    waited = _step({"forward_ms": 4.0, "backward_ms": 6.0, "exposed_comm_ms": 90.0}, samples=8)
+    rank0 = [plain, plain, evaluated, plain] * 3
+    rank1 = [plain, plain, plain, waited] * 3
+    point = _measure(monkeypatch, {2: [_rank(rank0, 0, 2), _rank(rank1, 1, 2)]}, 12).points[0]
+    assert (point.checkpoint_steps, point.steps) == (6, 6)
+    assert point.step_ms_p90 == point.step_ms == 10.0 and point.exposed_comm_ms == 0.0
+    assert point.phases is not None and point.phases[1]["p90"]["exposed_comm_ms"] == 0.0
+
+
 def test_the_profile_books_accumulation_micro_steps_as_forward_and_backward_not_optimizer():
     # nanoGPT's 4 micro-steps: 3 before the synced one (300 ms), then 10 + 20 ms, optimizer 5 ms,
     # data 5 ms. The profile booked 310 of 340 ms as "optimizer"

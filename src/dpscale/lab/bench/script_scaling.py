@@ -313,7 +313,7 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
             f"{config.script} with {workers(n)}: no optimizer step ended within --steps {config.steps}; "
             "raise --steps"
         )
-    kinds = [script_phases.kind(s) for s in per_rank[0]]
+    kinds = script_phases.step_kinds(per_rank)
     # the script's own evaluations and checkpoints are not noise: their steps are counted apart
     plain = [k for k, what in enumerate(kinds) if what is None] or list(range(len(kinds)))
     counted = [max(rs[k]["step_ms"] for rs in per_rank) for k in range(len(kinds))]
