@@ -236,6 +236,21 @@ def test_scale_measures_one_worker_without_ddp_and_each_ranks_phases_add_up(tmp_
 
 
 @pytest.mark.slow
+def test_scale_classifies_the_evaluations_a_trainer_style_script_runs_past_its_ddp_model(tmp_path):
+    # Hugging Face's Trainer evaluates the module its DDP model wraps: at N=2 those steps were timed
+    # as training steps, their evaluation booked as data wait
+    script = str(SCRIPTS / "trainer_style.py")
+    cmd = ["scale", "--nproc", "1,2", "--steps", "12", "--warmup", "2", "--report-dir", "r", "--", script]
+    p = run([*cmd, "--eval-every", "4"], cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (report,) = (tmp_path / "r").iterdir()
+    one, two = json.loads((report / "report.json").read_text())["results"]["points"]
+    for pt in (one, two):
+        assert pt["eval_steps"] >= 2 and "held an evaluation" in pt["note"], pt
+    assert two["synchronized"] and two["checks"] == []  # its micro-steps skip the sync: nothing to say
+
+
+@pytest.mark.slow
 def test_scale_names_the_rank_that_sleeps_30_ms_in_every_forward(tmp_path):
     script = str(SCRIPTS / "slow_rank_forward.py")
     p = run(

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from dpscale.engine.telemetry import StepTelemetry
-from dpscale.launch.script_watch import Unwrapped
+from dpscale.launch.script_watch import BareEvaluations, Unwrapped
 
 
 class Net(nn.Module):
@@ -42,3 +42,35 @@ def test_top_level_training_forwards_make_the_steps_and_the_optimizer_ends_each(
     assert watch.module is model
     model(torch.randn(3, 4))  # hooks removed: nothing more is counted
     assert len(telemetry.records) == 3
+
+
+class Wrapper(nn.Module):
+    """Stands for a DDP model: `.module` is what it wraps."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def test_evaluations_on_the_wrapped_module_past_the_wrapper_count_on_the_wrappers_telemetry():
+    # Hugging Face's Trainer trains the DDP model and evaluates the module inside it
+    telemetry, model = StepTelemetry(), Net()
+    wrapper = Wrapper(model)
+    watch = BareEvaluations(wrapper, telemetry)
+    try:
+        wrapper(torch.randn(2, 4))  # training, through the wrapper: not an evaluation
+        model(torch.randn(2, 4))  # training on the bare module (not a step either way)
+        with torch.no_grad():
+            model(torch.randn(2, 4))
+            wrapper(torch.randn(2, 4))  # through the wrapper: the wrapper counts its own
+        model.eval()
+        model(torch.randn(2, 4))
+    finally:
+        watch.remove()
+    assert telemetry.marks.evaluations == 2
+    with torch.no_grad():
+        model(torch.randn(2, 4))  # hooks removed
+    assert telemetry.marks.evaluations == 2

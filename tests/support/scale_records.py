@@ -52,7 +52,6 @@ def measure(monkeypatch, runs: dict[int, list[dict]], steps: int, **config) -> s
 
     monkeypatch.setattr(script_scaling, "_measure_one", one)
     sizes = sorted(k for k in runs if isinstance(k, int))
-    cfg = ScaleConfig(
-        script="train.py", world_sizes=sizes, steps=steps, warmup=0, threads_per_worker=1, **config
-    )
+    config = {"warmup": 0, **config}
+    cfg = ScaleConfig(script="train.py", world_sizes=sizes, steps=steps, threads_per_worker=1, **config)
     return script_scaling.measure(cfg, Path("."))

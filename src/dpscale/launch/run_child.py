@@ -99,7 +99,7 @@ def stand_in(
             self.telemetry.on_limit = lambda t: _stop(self, telemetry_dir)
             _set_trace(self.telemetry, limit)
             if watch is not None:
-                watch.ddp_built(self.telemetry)
+                watch.ddp_built(self.telemetry, self)
             # a script that ends before the limit still leaves what it measured
             atexit.register(_write, self, telemetry_dir, final=False)
 

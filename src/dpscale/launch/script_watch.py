@@ -10,6 +10,11 @@ A script that builds no DDP model (the common "wrap only when world_size > 1" at
 has steps: `Unwrapped` takes them from the module forwards at the top of the call stack (a module
 with trainable parameters, called while no other module's forward runs) and ends each at the
 optimizer's `step()`. Its hooks come off as soon as the script builds a DDP model.
+
+Once a DDP model exists, its wrapper counts the evaluations run through it, but a script may
+evaluate the module inside it directly: Hugging Face's Trainer trains the DDP model and evaluates
+`self.model`, the module it wrapped. `BareEvaluations` counts those too, so a step that held one is
+classified as such rather than timed as training.
 """
 
 from __future__ import annotations
@@ -65,12 +70,43 @@ class Unwrapped:
             self._call = None
 
 
+class BareEvaluations:
+    """Evaluation forwards (eval mode or no grad) of the module a DDP model wraps, called past the
+    wrapper; counted on the wrapper's telemetry, as the wrapper counts those it runs itself."""
+
+    def __init__(self, ddp: nn.Module, telemetry: StepTelemetry) -> None:
+        self.telemetry = telemetry
+        self._in_wrapper = 0  # the wrapper's own forwards call the module too: counted there
+        inner = ddp.module
+        assert isinstance(inner, nn.Module)
+        self._handles = [
+            ddp.register_forward_pre_hook(self._enter),
+            ddp.register_forward_hook(self._leave, always_call=True),
+            inner.register_forward_pre_hook(self._bare),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _enter(self, module: nn.Module, args: tuple) -> None:
+        self._in_wrapper += 1
+
+    def _leave(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._in_wrapper -= 1
+
+    def _bare(self, module: nn.Module, args: tuple) -> None:
+        if not self._in_wrapper and not (module.training and torch.is_grad_enabled()):
+            self.telemetry.marks.evaluations += 1
+
+
 class ScriptWatch:
     """Stamps each backward, optimizer step and checkpoint on the telemetries in `telemetries`."""
 
     def __init__(self) -> None:
         self.telemetries: list[StepTelemetry] = []
         self.unwrapped: Unwrapped | None = None
+        self.bare: list[BareEvaluations] = []  # one per DDP model built
 
     def install(self, unwrapped_telemetry: StepTelemetry | None) -> None:
         """Start watching; with `unwrapped_telemetry`, also time a model no DDP wraps (until one does)."""
@@ -107,11 +143,14 @@ class ScriptWatch:
         if self.unwrapped is not None:
             self.unwrapped.telemetry.end_step()
 
-    def ddp_built(self, telemetry: StepTelemetry | None) -> None:
-        """A DDP model exists: its own telemetry replaces the unwrapped one."""
+    def ddp_built(self, telemetry: StepTelemetry | None, ddp: nn.Module | None = None) -> None:
+        """A DDP model exists: its own telemetry replaces the unwrapped one, and the evaluations
+        the script runs on `ddp`'s module past the wrapper count on it too."""
         if self.unwrapped is not None:
             self.unwrapped.remove()
             self.telemetries.remove(self.unwrapped.telemetry)
             self.unwrapped = None
         if telemetry is not None:
             self.telemetries.append(telemetry)
+            if ddp is not None:
+                self.bare.append(BareEvaluations(ddp, telemetry))

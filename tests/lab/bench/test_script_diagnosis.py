@@ -49,6 +49,10 @@ def test_a_learning_rate_left_unchanged_while_the_global_batch_grew_is_said(monk
     # scaled with the batch, or the global batch kept: nothing to say
     assert not script_diagnosis.checks(measure(monkeypatch, _runs(exposed_ms=1.0, lr2=0.2), 8))
     assert not script_diagnosis.checks(measure(monkeypatch, _runs(exposed_ms=1.0, per_rank_at_2=8), 8))
+    # pytorch/examples' imagenet main.py on CPU wraps nothing: each rank trained alone, no global batch
+    alone = _runs(exposed_ms=1.0)
+    alone[2] = [{**r, "ddp": False, "transport": "none"} for r in alone[2]]
+    assert not script_diagnosis.checks(measure(monkeypatch, alone, 8))
 
 
 def test_try_prints_predicted_next_to_measured(monkeypatch):

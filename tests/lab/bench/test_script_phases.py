@@ -75,6 +75,20 @@ def test_synced_micro_steps_fold_into_the_optimizer_step_that_ends_them():
     assert sum(step["phases"].values()) == pytest.approx(step["step_ms"])
 
 
+def test_an_optimizer_step_begun_in_the_warm_up_is_left_out():
+    # Accelerate at one worker syncs both micro-steps: a warm-up of 3 synced steps ends inside the
+    # second optimizer step, whose last micro-step alone was counted as a whole optimizer step
+    micro = {**_step(forward_ms=2.0, backward_ms=3.0), "optimizer_steps": 0, "samples": 8, "micro_steps": 1}
+    last = {**_step(forward_ms=2.0, backward_ms=3.0, optimizer_ms=4.0), "samples": 8, "micro_steps": 1}
+    for r in (micro, last):
+        r["exposed_comm_ms"] = 0.0
+    steps = script_phases.optimizer_steps([micro, last] * 4, warmup=3)
+    assert [(s["samples"], s["synced_steps"]) for s in steps] == [(16, 2), (16, 2)]
+    assert script_phases.optimizer_steps([micro, last] * 4, warmup=2)[1:] == steps  # at a boundary: kept
+    plain = [{**micro, "optimizer_steps": 0}] * 4  # no optimizer step seen: the window as it is
+    assert script_phases.optimizer_steps(plain, warmup=3) == plain[3:]
+
+
 def test_the_efficiency_lost_splits_into_parts_that_add_up_to_it():
     base = script_phases.rank_phases(
         [[_step(forward_ms=10.0, backward_ms=10.0, optimizer_ms=5.0)] * 3], [25.0] * 3

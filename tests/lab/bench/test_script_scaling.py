@@ -74,6 +74,23 @@ def test_efficiency_compares_optimizer_steps_where_one_worker_syncs_every_micro_
     assert base.phases is not None and base.phases[0]["median"]["micro_steps_ms"] == pytest.approx(30.0)
 
 
+def test_a_warm_up_that_ends_inside_an_optimizer_step_leaves_that_step_out(monkeypatch):
+    # a Hugging Face Trainer with 2 micro-steps: Accelerate syncs both at N=1, so --warmup 3 ended
+    # inside an optimizer step whose last micro-step was counted whole: 14.4 samples per optimizer
+    # step at N=1, "each rank does 16 samples per optimizer step against 14.4" at N=2
+    micro = _step({"forward_ms": 4.0, "backward_ms": 6.0}, samples=8, optimizer_steps=0)
+    last = _step({"forward_ms": 4.0, "backward_ms": 6.0, "optimizer_ms": 2.0}, samples=8)
+    whole = _step(
+        {"micro_steps_ms": 10.0, "forward_ms": 4.0, "backward_ms": 6.0, "optimizer_ms": 2.0}, samples=16
+    )
+    runs = {1: [_rank([micro, last] * 7)], 2: [_rank([whole] * 13, 0, 2), _rank([whole] * 13, 1, 2)]}
+    result = _measure(monkeypatch, runs, 10, warmup=3)
+    base, pair = result.points
+    assert (base.steps, base.samples_per_step, base.step_ms) == (4, 16, 22.0)
+    assert pair.efficiency == pytest.approx(1.0) and pair.note is None
+    assert result.profile is not None and result.profile["per_worker_batch"] == 16
+
+
 def test_a_row_above_100_percent_says_why_where_each_rank_does_less_work(monkeypatch):
     # nanoGPT divides its accumulation by the world size: 32 samples per rank at N=1, 16 at N=2
     one = [_step({"micro_steps_ms": 60.0, "forward_ms": 10.0, "backward_ms": 10.0}, samples=32)] * 4
@@ -100,6 +117,21 @@ def test_evaluation_steps_are_counted_apart_not_blamed_on_the_host(monkeypatch):
     assert point.step_ms_p90 == point.step_ms == 10.0
     assert not warnings(result)
     assert point.note is not None and "3 held an evaluation and 3 held a checkpoint" in point.note
+
+
+def test_the_step_in_which_other_ranks_wait_for_rank_0s_own_evaluation_is_counted_with_it(monkeypatch):
+    # nanoGPT evaluates and saves on rank 0 only: rank 1 goes on into the next step and waits for
+    # rank 0 in its all-reduce, a step counted at 194 ms against a median of 117 (p90, and the
+    # exposed communication the diagnosis blamed)
+    plain = _step({"forward_ms": 4.0, "backward_ms": 6.0}, samples=8)
+    evaluated = _step({"forward_ms": 4.0, "backward_ms": 6.0, "data_wait_ms": 90.0}, samples=8, checkpoints=1)
+    waited = _step({"forward_ms": 4.0, "backward_ms": 6.0, "exposed_comm_ms": 90.0}, samples=8)
+    rank0 = [plain, plain, evaluated, plain] * 3
+    rank1 = [plain, plain, plain, waited] * 3
+    point = _measure(monkeypatch, {2: [_rank(rank0, 0, 2), _rank(rank1, 1, 2)]}, 12).points[0]
+    assert (point.checkpoint_steps, point.steps) == (6, 6)
+    assert point.step_ms_p90 == point.step_ms == 10.0 and point.exposed_comm_ms == 0.0
+    assert point.phases is not None and point.phases[1]["p90"]["exposed_comm_ms"] == 0.0
 
 
 def test_the_profile_books_accumulation_micro_steps_as_forward_and_backward_not_optimizer():

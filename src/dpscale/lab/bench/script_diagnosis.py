@@ -203,11 +203,13 @@ def causes(result: ScaleResult) -> list[Cause]:
 
 
 def lr_unchanged(points: Sequence[ScalePoint]) -> list[str]:
-    """A learning rate left as it was at the smallest N while the global batch grew with N."""
+    """A learning rate left as it was at the smallest N while the global batch grew with N. Ranks
+    that never synchronized (no DDP model) have no global batch: their rows say so instead."""
     lines = []
     for engine in dict.fromkeys(p.engine for p in points):
         mine = sorted(
-            (p for p in points if p.engine == engine and p.learning_rates), key=lambda p: p.world_size
+            (p for p in points if p.engine == engine and p.learning_rates and p.synchronized),
+            key=lambda p: p.world_size,
         )
         if len(mine) < 2:
             continue

@@ -4,8 +4,8 @@ The ranks' records (engine/telemetry.py `StepRecord`, as dicts) come per synchro
 are first merged into optimizer steps (`optimizer_steps`): a script that syncs on every
 accumulation micro-step at one worker but once per optimizer step at two (Accelerate) would
 otherwise compare a micro-step with a whole step. A step that ran an evaluation or saved a
-checkpoint is classified as such (`kind`) and kept out of the step-time figures: it is the
-script's own periodic work, not noise.
+checkpoint is classified as such (`kind`, `step_kinds`) and kept out of the step-time figures:
+it is the script's own periodic work, not noise.
 
 Each rank's phases (telemetry.PHASES, plus `idle_ms`: the wait for the slowest rank's step, since
 a step counts at its slowest rank) add up to the counted step. A rank whose compute (its
@@ -62,17 +62,24 @@ def _fold(earlier: dict, later: dict) -> dict:
     return {**later, "micro_steps_ms": sum(earlier.values()) + later["micro_steps_ms"]}
 
 
-def optimizer_steps(records: Sequence[dict]) -> list[dict]:
-    """`records` merged into optimizer steps; unchanged where no optimizer step was seen (a script
-    whose optimizer is not a torch.optim.Optimizer, or records written before they were counted).
-    Synced steps after the last optimizer step are left out (an unfinished optimizer step)."""
+def optimizer_steps(records: Sequence[dict], warmup: int = 0) -> list[dict]:
+    """`records[warmup:]` merged into optimizer steps; unchanged where no optimizer step was seen (a
+    script whose optimizer is not a torch.optim.Optimizer, or records written before they were
+    counted). The warm-up is counted in synced steps, so the window may begin inside an optimizer
+    step (Accelerate syncs every micro-step at one worker): one begun within `records[:warmup]` is
+    left out, as are synced steps after the last optimizer step (an unfinished optimizer step)."""
     if not any(r.get("optimizer_steps") for r in records):
-        return list(records)
-    out, group = [], []
-    for r in records:
+        return list(records[warmup:])
+    out: list[dict] = []
+    group: list[dict] = []
+    first = 0  # index in `records` of the group's first synced step
+    for i, r in enumerate(records):
+        if not group:
+            first = i
         group.append(r)
         if r.get("optimizer_steps"):
-            out.append(_merge(group) if len(group) > 1 else r)
+            if first >= warmup:
+                out.append(_merge(group) if len(group) > 1 else r)
             group = []
     return out
 
@@ -100,6 +107,20 @@ def kind(step: dict) -> str | None:
     if step.get("evaluations"):
         return "evaluation"
     return None
+
+
+def step_kinds(per_rank: Sequence[Sequence[dict]]) -> list[str | None]:
+    """Per step (the ranks' steps in lockstep), `kind` where any rank held an evaluation or a
+    checkpoint. Where some ranks held one and others did not (nanoGPT evaluates and saves on rank
+    0 only), the others went on and waited for it in the next step's all-reduce: that step is of
+    the same kind, not a slow training step."""
+    kinds: list[str | None] = []
+    spill: str | None = None  # what the previous step's lone evaluators hold the others up with
+    for held in zip(*(map(kind, steps) for steps in per_rank), strict=False):
+        mine = "checkpoint" if "checkpoint" in held else "evaluation" if "evaluation" in held else None
+        kinds.append(mine or spill)
+        spill = mine if None in held else None
+    return kinds
 
 
 def _p90(values: list[float]) -> float:

@@ -300,8 +300,8 @@ def _measure_one(
 
 def _timed_steps(ranks: list[dict], config: ScaleConfig) -> list[list[dict]]:
     """Each rank's timed steps, as optimizer steps (script_phases.optimizer_steps), equally many."""
-    timed = slice(config.warmup, config.warmup + config.steps)
-    per_rank = [script_phases.optimizer_steps(r["records"][timed]) for r in ranks]
+    end = config.warmup + config.steps
+    per_rank = [script_phases.optimizer_steps(r["records"][:end], config.warmup) for r in ranks]
     k = min(len(steps) for steps in per_rank)
     return [steps[:k] for steps in per_rank]
 
@@ -313,7 +313,7 @@ def _point(n: int, engine: str, ranks: list[dict], config: ScaleConfig) -> Scale
             f"{config.script} with {workers(n)}: no optimizer step ended within --steps {config.steps}; "
             "raise --steps"
         )
-    kinds = [script_phases.kind(s) for s in per_rank[0]]
+    kinds = script_phases.step_kinds(per_rank)
     # the script's own evaluations and checkpoints are not noise: their steps are counted apart
     plain = [k for k, what in enumerate(kinds) if what is None] or list(range(len(kinds)))
     counted = [max(rs[k]["step_ms"] for rs in per_rank) for k in range(len(kinds))]
@@ -358,7 +358,7 @@ def profile_from(rank0: dict, config: ScaleConfig, point: ScalePoint) -> dict:
     forward and backward over all of its micro-steps, the rest (the optimizer, loading data, the
     script's own work) as the optimizer phase. Gradients are assumed ready evenly through backward
     (no per-parameter times). `measure` adds each world size's per-rank samples per optimizer step."""
-    steps = script_phases.optimizer_steps(rank0["records"][config.warmup : config.warmup + config.steps])
+    steps = script_phases.optimizer_steps(rank0["records"][: config.warmup + config.steps], config.warmup)
     steps = [s for s in steps if script_phases.kind(s) is None] or steps
     if all(
         s.get("phases") for s in steps
