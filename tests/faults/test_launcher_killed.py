@@ -91,3 +91,23 @@ def test_workers_end_when_the_launcher_is_killed_while_restarting_them(tmp_path)
         _kill_launcher_and_check(proc, tag, ckpt, tmp)
     finally:
         kill_tagged(tag)
+
+
+def test_a_kill_of_the_whole_job_at_once_leaves_nothing_in_dev_shm(tmp_path):
+    # SIGKILL to the command's process group: the command, the workers' server, the workers and
+    # multiprocessing's resource tracker (which would remove the agent's semaphores) all at once;
+    # the job's reaper, in a session of its own, is what is left to remove them
+    ckpt = tmp_path / "ckpt"
+    args = LONG + ["--checkpoint-dir", str(ckpt), "--checkpoint-every", "5"]
+    proc, tag, tmp = _start(args, tmp_path, start_new_session=True)
+    try:
+        StderrWatch(proc).wait_for("step 10/")
+        shm = shm_paths_in_use(tagged(tag))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        within_s = GONE_WITHIN_PROCESS_STARTS * process_baseline_once_s()
+        left = wait_until_gone(tag, within_s)  # the reaper too, once it has done its work
+        assert not left, f"processes still running {within_s:.0f} s after the job was killed: {left}"
+        assert not [p for p in shm if os.path.exists(p)], f"left in /dev/shm: {shm}"
+    finally:
+        kill_tagged(tag)

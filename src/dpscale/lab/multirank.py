@@ -49,6 +49,9 @@ _GRACE_S = 3.0
 # imports its public names on first use (dpscale/__init__.py): the engine and the trainer are
 # named here so that a rank starts with what `import dpscale` loaded before that.
 PRELOAD = (
+    # first: train's workers, forked from the same server when one process does both, read the
+    # server's environment from it (launch/fork_start.py)
+    "dpscale.launch.fork_start",
     "torch",
     "torch.distributed",
     "torch._dynamo",

@@ -80,7 +80,8 @@ class AgentSpec:
     """takes the first SIGTERM, SIGINT or SIGUSR1 (its name) instead of stopping the workers"""
     forked: bool = False
     """args are `-m MODULE` of dpscale's own: fork each worker from the preloaded server and run
-    MODULE.forked() there (fork_start.py), instead of starting `python -m MODULE`"""
+    MODULE.forked() there (fork_start.py), instead of starting `python -m MODULE` (not with a
+    log_path)"""
 
 
 def run_agent(spec: AgentSpec) -> dict[int, Any]:
@@ -92,7 +93,9 @@ def run_agent(spec: AgentSpec) -> dict[int, Any]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import elastic_launch
 
-    forked = spec.forked and fork_start.enabled()
+    # a forked worker writes where the server does (this process's output when it started), so a
+    # log of the run's own needs started workers, which inherit file descriptors 1 and 2 as set now
+    forked = spec.forked and spec.log_path is None and fork_start.enabled()
     launch_cfg = _launch_config(spec, forked)
     if forked:
         fork_start.start_server()  # a no-op where the command started it already
@@ -113,8 +116,9 @@ def run_agent(spec: AgentSpec) -> dict[int, Any]:
             args: tuple = (spec.args[-1], dict(os.environ))  # the module; the environment, job's included
         else:
             entrypoint, args = sys.executable, spec.args
+        semaphores = fork_start.SemaphoreWatch(job) if forked else contextlib.nullcontext()
         try:
-            with stopped:
+            with stopped, semaphores:
                 return elastic_launch(launch_cfg, entrypoint)(*args)
         except SignalException as e:  # the agent stopped the workers: say which signal stopped us
             raise Interrupted(signals.stopped_by or e.sigval) from None

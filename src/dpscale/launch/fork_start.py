@@ -37,6 +37,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Mapping
 from multiprocessing import forkserver
 
@@ -144,6 +145,53 @@ def entry(module: str, launcher_env: Mapping[str, str]) -> int:
     if code:
         raise SystemExit(code)
     return 0
+
+
+class SemaphoreWatch:
+    """While torch's agent runs forked workers, hand the job's reaper (launch/job.py) each named
+    semaphore the workers map: the agent's queues for the workers' results use multiprocessing's
+    (`/dev/shm/sem.mp-*`). Multiprocessing's resource tracker removes them when the job ends, even
+    after `kill -9` of the command, but not when it is killed too (a SIGKILL to the job's process
+    group); the reaper, in a session of its own, removes them then."""
+
+    INTERVAL_S = 0.5
+
+    def __init__(self, job) -> None:
+        self._job = job
+        self._seen: set[str] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dpscale-semaphores", daemon=True)
+
+    def __enter__(self) -> SemaphoreWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        from dpscale.launch.stopped_workers import children
+
+        while True:
+            # the workers map them (this process, which made them, keeps none mapped)
+            pids = children(server_pid()) if server_pid() else []
+            found = {path for pid in pids for path in named_semaphores(pid)}
+            for path in found - self._seen:
+                self._seen.add(path)
+                self._job.add_path(path)
+            if self._done.wait(self.INTERVAL_S):
+                return
+
+
+def named_semaphores(pid: int | str = "self") -> list[str]:
+    """multiprocessing's named semaphores that process `pid` maps (Linux; elsewhere none)."""
+    try:
+        maps = open(f"/proc/{pid}/maps").read()
+    except OSError:
+        return []
+    paths = [line.split(None, 5)[-1] for line in maps.splitlines() if "/dev/shm/sem.mp-" in line]
+    return [p for p in paths if not p.endswith(" (deleted)")]
 
 
 def _take_environment(launcher_env: Mapping[str, str]) -> None:

@@ -22,6 +22,7 @@ elsewhere only the directory is removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -112,7 +113,11 @@ def main(job_id: str, job_dir: str) -> None:
     end_job(job_id, job_dir, named)
     if not end:  # the command died: what it kept beyond the job goes too
         for path in paths:
-            shutil.rmtree(path, ignore_errors=True)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:  # a file: a named semaphore of multiprocessing's (fork_start.SemaphoreWatch)
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
 
 if __name__ == "__main__":

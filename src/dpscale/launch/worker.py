@@ -6,9 +6,11 @@ the world size may change between restarts; the trainer then keeps the global ba
 docs/fault-tolerance.md). Rank 0 warns when the rendezvous address (MASTER_ADDR) is not loopback.
 `dpscale train` starts this same module, with its task in a file the environment names.
 
-Either way the worker dies with the process that started it (the agent), exits 3 when the run
+Either way the worker dies with the process that started it (the agent, or under `dpscale train`
+the server the agent forks workers from: `forked`, launch/fork_start.py), exits 3 when the run
 diverged (under torchrun; `dpscale train` reports it from the result), and leaves through
-os._exit after a clean finish (see process_life.py). Under `dpscale train` it also stops after a
+os._exit after a clean finish (see process_life.py; a forked worker returns, and multiprocessing
+leaves through os._exit for it). Under `dpscale train` it also stops after a
 step when the launcher's stop file appears (the launcher got SIGTERM/SIGINT); SIGTERM to the worker
 itself ends it at once, as under torchrun, whose agent sends it to stop workers for a restart.
 
