@@ -152,9 +152,10 @@ class SemaphoreWatch:
     semaphore the workers map: the agent's queues for the workers' results use multiprocessing's
     (`/dev/shm/sem.mp-*`). Multiprocessing's resource tracker removes them when the job ends, even
     after `kill -9` of the command, but not when it is killed too (a SIGKILL to the job's process
-    group); the reaper, in a session of its own, removes them then."""
+    group); the reaper, in a session of its own, removes them then. The watch looks every
+    INTERVAL_S: a kill of the whole group within that long of a worker's start can leave them."""
 
-    INTERVAL_S = 0.5
+    INTERVAL_S = 0.25
 
     def __init__(self, job) -> None:
         self._job = job
