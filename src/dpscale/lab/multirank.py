@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dpscale.launch import fork_start
 from dpscale.launch.job import job_scope
 from dpscale.launch.process_life import parent_of, set_parent_death_signal
 from dpscale.launch.reaper import JOB_ENV
@@ -42,23 +43,11 @@ _GRACE_S = 3.0
 
 
 # What the forkserver imports once, before it forks any rank: a rank then starts with them loaded
-# instead of paying their import itself. torch._dynamo is here because torch's optimizers import it
-# on their first parameter group (Optimizer.add_param_group is wrapped in torch._disable_dynamo):
-# about 1.2 s of CPU in every rank that builds an optimizer, nearly all of a short rank's start-up.
-# None of these starts a thread, so the forked ranks stay as clean as spawned ones. `dpscale`
-# imports its public names on first use (dpscale/__init__.py): the engine and the trainer are
-# named here so that a rank starts with what `import dpscale` loaded before that.
-PRELOAD = (
-    # first: train's workers, forked from the same server when one process does both, read the
-    # server's environment from it (launch/fork_start.py)
-    "dpscale.launch.fork_start",
-    "torch",
-    "torch.distributed",
-    "torch._dynamo",
-    "dpscale",
-    "dpscale.engine",
-    "dpscale.train.trainer",
-)
+# instead of paying their import itself (torch._dynamo among them: torch's optimizers import it on
+# their first parameter group, about 1.2 s of CPU in every rank that builds one). One list with
+# `dpscale train`'s forked workers (launch/fork_start.py), since a process has one forkserver and
+# whichever starts it sets what it preloads.
+PRELOAD = tuple(fork_start.PRELOAD)
 
 
 class MultiRankError(RuntimeError):

@@ -43,8 +43,11 @@ from multiprocessing import forkserver
 
 START_ENV = "DPSCALE_WORKER_START"
 # what the server imports before it forks anything: this module first (its _SERVER_ENV is the
-# server's environment), then the worker and what it trains with; the lab's ranks' too, since
-# whichever starts the one forkserver of a process sets what it preloads
+# server's environment), then torch, torch._dynamo (torch's optimizers import it on their first
+# parameter group: ~1.2 s of CPU in each process that builds one), dpscale's engine, trainer and
+# worker (`dpscale` imports its public names on first use). None of them starts a thread, so a
+# forked process is as clean as a spawned one. The lab's ranks use this list too
+# (lab/multirank.py): a process has one forkserver, and whichever starts it sets its preload.
 PRELOAD = [
     "dpscale.launch.fork_start",
     "torch",
