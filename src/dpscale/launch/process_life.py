@@ -65,24 +65,24 @@ def die_with_parent(parent_pid: int) -> None:
 def set_parent_death_signal() -> None:
     """Have the kernel SIGKILL this process when its parent ends (Linux's PR_SET_PDEATHSIG; no
     thread). Elsewhere nothing: `die_with_parent`'s watchdog thread is then the only guard."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # no prctl here
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def set_process_name(name: str) -> None:
     """Name this process `name` (its first 15 bytes) where `top`, `ps -o comm` and /proc/PID/comm
     show it (Linux's PR_SET_NAME); elsewhere nothing. For a process whose command line says little
     of what it is, as a worker forked from a server (fork_start.py)."""
+    _prctl(_PR_SET_NAME, name.encode()[:15])
+
+
+def _prctl(option: int, arg: object) -> None:
+    """Linux's prctl(option, arg); elsewhere (or without prctl) nothing."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+            libc.prctl(option, arg, 0, 0, 0)
         except (OSError, AttributeError):
-            pass
+            pass  # no prctl here
 
 
 def parent_of(pid: int) -> int | None:
