@@ -9,6 +9,8 @@ import multiprocessing as mp
 import multiprocessing.process
 import os
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -22,12 +24,49 @@ def _segments() -> set[str]:
         return set()
 
 
+def _semaphores() -> set[str]:
+    """multiprocessing's named semaphores (the agent's queues for forked workers use them)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith("sem.mp-")}
+    except FileNotFoundError:
+        return set()
+
+
+def _mapped(names: set[str]) -> set[str]:
+    """Those of `names` that a live process maps or holds open (still in use, not left behind)."""
+    used = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        used |= {name for name in names if name in text}
+    return used
+
+
+def _left_semaphores(before: set[str]) -> set[str]:
+    """Semaphores made during the test that nothing uses any more and nobody removed: a resource
+    tracker that ends the job removes them within moments, so look again for up to 2 s."""
+    deadline = time.monotonic() + 2
+    while True:
+        new = _semaphores() - before
+        left = new - _mapped(new) if new else set()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
 @pytest.fixture(autouse=True)
-def no_leaks():
+def no_leaks(request):
+    slow = request.node.get_closest_marker("slow") is not None
     before = _segments()
+    semaphores = _semaphores() if slow else set()
     yield
     left = _segments() - before
     assert not left, f"test left shared-memory segments behind: {sorted(left)}"
+    if slow:  # only tests that start processes can leave one
+        left = _left_semaphores(semaphores)
+        assert not left, f"test left multiprocessing semaphores behind: {sorted(left)}"
     # the forkserver itself is shared by all tests; any other child is a leak
     children = [p for p in mp.active_children() if p.name.startswith("rank")]
     assert not children, f"test left processes running: {children}"

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from support.cli_runs import StderrWatch, kill_tagged, shm_paths_in_use, start_cli, tagged, wait_until_gone
+from support.cli_runs import (
+    StderrWatch,
+    describe,
+    kill_tagged,
+    shm_paths_in_use,
+    start_cli,
+    tagged,
+    wait_until_gone,
+)
 from support.sockets import listening
 
 pytestmark = pytest.mark.slow  # starts processes (the CLI and its ranks)
@@ -79,7 +87,7 @@ def test_a_signal_to_the_command_ends_its_whole_job(tmp_path, command, sig):
         proc.send_signal(sig)
         proc.wait(timeout=60)
         left = wait_until_gone(tag, GONE_WITHIN_S)
-        assert not left, f"still running {GONE_WITHIN_S} s after {sig.name}: {left}"
+        assert not left, f"still running {GONE_WITHIN_S} s after {sig.name}: {describe(left)}"
         assert not ports & _listening_ports(), f"ports of the job still open: {ports & _listening_ports()}"
         assert not [p for p in shm if os.path.exists(p)], f"left in /dev/shm: {shm}"
         # torch's compile cache is meant to outlive every run (in /tmp, unless TMPDIR says otherwise)

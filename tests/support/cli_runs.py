@@ -7,6 +7,7 @@ still running, and kill what is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -64,12 +65,44 @@ def tagged(tag: str) -> list[int]:
     return pids
 
 
-def kill_tagged(tag: str) -> None:
-    for pid in tagged(tag):
+def kill_tagged(tag: str, reaper_within_s: float = 20) -> None:
+    """SIGKILL what is left of a CLI run, as `kill -9` of its process group would, but for the
+    job's reaper (launch/reaper.py: in a session of its own, out of a group kill's reach), which is
+    left to do its work (remove the job's directory and, once the command is dead, the semaphores
+    of the agent's queues) for up to `reaper_within_s`, then killed too if still there."""
+    _kill([pid for pid in tagged(tag) if not _is_reaper(pid)])
+    for pid in tagged(tag):  # a test may have stopped it with the rest (SIGSTOP)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + reaper_within_s
+    while [pid for pid in tagged(tag) if _is_reaper(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _kill(tagged(tag))
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _is_reaper(pid: int) -> bool:
+    return "dpscale/launch/reaper.py" in command_line(pid)
+
+
+def command_line(pid: int) -> str:
+    """Process `pid`'s command line, or "" where it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def describe(pids: list[int]) -> list[str]:
+    """`pid: command line` of each, for a failure's message: which of a job's processes was left."""
+    return [f"{pid}: {command_line(pid)[:200]}" for pid in pids]
 
 
 def start_cli(
@@ -110,8 +143,9 @@ def run_cli(
         pytest.fail(f"dpscale {' '.join(args)} still ran after {timeout_s} s\n{err[-5000:]}")
     # the launcher has exited: its workers end at once, so this poll returns at once unless one is left
     if left := wait_until_gone(tag, 2 * process_baseline_once_s()):
+        found = describe(left)
         kill_tagged(tag)
-        pytest.fail(f"dpscale {' '.join(args)} left processes running: {left}")
+        pytest.fail(f"dpscale {' '.join(args)} left processes running: {found}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
