@@ -37,9 +37,10 @@ import os
 import shutil
 import signal
 import tempfile
-import threading
 from collections.abc import Mapping
 from multiprocessing import forkserver
+
+from dpscale.launch.periodic import PeriodicWatch
 
 START_ENV = "DPSCALE_WORKER_START"
 # what the server imports before it forks anything: this module first (its _SERVER_ENV is the
@@ -150,7 +151,7 @@ def entry(module: str, launcher_env: Mapping[str, str]) -> int:
     return 0
 
 
-class SemaphoreWatch:
+class SemaphoreWatch(PeriodicWatch):
     """While torch's agent runs forked workers, hand the job's reaper (launch/job.py) each named
     semaphore the workers map: the agent's queues for the workers' results use multiprocessing's
     (`/dev/shm/sem.mp-*`). Multiprocessing's resource tracker removes them when the job ends, even
@@ -161,31 +162,19 @@ class SemaphoreWatch:
     INTERVAL_S = 0.25
 
     def __init__(self, job) -> None:
+        super().__init__("dpscale-semaphores", self.INTERVAL_S, at_once=True)
         self._job = job
         self._seen: set[str] = set()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="dpscale-semaphores", daemon=True)
 
-    def __enter__(self) -> SemaphoreWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
+    def look(self) -> None:
         from dpscale.launch.stopped_workers import children
 
-        while True:
-            # the workers map them (this process, which made them, keeps none mapped)
-            pids = children(server_pid()) if server_pid() else []
-            found = {path for pid in pids for path in named_semaphores(pid)}
-            for path in found - self._seen:
-                self._seen.add(path)
-                self._job.add_path(path)
-            if self._done.wait(self.INTERVAL_S):
-                return
+        # the workers map them (this process, which made them, keeps none mapped)
+        pids = children(server_pid()) if server_pid() else []
+        found = {path for pid in pids for path in named_semaphores(pid)}
+        for path in found - self._seen:
+            self._seen.add(path)
+            self._job.add_path(path)
 
 
 def named_semaphores(pid: int | str = "self") -> list[str]:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
+from dpscale.launch.periodic import PeriodicWatch
 from dpscale.launch.reaper import process_state
 from dpscale.log import get_logger
 
@@ -55,31 +55,21 @@ class StoppedClock:
         return [(pid, s) for pid, s in self._stopped_s.items() if s >= self.limit_s]
 
 
-class StoppedWorkers:
+class StoppedWorkers(PeriodicWatch):
     """While in use, a thread kills any worker of the agent `run_id` that stayed stopped for `limit_s`."""
 
     def __init__(self, limit_s: float, run_id: str, server_pid: int | None = None) -> None:
+        super().__init__("dpscale-stopped-workers", WATCH_INTERVAL_S, at_once=False)
         self._clock = StoppedClock(limit_s)
         self._server_pid = server_pid
         self._needle = f"{RUN_ID_ENV}={run_id}".encode() + b"\0"
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="dpscale-stopped-workers", daemon=True)
 
-    def __enter__(self) -> StoppedWorkers:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        while not self._done.wait(WATCH_INTERVAL_S):
-            stopped = {pid for pid in self._workers() if process_state(pid) == "T"}
-            for pid, seconds in self._clock.look(time.monotonic(), stopped):
-                logger.warning("worker pid %d stayed stopped (SIGSTOP) for %.0f s: killing it", pid, seconds)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    def look(self) -> None:
+        stopped = {pid for pid in self._workers() if process_state(pid) == "T"}
+        for pid, seconds in self._clock.look(time.monotonic(), stopped):
+            logger.warning("worker pid %d stayed stopped (SIGSTOP) for %.0f s: killing it", pid, seconds)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def _workers(self) -> list[int]:
         if self._server_pid is not None:
