@@ -174,6 +174,25 @@ def test_a_published_whole_loader_rate_does_not_predict_the_three_mixed_precisio
     assert max(per_gpu) < FFCV_PYTORCH_LOADER_FROM_RAM[-1][1]
 
 
+def test_no_sourced_rate_in_either_form_of_the_input_term_brings_the_three_rows_within_5_points():
+    # docs/performance-model.md (#33, session 13): why the 5-point target is blocked on public data.
+    held = [c for c in held_out_cases() if c.host_cores is not None]
+    # per core: whatever one rate a source gave, one host or the other stays more than 5 points off
+    for rate in [*range(20, 400, 5), *range(400, 2001, 100)]:
+        params = replace(FITTED, input_per_core=float(rate))
+        assert max(abs(reproduce(c, params).error_points) for c in held) > WORST_POINTS, rate
+    # per loader process (--data-workers K, R = r1 * K * g; configs.yml: K = 16 on the DGX A100's
+    # 128 cores, 8 on the DGX-1s' 40): at the sourced single-process rates (400 img/s and up) the term
+    # does not bind, so the three stay where they are (+10 to +13)
+    workers_per_gpu = {128: 16, 40: 8}
+    for r1 in (400.0, 503.0, 590.0):
+        for c in held:
+            assert c.host_cores is not None
+            per_core = r1 * workers_per_gpu[c.host_cores] * c.workers_per_node / c.host_cores
+            error = reproduce(c, replace(FITTED, input_per_core=per_core)).error_points
+            assert round(error, 1) == DOCUMENTED_HELD_OUT[c.name], (r1, c.name)
+
+
 def test_horovods_benchmarks_ran_64_images_per_gpu_as_the_cases_assume():
     # docs/performance-model.md: a maintainer wrote "32 per worker for all our benchmarks" (horovod
     # issue #425); with 32 the 128-GPU training cases, reproduced within 1 point at 64, miss by 3.5-33

@@ -14,6 +14,14 @@ from dpscale.lab.predict.nccl_tests import busbw_GBps, read_table
 DATA = Path(__file__).resolve().parent / "data" / "nccl_tests"
 H100_16 = DATA / "h100-16gpu-2node.txt"
 PCIE_2 = DATA / "h100-pcie-2gpu-large.txt"
+# nccl-tests issue #309: 2 x 8 H100 SXM, 8 x 400 Gb/s InfiniBand per host, on two clusters
+XE9680 = DATA / "h100-ndr-16gpu-2node-xe9680.txt"
+OTHER_CLUSTER = DATA / "h100-ndr-16gpu-2node-other-cluster.txt"
+OTHER_CLUSTER_BY_GPUS = {
+    16: OTHER_CLUSTER,
+    32: DATA / "h100-ndr-32gpu-4node-other-cluster.txt",
+    64: DATA / "h100-ndr-64gpu-8node-other-cluster.txt",
+}
 
 
 def test_fitted_on_the_out_of_place_runs_it_predicts_the_in_place_runs_within_10_percent_at_every_size():
@@ -26,6 +34,53 @@ def test_fitted_on_the_out_of_place_runs_it_predicts_the_in_place_runs_within_10
         predicted_us = all_reduce_cost(size, 16, cluster).seconds * 1e6
         predicted, measured = busbw_GBps(size, predicted_us, 16), busbw_GBps(size, measured_us, 16)
         assert predicted == pytest.approx(measured, rel=0.10), size
+
+
+def test_fitted_on_one_cluster_it_predicts_another_of_the_same_hardware_within_10_percent_from_16_MiB():
+    # the target checked on an independent run: two clusters of the same hardware, each direction,
+    # at the sizes both runs measured (1 MiB - 8 GiB, 14 sizes)
+    for fit, check in ((XE9680, OTHER_CLUSTER), (OTHER_CLUSTER, XE9680)):
+        fitted, measured = read_table(fit), read_table(check)
+        cluster = calibrated_from(preset_cluster("dgx-h100"), [from_table(fitted)])
+        common = [s for s in measured.sizes_bytes if s in fitted.sizes_bytes]
+        assert len(common) == 14
+        for size in common:
+            measured_us = measured.time_us[measured.sizes_bytes.index(size)]
+            predicted_us = all_reduce_cost(size, 16, cluster).seconds * 1e6
+            error = busbw_GBps(size, predicted_us, 16) / busbw_GBps(size, measured_us, 16) - 1
+            if size >= 1 << 24:
+                assert abs(error) <= 0.10, (fit.name, size, error)
+            else:
+                # 1-8 MiB: the clusters themselves differ by 14-30% (72 against 93 us at 1 MiB), and
+                # at the calibrated N the prediction is the calibrating run's own time
+                assert abs(error) > 0.10, (fit.name, size, error)
+                fitted_us = fitted.time_us[fitted.sizes_bytes.index(size)]
+                assert predicted_us == pytest.approx(fitted_us, rel=1e-6), size
+
+
+def _busbw_errors(fit_gpus: int, check_gpus: int) -> dict[int, float]:
+    """Predicted / measured busbw - 1 at each size of the other cluster's run at `check_gpus`."""
+    cluster = calibrated_from(
+        preset_cluster("dgx-h100"), [from_table(read_table(OTHER_CLUSTER_BY_GPUS[fit_gpus]))]
+    )
+    measured = read_table(OTHER_CLUSTER_BY_GPUS[check_gpus])
+    out = {}
+    for size, measured_us in zip(measured.sizes_bytes, measured.in_place_time_us, strict=True):
+        predicted_us = all_reduce_cost(size, check_gpus, cluster).seconds * 1e6
+        out[size] = busbw_GBps(size, predicted_us, check_gpus) / busbw_GBps(size, measured_us, check_gpus) - 1
+    return out
+
+
+def test_other_node_counts_of_one_cluster_from_its_calibration_are_not_within_10_percent():
+    # not a target, a record (docs/performance-model.md): the same cluster's 2-, 4- and 8-node runs
+    # (nccl-tests issue #309). 2 -> 4 nodes: within 10% from 256 MiB up, 16-51% low below (in-place)
+    two_to_four = _busbw_errors(16, 32)
+    assert all(abs(e) <= 0.10 for s, e in two_to_four.items() if s >= 1 << 28)
+    assert min(two_to_four.values()) < -0.30
+    # 4 -> 8 nodes: the measured busbw is level at the largest sizes (325 -> 321 GB/s) where the NVLS
+    # path's ring over nodes gives 2(k-1)/k of the data to each node's links: 12-14% low at 2-8 GiB
+    four_to_eight = _busbw_errors(32, 64)
+    assert all(-0.15 < four_to_eight[s] < -0.10 for s in (1 << 31, 1 << 32, 1 << 33))
 
 
 def test_a_multi_node_table_sets_the_inter_node_link_and_the_gpus_per_node():

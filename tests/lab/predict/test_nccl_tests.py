@@ -30,6 +30,16 @@ def test_the_other_shipped_tables_parse():
     assert (gb10.world_size, gb10.nodes, len(gb10.sizes_bytes)) == (2, 2, 4)
     pcie = read_table(DATA / "h100-pcie-2gpu-large.txt")  # no rank lines: nThread x nGpus
     assert (pcie.world_size, pcie.nodes, pcie.time_us) == (2, 1, (9306.7, 18535.0))
+    # two clusters of the same hardware (nccl-tests issue #309); the version line between the rank
+    # lines and the table is skipped
+    xe = read_table(DATA / "h100-ndr-16gpu-2node-xe9680.txt")
+    assert (xe.world_size, xe.nodes, len(xe.sizes_bytes), xe.time_us[-1]) == (16, 2, 32, 68652.0)
+    other = read_table(DATA / "h100-ndr-16gpu-2node-other-cluster.txt")
+    assert (other.world_size, other.nodes, len(other.sizes_bytes)) == (16, 2, 14)
+    assert other.sizes_bytes[0] == 1 << 20
+    for t in (xe, other):
+        for size, us, printed in zip(t.sizes_bytes, t.time_us, t.busbw_GBps, strict=True):
+            assert nccl_tests.busbw_GBps(size, us, 16) == pytest.approx(printed, abs=0.02, rel=3e-3), size
 
 
 def test_the_12_column_variant_without_root_and_an_error_column_parses(tmp_path):
