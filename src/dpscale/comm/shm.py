@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpscale.comm import shm_small
+from dpscale.comm import shm_native, shm_small
 from dpscale.comm.base import chunk_bounds, completed
-from dpscale.comm.shm_small import Mailboxes, SmallAllReduce
+from dpscale.comm.shm_small import Mailboxes, NativeCalls, SmallAllReduce
 from dpscale.comm.shm_wait import WAIT_POLICIES, Counters, PeerTimeoutError
 from dpscale.comm.sum_order import part_order, sum_into
 
@@ -152,7 +152,9 @@ class SharedMemoryTransport:
         self._ctl = Counters(
             maps, self.rank, timeout_s=timeout_s, wait=wait, oversubscribed=self._oversubscribed()
         )
-        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank)
+        helper = shm_native.library() if capacity and self.world_size > 1 else None
+        native = None if helper is None else NativeCalls(helper, wait == "block", self._ctl.native_spin_ns)
+        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native)
         self._last_private: tuple[tuple, SmallAllReduce] | None = None
 
     @property
@@ -260,9 +262,9 @@ class SharedMemoryTransport:
         """Sum in place. `between_hosts(part)`, if given, reduces my summed part across hosts."""
         region = self._region(tensor)
         if between_hosts is None:
-            small = self._small(tensor, region)
+            small = region.small if region is not None else self._small_private(tensor)
             if small is not None:
-                self._all_reduce_small(small)
+                small.run(self._ctl)
                 return completed(tensor) if region is None else region.completed(tensor)
         if region is None:  # a tensor of the caller's: reduced in a staging copy
             staging = self._staged(tensor)
@@ -272,10 +274,8 @@ class SharedMemoryTransport:
         self._all_reduce_in_place(region, between_hosts)
         return region.completed(tensor)
 
-    def _small(self, tensor: torch.Tensor, region: _Region | None) -> SmallAllReduce | None:
-        """The one-round all-reduce of `tensor`, or None if it is too large for it."""
-        if region is not None:
-            return region.small
+    def _small_private(self, tensor: torch.Tensor) -> SmallAllReduce | None:
+        """The one-round all-reduce of `tensor` (not in our segments), or None if it does not fit."""
         if not self._mail.fits(tensor):
             return None
         # A tensor of the caller's: only the last one's binding is kept (it holds the tensor, as
@@ -284,12 +284,6 @@ class SharedMemoryTransport:
         if self._last_private is None or self._last_private[0] != key:
             self._last_private = (key, self._mail.bind(tensor))
         return self._last_private[1]
-
-    def _all_reduce_small(self, small: SmallAllReduce) -> None:
-        slot = (self._ctl.seq + 1) & 1  # mailboxes alternate with the arrival this call makes
-        small.post(slot)
-        self._wait_all(self._arrive(), "all_reduce: inputs posted")
-        small.sum(slot)
 
     def _all_reduce_in_place(self, region: _Region, between_hosts) -> None:
         self._wait_all(self._arrive(), "all_reduce: inputs ready")
@@ -331,7 +325,8 @@ class SharedMemoryTransport:
         self._last_private = None
 
     def describe(self) -> str:
-        return f"shm ({self.world_size} workers, shared memory on one host)"
+        small = "C" if self._mail.native is not None else "Python"
+        return f"shm ({self.world_size} workers, shared memory on one host; small all-reduces in {small})"
 
 
 def _map_peer(pid: int, fd: int, size: int, rank: int) -> mmap.mmap:
