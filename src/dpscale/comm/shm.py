@@ -7,7 +7,8 @@ ranks and writes the sum into part r of *every* rank's buffer. Each part is touc
 only, so two barriers suffice: one before (every rank's data is ready) and one after (every
 rank has finished writing into my buffer). Tensors up to `shm_small.SMALL_MAX_BYTES` take a
 one-round path instead (every rank sums all ranks' copies, posted in mailboxes: one barrier),
-with the same additions in the same order (`sum_order.py`), so the bits do not depend on the path.
+with the same additions in the same order (`sum_order.py`), so the bits do not depend on the path;
+for float32/float64 that path is one call into C where the helper builds (`shm_native.py`).
 
 Barriers are per-rank counters in a shared control segment (`shm_wait.py`, which also holds how
 a rank waits for a late peer). Small all-reduces are dominated by per-call overhead, not by
