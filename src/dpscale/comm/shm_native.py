@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import logging
 import os
 import platform
 import shutil
@@ -28,13 +27,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dpscale.log import get_logger
+
 _SOURCE = Path(__file__).with_name("shm_small.c")
 # no -ffast-math (it would reassociate the sums); no contraction into fused multiply-adds
 _FLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
 _BUILD_TIMEOUT_S = 120
 ENV_SWITCH = "DPSCALE_SHM_NATIVE"  # "0": never build or load the helper
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class Plan(ctypes.Structure):
