@@ -7,7 +7,7 @@
  * peer, and sum every rank's mailbox into the tensor in sum_order.py's order. The layout of the
  * control lines and mailboxes and the wake-up protocol are shm_wait.py's and shm_small.py's; a
  * rank on this path and a rank on the Python path interoperate. If a peer has not arrived within
- * the spin, the call returns the sequence number, the Python wait policy (futex sleep, timeout
+ * the spin, the call returns 1, the Python wait policy (futex sleep, timeout
  * with the rank's name) takes over, and dps_small_sum finishes.
  *
  * Built without -ffast-math and with -ffp-contract=off: every addition is one IEEE addition of
@@ -103,9 +103,9 @@ static int spin_for_peers(const struct dps_small_plan *p, int64_t seq) {
         }                                                                                      \
     } while (0)
 
-/* Every rank's mailbox `slot`, summed into my tensor. */
-void dps_small_sum(const struct dps_small_plan *p, int64_t slot) {
-    void *const *boxes = p->boxes + slot * p->world;
+/* Every rank's mailbox `slot` (0 or 1), summed into my tensor. */
+void dps_small_sum(const struct dps_small_plan *p, int slot) {
+    void *const *boxes = p->boxes + (int64_t)slot * p->world;
     if (p->dtype == 0) {
         SUM_RANGES(float);
     } else {
@@ -113,9 +113,10 @@ void dps_small_sum(const struct dps_small_plan *p, int64_t slot) {
     }
 }
 
-/* Post my tensor, arrive, and sum if every peer arrives within the spin: 0 when done, else the
- * sequence number to wait for (then the caller waits and calls dps_small_sum(p, seq & 1)). */
-int64_t dps_small_all_reduce(const struct dps_small_plan *p) {
+/* Post my tensor, arrive, and sum if every peer arrives within the spin: 0 when done, else 1
+ * (then the caller waits for every peer to reach my counter's value, seq, and calls
+ * dps_small_sum(p, seq & 1)). */
+int dps_small_all_reduce(const struct dps_small_plan *p) {
     int64_t *mine = p->lines[p->rank];
     int64_t seq = mine[COUNT] + 1; /* only this rank writes its counter */
     memcpy(p->boxes[(seq & 1) * p->world + p->rank], p->tensor, (size_t)p->nbytes);
@@ -132,8 +133,8 @@ int64_t dps_small_all_reduce(const struct dps_small_plan *p) {
         }
     }
     if (!spin_for_peers(p, seq)) {
-        return seq;
+        return 1;
     }
-    dps_small_sum(p, seq & 1);
+    dps_small_sum(p, (int)(seq & 1));
     return 0;
 }

@@ -167,7 +167,7 @@ class _NativeCall:
 
     def __init__(self, native: NativeCalls, refs: _PlanRefs):
         self.refs = refs
-        self.address = ctypes.addressof(refs.plan)
+        self.plan = ctypes.byref(refs.plan)
         self.all_reduce = native.helper.all_reduce
         self.sum = native.helper.sum
 
@@ -196,10 +196,10 @@ class SmallAllReduce:
         """The all-reduce: post, arrive, wait for every peer (`counters`' policy), sum."""
         native = self.native
         if native is not None:
-            seq = native.all_reduce(native.address)
-            if seq:  # a peer did not arrive within the helper's spin
+            if native.all_reduce(native.plan):  # a peer did not arrive within the helper's spin
+                seq = counters.seq  # the helper's arrival
                 counters.wait_all(seq, _WHAT)
-                native.sum(native.address, seq & 1)
+                native.sum(native.plan, seq & 1)
             return
         slot = (counters.seq + 1) & 1  # mailboxes alternate with the arrival this call makes
         self.post(slot)
@@ -211,7 +211,7 @@ class SmallAllReduce:
 
     def sum(self, slot: int) -> None:
         if self.native is not None:
-            self.native.sum(self.native.address, slot)
+            self.native.sum(self.native.plan, slot)
             return
         if self._numpy:
             # the additions of sum_into, with numpy's cheaper calls (the same IEEE adds in the same order)
