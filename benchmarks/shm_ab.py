@@ -15,8 +15,9 @@ engine's buckets are) through them in turn, a round of calls each, the order rot
 - `block`: today's transport with `wait="block"` (spin briefly, then sleep on a futex);
 - `inplace`: `block` with the one-round path off (every size in place, two barriers).
 
-`spin` and `block` send tensors up to `--small-max-bytes` (default: the shipped
-`shm_small.SMALL_MAX_BYTES`) through the one-round path (in C where the helper builds, see
+`spin` and `block` send tensors up to `--small-max-bytes` (default: as shipped,
+`shm_small.NATIVE_SMALL_MAX_BYTES` where the C helper builds, else `SMALL_MAX_BYTES`) through the
+one-round path (in C where the helper builds, see
 comm/shm_native.py; `DPSCALE_SHM_NATIVE=0` runs it in Python), larger ones in place; `old` has
 whatever its revision has, with the same limit where it has a one-round path (an `--old-rev` from
 before the C helper, e.g. a568b25, is the Python one-round path). To find where the one-round
@@ -51,7 +52,7 @@ from pathlib import Path
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.comm import SharedMemoryTransport, shm_small
+from dpscale.comm import SharedMemoryTransport, shm_native, shm_small
 from dpscale.lab.bench.args import parse_size_list
 from dpscale.lab.bench.rounds import quantile, run_rounds
 from dpscale.lab.multirank import run_ranks
@@ -95,7 +96,8 @@ def _transports(spec: dict) -> dict:
     old_cls = _old_module(spec["sources"], spec["rev"]).SharedMemoryTransport
     shm_small.SMALL_MAX_BYTES = 0  # read by the transports made below
     inplace = SharedMemoryTransport(timeout_s=120, wait="block")
-    shm_small.SMALL_MAX_BYTES = spec["small_max_bytes"]
+    # one limit for both one-round paths (C and Python), so a run tests the path in use
+    shm_small.SMALL_MAX_BYTES = shm_small.NATIVE_SMALL_MAX_BYTES = spec["small_max_bytes"]
     return {
         "old": old_cls(timeout_s=120),
         "spin": SharedMemoryTransport(timeout_s=120, wait="spin"),
@@ -211,7 +213,8 @@ def main() -> int:
         parser.error("--rounds must be >= 3, --steps >= 1, --busy >= 0 and --world >= 2")
     if args.small_max_bytes is not None and args.small_max_bytes < 0:
         parser.error(f"--small-max-bytes must be >= 0, got {args.small_max_bytes}")
-    small_max = shm_small.SMALL_MAX_BYTES if args.small_max_bytes is None else args.small_max_bytes
+    shipped = shm_small.NATIVE_SMALL_MAX_BYTES if shm_native.library() else shm_small.SMALL_MAX_BYTES
+    small_max = shipped if args.small_max_bytes is None else args.small_max_bytes
     old_sources = {name: _git_show(args.old_rev, name) for name in ("shm", "shm_wait")}
     old_sources = {name: text for name, text in old_sources.items() if text is not None}
     if "shm" not in old_sources:

@@ -153,3 +153,15 @@ def test_a_cache_others_can_write_to_is_not_loaded(fresh_build):
     fresh_build.mkdir(mode=0o700)
     os.chmod(fresh_build, 0o777)
     assert shm_native.library() is None
+
+
+@needs_helper
+def test_the_c_path_takes_floats_up_to_its_own_limit_and_other_dtypes_up_to_the_python_one():
+    maps = [mmap.mmap(-1, OFFSET + 2 * 4 * CAPACITY) for _ in range(2)]
+    boxes = Mailboxes(maps, OFFSET, 4 * CAPACITY, 0, _native(), python_max_bytes=CAPACITY)
+    assert boxes.fits(torch.zeros(CAPACITY, dtype=torch.float32))  # 4x the Python limit
+    assert not boxes.fits(torch.zeros(CAPACITY + 1, dtype=torch.float32))
+    assert boxes.fits(torch.zeros(CAPACITY // 2, dtype=torch.bfloat16))
+    assert not boxes.fits(torch.zeros(CAPACITY // 2 + 1, dtype=torch.bfloat16))
+    python = Mailboxes(maps, OFFSET, 4 * CAPACITY, 0, None, python_max_bytes=CAPACITY)
+    assert not python.fits(torch.zeros(CAPACITY // 4 + 1, dtype=torch.float32))

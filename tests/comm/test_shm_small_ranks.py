@@ -26,8 +26,10 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
 def _sizes(dtype: torch.dtype) -> list[int]:
-    most = shm_small.SMALL_MAX_BYTES // torch.empty(0, dtype=dtype).element_size()
-    return [1, 5, 1000, most - 1, most, most + 1]  # the last one takes the in-place path
+    item = torch.empty(0, dtype=dtype).element_size()
+    # around both limits (the Python path's, the C helper's): the one above each goes another way
+    limits = {shm_small.SMALL_MAX_BYTES // item, shm_small.NATIVE_SMALL_MAX_BYTES // item}
+    return [1, 5, 1000] + [n for most in sorted(limits) for n in (most - 1, most, most + 1)]
 
 
 def _data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -112,7 +114,7 @@ def _transport(python_only: bool) -> SharedMemoryTransport:
 def many_small_calls(rank: int, world: int, calls: int, python_ranks: tuple[int, ...] = ()) -> list[str]:
     t = _transport(rank in python_ranks)
     buf = t.alloc(64, torch.float32)
-    big = t.alloc(shm_small.SMALL_MAX_BYTES, torch.float32)  # 4x the threshold: in place
+    big = t.alloc(shm_small.NATIVE_SMALL_MAX_BYTES, torch.float32)  # 4x the larger limit: in place
     pause = random.Random(rank + 100)
     wrong = []
     for i in range(calls):

@@ -5,7 +5,8 @@ so the engine's gradient buckets are reduced where they are, with no send buffer
 a reduce-scatter then an all-gather in one sweep: rank r sums part r of the buffer over all
 ranks and writes the sum into part r of *every* rank's buffer. Each part is touched by one rank
 only, so two barriers suffice: one before (every rank's data is ready) and one after (every
-rank has finished writing into my buffer). Tensors up to `shm_small.SMALL_MAX_BYTES` take a
+rank has finished writing into my buffer). Tensors up to `shm_small.SMALL_MAX_BYTES` (float32 and
+float64 up to `NATIVE_SMALL_MAX_BYTES` where the C helper runs them) take a
 one-round path instead (every rank sums all ranks' copies, posted in mailboxes: one barrier),
 with the same additions in the same order (`sum_order.py`), so the bits do not depend on the path;
 for float32/float64 that path is one call into C where the helper builds (`shm_native.py`).
@@ -148,14 +149,15 @@ class SharedMemoryTransport:
         self._segments: list[_Segment] = []
         self._regions: dict[tuple[int, int, torch.dtype], _Region] = {}
         self._staging: torch.Tensor | None = None
-        capacity = shm_small.SMALL_MAX_BYTES  # read here, so a test can turn the path off
+        python_max = shm_small.SMALL_MAX_BYTES  # read here, so a test can turn the path off (0)
+        helper = shm_native.library() if python_max and self.world_size > 1 else None
+        capacity = python_max if helper is None else max(python_max, shm_small.NATIVE_SMALL_MAX_BYTES)
         maps = self._map_all(_CTL_BYTES + 2 * capacity)
         self._ctl = Counters(
             maps, self.rank, timeout_s=timeout_s, wait=wait, oversubscribed=self._oversubscribed()
         )
-        helper = shm_native.library() if capacity and self.world_size > 1 else None
         native = None if helper is None else NativeCalls(helper, wait == "block", self._ctl.native_spin_ns)
-        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native)
+        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native, python_max)
         self._last_private: tuple[tuple, SmallAllReduce] | None = None
 
     @property

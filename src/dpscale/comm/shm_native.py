@@ -30,8 +30,10 @@ from pathlib import Path
 from dpscale.log import get_logger
 
 _SOURCE = Path(__file__).with_name("shm_small.c")
-# no -ffast-math (it would reassociate the sums); no contraction into fused multiply-adds
-_FLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
+# -O3: vectorized adds (element by element, so the same IEEE additions); no -ffast-math (it would
+# reassociate the sums); no contraction into fused multiply-adds; no -march (the cache may be
+# shared by hosts of different CPUs)
+_FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
 _BUILD_TIMEOUT_S = 120
 ENV_SWITCH = "DPSCALE_SHM_NATIVE"  # "0": never build or load the helper
 

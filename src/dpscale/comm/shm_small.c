@@ -103,7 +103,9 @@ static int spin_for_peers(const struct dps_small_plan *p, int64_t seq) {
         }                                                                                      \
     } while (0)
 
-/* Every rank's mailbox `slot` (0 or 1), summed into my tensor. */
+/* Every rank's mailbox `slot` (0 or 1), summed into my tensor. (-O3 vectorizes the loops with
+ * the x86-64 baseline's SSE2, 1.5-2x faster than -O2's scalar adds here; AVX2 clones gained ~5%:
+ * the peers' mailboxes come from another core's cache, not from the adds.) */
 void dps_small_sum(const struct dps_small_plan *p, int slot) {
     void *const *boxes = p->boxes + (int64_t)slot * p->world;
     if (p->dtype == 0) {

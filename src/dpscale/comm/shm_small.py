@@ -32,10 +32,15 @@ from dpscale.comm.shm_native import Helper, Plan
 from dpscale.comm.shm_wait import Counters
 from dpscale.comm.sum_order import ranges_in_order, sum_into
 
-# Tensors up to this size take the one-round path. It copies the tensor in and every rank reads
-# all ranks' copies (world_size times the bytes each rank reads in place), so past a few KiB the
-# second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py --small-max-bytes.
+# Tensors up to this size take the one-round path (0 turns it off). It copies the tensor in and
+# every rank reads all ranks' copies (world_size times the bytes each rank reads in place), so past
+# a few KiB the second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py
+# --small-max-bytes.
 SMALL_MAX_BYTES = 1 << 13
+# The limit for float32/float64 where the C helper runs them: its copy and sum cost a fraction of
+# the Python path's calls, so the one-round path pays further (per-rank CPU still below the
+# in-place path's at 64 KiB, above at 128 KiB; BENCHMARKS.md, "Small messages in one round").
+NATIVE_SMALL_MAX_BYTES = 1 << 16
 # summed with numpy (a fraction of torch's per-call cost); other dtypes through torch (`sum_into`)
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 # summed by the C helper, with its dtype code (shm_small.c)
@@ -71,12 +76,20 @@ class NativeCalls:
 class Mailboxes:
     """Every rank's two mailboxes of `capacity` bytes, at `offset` in its control segment
     (`maps[j]` is rank j's, mapped here; its first bytes are rank j's control line). With `native`
-    the float32/float64 all-reduces run in the C helper."""
+    the float32/float64 all-reduces run in the C helper, up to `capacity` bytes; the rest up to
+    `python_max_bytes` (default: `capacity`)."""
 
     def __init__(
-        self, maps: list[mmap.mmap], offset: int, capacity: int, rank: int, native: NativeCalls | None = None
+        self,
+        maps: list[mmap.mmap],
+        offset: int,
+        capacity: int,
+        rank: int,
+        native: NativeCalls | None = None,
+        python_max_bytes: int | None = None,
     ):
         self.capacity = capacity
+        self.python_max_bytes = capacity if python_max_bytes is None else min(python_max_bytes, capacity)
         self.rank = rank
         self.world_size = len(maps)
         # boxes[slot][j]: rank j's mailbox `slot`, as bytes (none when the path is turned off)
@@ -92,10 +105,11 @@ class Mailboxes:
             self._boxes = (ctypes.c_void_p * len(boxes))(*boxes)
 
     def fits(self, tensor: torch.Tensor) -> bool:
+        in_c = self.native is not None and tensor.dtype in _NATIVE_DTYPES
         return (
             self.world_size > 1
             and self.capacity > 0
-            and tensor.numel() * tensor.element_size() <= self.capacity
+            and tensor.numel() * tensor.element_size() <= (self.capacity if in_c else self.python_max_bytes)
             and tensor.is_contiguous()
             and tensor.device.type == "cpu"
         )
