@@ -151,6 +151,11 @@ class SharedMemoryTransport:
         self._staging: torch.Tensor | None = None
         python_max = shm_small.SMALL_MAX_BYTES  # read here, so a test can turn the path off (0)
         helper = shm_native.library() if python_max and self.world_size > 1 else None
+        # every rank must send a tensor down the same path and lay out the same mailboxes: the C
+        # helper's limit only where every rank has the helper (a rank may lack a compiler, or run
+        # with DPSCALE_SHM_NATIVE=0)
+        if not self._on_every_rank(helper is not None):
+            helper = None
         capacity = python_max if helper is None else max(python_max, shm_small.NATIVE_SMALL_MAX_BYTES)
         maps = self._map_all(_CTL_BYTES + 2 * capacity)
         self._ctl = Counters(
@@ -181,6 +186,12 @@ class SharedMemoryTransport:
         finally:
             os.close(fd)
         return maps
+
+    def _on_every_rank(self, flag: bool) -> bool:
+        """Collective: whether `flag` holds on every rank."""
+        flags: list = [None] * self.world_size
+        dist.all_gather_object(flags, flag, group=self.group)
+        return all(flags)
 
     def _oversubscribed(self) -> bool:
         """Collective: whether the ranks have fewer CPUs among them than there are ranks (then a
