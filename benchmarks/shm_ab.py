@@ -12,12 +12,18 @@ engine's buckets are) through them in turn, a round of calls each, the order rot
   the small-message path and the blocking wait: views looked up and a torch Future made on
   every call, spin-then-yield waiting), with `shm_wait.py` of the same revision where it has one;
 - `spin`: today's transport with `wait="spin"` (the old waiting, the new per-call path);
-- `block`: today's transport with `wait="block"` (spin briefly, then sleep on a futex).
+- `block`: today's transport with `wait="block"` (spin briefly, then sleep on a futex);
+- `inplace`: `block` with the one-round path off (every size in place, two barriers).
 
-`spin` and `block` send tensors up to `--small-max-bytes` (default: the shipped
-`shm_small.SMALL_MAX_BYTES`) through the one-round path, larger ones in place; `old` has whatever
-its revision has. To find where the one-round path stops paying, run sizes on both sides of the
-limit with a large one (e.g. `--small-max-bytes 32768 --sizes 4K,8K,16K,32K`).
+`spin` and `block` send tensors up to `--small-max-bytes` (default: as shipped,
+`shm_small.NATIVE_SMALL_MAX_BYTES` where the C helper builds, else `SMALL_MAX_BYTES`) through the
+one-round path (in C where the helper builds, see
+comm/shm_native.py; `DPSCALE_SHM_NATIVE=0` runs it in Python), larger ones in place; `old` has
+whatever its revision has, with the same limit where it has a one-round path (an `--old-rev` from
+before the C helper, e.g. a568b25, is the Python one-round path). To find where the one-round
+path stops paying, give it a large limit and compare `block` with `inplace` size by size
+(e.g. `--small-max-bytes 131072 --sizes 4K,8K,16K,32K,64K,128K`): the limit is the largest size
+at which `block` is still faster.
 
 With `--workload NAME` the ranks instead train that workload (dpscale's engine over each
 transport, 64 samples per rank, one intra-op thread, SGD) in rounds of `--steps` steps: what a
@@ -46,13 +52,13 @@ from pathlib import Path
 import torch
 
 from dpscale import DistributedDataParallel
-from dpscale.comm import SharedMemoryTransport, shm_small
+from dpscale.comm import SharedMemoryTransport, shm_native, shm_small
 from dpscale.lab.bench.args import parse_size_list
 from dpscale.lab.bench.rounds import quantile, run_rounds
 from dpscale.lab.multirank import run_ranks
 from dpscale.workloads import WORKLOADS
 
-VARIANTS = ("old", "spin", "block")
+VARIANTS = ("old", "spin", "block", "inplace")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -88,12 +94,15 @@ def _calls_per_round(nbytes: int) -> int:
 def _transports(spec: dict) -> dict:
     """The variants' transports; `spec`: the old sources and revision, the one-round path's limit."""
     old_cls = _old_module(spec["sources"], spec["rev"]).SharedMemoryTransport
-    if spec["small_max_bytes"] is not None:  # read by the transports made below
-        shm_small.SMALL_MAX_BYTES = spec["small_max_bytes"]
+    shm_small.SMALL_MAX_BYTES = 0  # read by the transports made below
+    inplace = SharedMemoryTransport(timeout_s=120, wait="block")
+    # one limit for both one-round paths (C and Python), so a run tests the path in use
+    shm_small.SMALL_MAX_BYTES = shm_small.NATIVE_SMALL_MAX_BYTES = spec["small_max_bytes"]
     return {
         "old": old_cls(timeout_s=120),
         "spin": SharedMemoryTransport(timeout_s=120, wait="spin"),
         "block": SharedMemoryTransport(timeout_s=120, wait="block"),
+        "inplace": inplace,
     }
 
 
@@ -204,7 +213,8 @@ def main() -> int:
         parser.error("--rounds must be >= 3, --steps >= 1, --busy >= 0 and --world >= 2")
     if args.small_max_bytes is not None and args.small_max_bytes < 0:
         parser.error(f"--small-max-bytes must be >= 0, got {args.small_max_bytes}")
-    small_max = shm_small.SMALL_MAX_BYTES if args.small_max_bytes is None else args.small_max_bytes
+    shipped = shm_small.NATIVE_SMALL_MAX_BYTES if shm_native.library() else shm_small.SMALL_MAX_BYTES
+    small_max = shipped if args.small_max_bytes is None else args.small_max_bytes
     old_sources = {name: _git_show(args.old_rev, name) for name in ("shm", "shm_wait")}
     old_sources = {name: text for name, text in old_sources.items() if text is not None}
     if "shm" not in old_sources:
@@ -221,7 +231,7 @@ def main() -> int:
     busy = _busy(args.busy)
     try:
         start = time.time()
-        spec = {"sources": old_sources, "rev": args.old_rev, "small_max_bytes": args.small_max_bytes}
+        spec = {"sources": old_sources, "rev": args.old_rev, "small_max_bytes": small_max}
         per_rank = run_ranks(fn, args.world, spec, *what, timeout_s=1800)
         wall_s = time.time() - start
         load_after = os.getloadavg()[0]

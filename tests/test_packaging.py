@@ -80,6 +80,7 @@ def test_the_wheel_is_typed_and_carries_the_command_and_only_torch_and_numpy(tmp
         metadata = Parser().parsestr(z.read(f"{info}/METADATA").decode())
         entry_points = z.read(f"{info}/entry_points.txt").decode()
     assert "dpscale/py.typed" in names
+    assert "dpscale/comm/shm_small.c" in names  # the shm transport's C helper, built at first use
     assert _requirements(metadata.get_all("Requires-Dist")) == ({"numpy", "torch"}, LAB)
     assert "dpscale = dpscale.cli.main:run" in entry_points
     assert "dpscale-c10d = dpscale.launch.torchrun_plugin:torchrun_handler" in entry_points

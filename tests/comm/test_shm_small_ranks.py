@@ -1,8 +1,9 @@
 """The shm transport's one-round path for small tensors, between real ranks.
 
-Each rank holds two transports: one as shipped, one with the one-round path turned off (every
-size through the in-place path, as before it existed). Sizes around the threshold, every dtype,
-in the segments and not, must come out with the same bits from both, on every rank, and equal to
+Each rank holds three transports: one as shipped (small float all-reduces in the C helper where
+it builds), one with the one-round path in Python, and one with the one-round path turned off
+(every size through the in-place path, as before it existed). Sizes around the threshold, every dtype,
+in the segments and not, must come out with the same bits from all three, on every rank, and equal to
 the sum in the order `sum_order` defines. The ranks call in uneven rhythm (random short pauses)
 and mix one-round calls with in-place ones and barriers, so a mailbox refilled too early would
 show as a wrong sum.
@@ -15,7 +16,7 @@ import time
 import pytest
 import torch
 
-from dpscale.comm import SharedMemoryTransport, chunk_bounds, shm_small, shm_wait
+from dpscale.comm import SharedMemoryTransport, chunk_bounds, shm_native, shm_small, shm_wait
 from dpscale.comm.sum_order import part_order, sum_into
 from dpscale.lab.multirank import run_ranks
 
@@ -25,8 +26,10 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
 def _sizes(dtype: torch.dtype) -> list[int]:
-    most = shm_small.SMALL_MAX_BYTES // torch.empty(0, dtype=dtype).element_size()
-    return [1, 5, 1000, most - 1, most, most + 1]  # the last one takes the in-place path
+    item = torch.empty(0, dtype=dtype).element_size()
+    # around both limits (the Python path's, the C helper's): the one above each goes another way
+    limits = {shm_small.SMALL_MAX_BYTES // item, shm_small.NATIVE_SMALL_MAX_BYTES // item}
+    return [1, 5, 1000] + [n for most in sorted(limits) for n in (most - 1, most, most + 1)]
 
 
 def _data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -60,6 +63,7 @@ def both_paths(rank: int, world: int) -> list[tuple]:
     finally:
         shm_small.SMALL_MAX_BYTES = before
     shipped = SharedMemoryTransport(timeout_s=60)
+    python = _transport(python_only=True)
     pause = random.Random(rank)
     out, seed = [], 0
     for dtype in DTYPES:
@@ -70,11 +74,13 @@ def both_paths(rank: int, world: int) -> list[tuple]:
                 time.sleep(pause.choice([0, 0, 0.0002, 0.002]))  # ranks out of step
                 got = _reduce(shipped, xs[rank], in_segment)
                 want = _reduce(in_place, xs[rank], in_segment)
-                out.append((dtype, numel, in_segment, got, want, _expected(xs)))
+                in_python = _reduce(python, xs[rank], in_segment)
+                out.append((dtype, numel, in_segment, got, want, _expected(xs), in_python))
                 if seed % 3 == 0:
                     shipped.barrier()  # shifts which mailbox the next call fills
     shipped.close()
     in_place.close()
+    python.close()
     return out
 
 
@@ -82,18 +88,33 @@ def both_paths(rank: int, world: int) -> list[tuple]:
 def test_one_round_path_gives_the_in_place_bits_on_every_rank(world):
     per_rank = run_ranks(both_paths, world, timeout_s=240)
     for rank, cases in enumerate(per_rank):
-        for (dtype, numel, in_segment, got, want, expected), first in zip(cases, per_rank[0], strict=True):
+        for (dtype, numel, in_segment, got, want, expected, in_python), first in zip(
+            cases, per_rank[0], strict=True
+        ):
             what = (rank, dtype, numel, in_segment)
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), what
+            assert torch.equal(got.view(torch.uint8), in_python.view(torch.uint8)), what
             assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8)), what
             assert torch.equal(got.view(torch.uint8), first[3].view(torch.uint8)), what  # same on every rank
     assert not [n for n in os.listdir("/dev/shm") if "dpscale" in n]
 
 
-def many_small_calls(rank: int, world: int, calls: int) -> list[str]:
-    t = SharedMemoryTransport(timeout_s=60)
+def _transport(python_only: bool) -> SharedMemoryTransport:
+    """The transport, its small all-reduces in C where the helper builds, or in Python."""
+    if not python_only:
+        return SharedMemoryTransport(timeout_s=60)
+    shipped = shm_native.library
+    shm_native.library = lambda: None  # type: ignore[method-assign]
+    try:
+        return SharedMemoryTransport(timeout_s=60)
+    finally:
+        shm_native.library = shipped  # type: ignore[method-assign]
+
+
+def many_small_calls(rank: int, world: int, calls: int, python_ranks: tuple[int, ...] = ()) -> list[str]:
+    t = _transport(rank in python_ranks)
     buf = t.alloc(64, torch.float32)
-    big = t.alloc(shm_small.SMALL_MAX_BYTES, torch.float32)  # 4x the threshold: in place
+    big = t.alloc(shm_small.NATIVE_SMALL_MAX_BYTES, torch.float32)  # 4x the larger limit: in place
     pause = random.Random(rank + 100)
     wrong = []
     for i in range(calls):
@@ -110,13 +131,19 @@ def many_small_calls(rank: int, world: int, calls: int) -> list[str]:
             if not bool((big == world).all()):
                 wrong.append(f"call {i}: in-place all-reduce wrong")
     spin = t._ctl.spin_budget
+    path = "C" if t._mail.native is not None else "Python"
     t.close()
-    return [*wrong, f"spin {spin}"]
+    return [*wrong, f"spin {spin}", path]
 
 
-def test_back_to_back_small_calls_in_uneven_step_never_read_a_refilled_mailbox():
-    for result in run_ranks(many_small_calls, 3, 400, timeout_s=120):
-        assert result[:-1] == []
+@pytest.mark.parametrize("python_ranks", [(), (1,)], ids=["as-shipped", "rank-1-without-helper"])
+def test_back_to_back_small_calls_in_uneven_step_never_read_a_refilled_mailbox(python_ranks):
+    # as shipped (the C helper where it builds), and with one rank that has no helper: then every
+    # rank takes the Python path and its limit (ranks that differed would lay out different
+    # mailboxes and send a tensor down different paths)
+    for result in run_ranks(many_small_calls, 3, 400, python_ranks, timeout_s=120):
+        assert result[:-2] == []
+        assert result[-1] == ("Python" if python_ranks or shm_native.library() is None else "C")
 
 
 def pinned_to_one_cpu(rank: int, world: int) -> tuple[int, float]:

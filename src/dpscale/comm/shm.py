@@ -5,9 +5,11 @@ so the engine's gradient buckets are reduced where they are, with no send buffer
 a reduce-scatter then an all-gather in one sweep: rank r sums part r of the buffer over all
 ranks and writes the sum into part r of *every* rank's buffer. Each part is touched by one rank
 only, so two barriers suffice: one before (every rank's data is ready) and one after (every
-rank has finished writing into my buffer). Tensors up to `shm_small.SMALL_MAX_BYTES` take a
+rank has finished writing into my buffer). Tensors up to `shm_small.SMALL_MAX_BYTES` (float32 and
+float64 up to `NATIVE_SMALL_MAX_BYTES` where the C helper runs them) take a
 one-round path instead (every rank sums all ranks' copies, posted in mailboxes: one barrier),
-with the same additions in the same order (`sum_order.py`), so the bits do not depend on the path.
+with the same additions in the same order (`sum_order.py`), so the bits do not depend on the path;
+for float32/float64 that path is one call into C where the helper builds (`shm_native.py`).
 
 Barriers are per-rank counters in a shared control segment (`shm_wait.py`, which also holds how
 a rank waits for a late peer). Small all-reduces are dominated by per-call overhead, not by
@@ -30,9 +32,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dpscale.comm import shm_small
+from dpscale.comm import shm_native, shm_small
 from dpscale.comm.base import chunk_bounds, completed
-from dpscale.comm.shm_small import Mailboxes, SmallAllReduce
+from dpscale.comm.shm_small import Mailboxes, NativeCalls, SmallAllReduce
 from dpscale.comm.shm_wait import WAIT_POLICIES, Counters, PeerTimeoutError
 from dpscale.comm.sum_order import part_order, sum_into
 
@@ -147,12 +149,20 @@ class SharedMemoryTransport:
         self._segments: list[_Segment] = []
         self._regions: dict[tuple[int, int, torch.dtype], _Region] = {}
         self._staging: torch.Tensor | None = None
-        capacity = shm_small.SMALL_MAX_BYTES  # read here, so a test can turn the path off
+        python_max = shm_small.SMALL_MAX_BYTES  # read here, so a test can turn the path off (0)
+        helper = shm_native.library() if python_max and self.world_size > 1 else None
+        # every rank must send a tensor down the same path and lay out the same mailboxes: the C
+        # helper's limit only where every rank has the helper (a rank may lack a compiler, or run
+        # with DPSCALE_SHM_NATIVE=0)
+        if not self._on_every_rank(helper is not None):
+            helper = None
+        capacity = python_max if helper is None else max(python_max, shm_small.NATIVE_SMALL_MAX_BYTES)
         maps = self._map_all(_CTL_BYTES + 2 * capacity)
         self._ctl = Counters(
             maps, self.rank, timeout_s=timeout_s, wait=wait, oversubscribed=self._oversubscribed()
         )
-        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank)
+        native = None if helper is None else NativeCalls(helper, wait == "block", self._ctl.native_spin_ns)
+        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native, python_max)
         self._last_private: tuple[tuple, SmallAllReduce] | None = None
 
     @property
@@ -176,6 +186,12 @@ class SharedMemoryTransport:
         finally:
             os.close(fd)
         return maps
+
+    def _on_every_rank(self, flag: bool) -> bool:
+        """Collective: whether `flag` holds on every rank."""
+        flags: list = [None] * self.world_size
+        dist.all_gather_object(flags, flag, group=self.group)
+        return all(flags)
 
     def _oversubscribed(self) -> bool:
         """Collective: whether the ranks have fewer CPUs among them than there are ranks (then a
@@ -260,9 +276,9 @@ class SharedMemoryTransport:
         """Sum in place. `between_hosts(part)`, if given, reduces my summed part across hosts."""
         region = self._region(tensor)
         if between_hosts is None:
-            small = self._small(tensor, region)
+            small = region.small if region is not None else self._small_private(tensor)
             if small is not None:
-                self._all_reduce_small(small)
+                small.run(self._ctl)
                 return completed(tensor) if region is None else region.completed(tensor)
         if region is None:  # a tensor of the caller's: reduced in a staging copy
             staging = self._staged(tensor)
@@ -272,10 +288,8 @@ class SharedMemoryTransport:
         self._all_reduce_in_place(region, between_hosts)
         return region.completed(tensor)
 
-    def _small(self, tensor: torch.Tensor, region: _Region | None) -> SmallAllReduce | None:
-        """The one-round all-reduce of `tensor`, or None if it is too large for it."""
-        if region is not None:
-            return region.small
+    def _small_private(self, tensor: torch.Tensor) -> SmallAllReduce | None:
+        """The one-round all-reduce of `tensor` (not in our segments), or None if it does not fit."""
         if not self._mail.fits(tensor):
             return None
         # A tensor of the caller's: only the last one's binding is kept (it holds the tensor, as
@@ -284,12 +298,6 @@ class SharedMemoryTransport:
         if self._last_private is None or self._last_private[0] != key:
             self._last_private = (key, self._mail.bind(tensor))
         return self._last_private[1]
-
-    def _all_reduce_small(self, small: SmallAllReduce) -> None:
-        slot = (self._ctl.seq + 1) & 1  # mailboxes alternate with the arrival this call makes
-        small.post(slot)
-        self._wait_all(self._arrive(), "all_reduce: inputs posted")
-        small.sum(slot)
 
     def _all_reduce_in_place(self, region: _Region, between_hosts) -> None:
         self._wait_all(self._arrive(), "all_reduce: inputs ready")
@@ -331,7 +339,8 @@ class SharedMemoryTransport:
         self._last_private = None
 
     def describe(self) -> str:
-        return f"shm ({self.world_size} workers, shared memory on one host)"
+        small = "C" if self._mail.native is not None else "Python"
+        return f"shm ({self.world_size} workers, shared memory on one host; small all-reduces in {small})"
 
 
 def _map_peer(pid: int, fd: int, size: int, rank: int) -> mmap.mmap:

@@ -13,10 +13,14 @@ states: csrc/cpu/comm/shm.cpp in microsoft/DeepSpeed.)
 Each rank adds every part in the order of `sum_order` (rank p's value first for part p), the
 additions the in-place path makes, so the bits do not depend on which path a size takes and are
 the same on every rank (up to the payload of a NaN that is the sum of two NaNs, see sum_order.py).
+
+For float32 and float64 the whole call is one call into C where the helper could be built
+(shm_native.py, shm_small.c): the same copy, counter and additions, without ~20 Python calls.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 from dataclasses import dataclass
 from typing import Any
@@ -24,14 +28,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpscale.comm.shm_native import Helper, Plan
+from dpscale.comm.shm_wait import Counters
 from dpscale.comm.sum_order import ranges_in_order, sum_into
 
-# Tensors up to this size take the one-round path. It copies the tensor in and every rank reads
-# all ranks' copies (world_size times the bytes each rank reads in place), so past a few KiB the
-# second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py --small-max-bytes.
+# Tensors up to this size take the one-round path (0 turns it off). It copies the tensor in and
+# every rank reads all ranks' copies (world_size times the bytes each rank reads in place), so past
+# a few KiB the second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py
+# --small-max-bytes.
 SMALL_MAX_BYTES = 1 << 13
+# The limit for float32/float64 where the C helper runs them: its copy and sum cost a fraction of
+# the Python path's calls, so the one-round path pays further (per-rank CPU still below the
+# in-place path's at 64 KiB, above at 128 KiB; BENCHMARKS.md, "Small messages in one round").
+NATIVE_SMALL_MAX_BYTES = 1 << 16
 # summed with numpy (a fraction of torch's per-call cost); other dtypes through torch (`sum_into`)
 _NUMPY_DTYPES = (torch.float32, torch.float64)
+# summed by the C helper, with its dtype code (shm_small.c)
+_NATIVE_DTYPES = {torch.float32: 0, torch.float64: 1}
+_WHAT = "all_reduce: inputs posted"
 # Operand lists remembered at most (by size and dtype; a job reduces a fixed set of them)
 _MAX_SHAPES = 1024
 
@@ -45,33 +59,92 @@ class _Terms:
     bounds: list[tuple[int, int]]
     inboxes: tuple[np.ndarray, np.ndarray]
     copies: tuple[list[list], list[list]]
+    orders: list[list[int]]
+
+
+@dataclass(frozen=True)
+class NativeCalls:
+    """How the one-round path runs in C: the loaded helper, whether an arriving rank wakes peers
+    asleep on it (the `block` wait), and how long it spins for its peers before the Python wait
+    policy takes over (shm_wait.Counters.native_spin_ns)."""
+
+    helper: Helper
+    wake: bool
+    spin_ns: int
 
 
 class Mailboxes:
     """Every rank's two mailboxes of `capacity` bytes, at `offset` in its control segment
-    (`maps[j]` is rank j's, mapped here)."""
+    (`maps[j]` is rank j's, mapped here; its first bytes are rank j's control line). With `native`
+    the float32/float64 all-reduces run in the C helper, up to `capacity` bytes; the rest up to
+    `python_max_bytes` (default: `capacity`)."""
 
-    def __init__(self, maps: list[mmap.mmap], offset: int, capacity: int, rank: int):
+    def __init__(
+        self,
+        maps: list[mmap.mmap],
+        offset: int,
+        capacity: int,
+        rank: int,
+        native: NativeCalls | None = None,
+        python_max_bytes: int | None = None,
+    ):
         self.capacity = capacity
+        self.python_max_bytes = capacity if python_max_bytes is None else min(python_max_bytes, capacity)
         self.rank = rank
         self.world_size = len(maps)
         # boxes[slot][j]: rank j's mailbox `slot`, as bytes (none when the path is turned off)
         starts = (offset, offset + capacity)
         self.boxes = [[_bytes(m, at, capacity) for m in maps] for at in starts] if capacity else []
         self._terms: dict[tuple[int, torch.dtype], _Terms] = {}
+        self.native = native if capacity else None
+        if self.native is not None:
+            # the C helper's view of the layout: control lines and mailboxes by address
+            lines = [_bytes(m, 0, 8).data_ptr() for m in maps]
+            self._lines = (ctypes.c_void_p * len(maps))(*lines)
+            boxes = [b.data_ptr() for bs in self.boxes for b in bs]
+            self._boxes = (ctypes.c_void_p * len(boxes))(*boxes)
 
     def fits(self, tensor: torch.Tensor) -> bool:
+        in_c = self.native is not None and tensor.dtype in _NATIVE_DTYPES
         return (
             self.world_size > 1
             and self.capacity > 0
-            and tensor.numel() * tensor.element_size() <= self.capacity
+            and tensor.numel() * tensor.element_size() <= (self.capacity if in_c else self.python_max_bytes)
             and tensor.is_contiguous()
             and tensor.device.type == "cpu"
         )
 
     def bind(self, tensor: torch.Tensor) -> SmallAllReduce:
         """The one-round all-reduce of `tensor` (which `fits`), in place."""
-        return SmallAllReduce(tensor, self._terms_of(tensor.numel(), tensor.dtype))
+        terms = self._terms_of(tensor.numel(), tensor.dtype)
+        native = None
+        if self.native is not None and tensor.dtype in _NATIVE_DTYPES:
+            native = _NativeCall(self.native, self._plan(tensor, terms))
+        return SmallAllReduce(tensor, terms, native)
+
+    def _plan(self, tensor: torch.Tensor, terms: _Terms) -> _PlanRefs:
+        assert self.native is not None
+        flat = tensor.detach().view(-1)
+        flat_bounds = [i for b in terms.bounds for i in b]
+        flat_orders = [j for o in terms.orders for j in o]
+        bounds = (ctypes.c_int64 * len(flat_bounds))(*flat_bounds)
+        orders = (ctypes.c_int32 * len(flat_orders))(*flat_orders)
+        plan = Plan(
+            lines=ctypes.addressof(self._lines),
+            boxes=ctypes.addressof(self._boxes),
+            tensor=flat.data_ptr(),
+            nbytes=flat.numel() * flat.element_size(),
+            bounds=ctypes.addressof(bounds),
+            orders=ctypes.addressof(orders),
+            nranges=len(terms.bounds),
+            world=self.world_size,
+            rank=self.rank,
+            dtype=_NATIVE_DTYPES[flat.dtype],
+            wake=int(self.native.wake),
+            spin_ns=self.native.spin_ns,
+        )
+        # everything the plan points to, kept alive as long as it
+        return _PlanRefs(plan, (self._lines, self._boxes, self.boxes, bounds, orders, flat))
 
     def _terms_of(self, numel: int, dtype: torch.dtype) -> _Terms:
         key = (numel, dtype)
@@ -93,14 +166,33 @@ class Mailboxes:
             inboxes.append(boxes[self.rank][:nbytes].numpy())
             copies.append([[ranks[j][lo:hi] for j in order] for lo, hi, order in ranges])
         bounds = [(lo, hi) for lo, hi, _ in ranges]
-        return _Terms(bounds, (inboxes[0], inboxes[1]), (copies[0], copies[1]))
+        orders = [order for _, _, order in ranges]
+        return _Terms(bounds, (inboxes[0], inboxes[1]), (copies[0], copies[1]), orders)
+
+
+@dataclass(frozen=True)
+class _PlanRefs:
+    plan: Plan
+    keep: tuple  # what the plan's pointers point into
+
+
+class _NativeCall:
+    """A bound plan and the helper's two calls on it, looked up once."""
+
+    def __init__(self, native: NativeCalls, refs: _PlanRefs):
+        self.refs = refs
+        self.plan = ctypes.byref(refs.plan)
+        self.all_reduce = native.helper.all_reduce
+        self.sum = native.helper.sum
 
 
 class SmallAllReduce:
-    """The one-round all-reduce of one tensor: `post(slot)` copies it into my mailbox `slot`; once
-    every peer has posted, `sum(slot)` writes the sum of all mailboxes `slot` into it."""
+    """The one-round all-reduce of one tensor: `run(counters)` does it all; its steps, for tests:
+    `post(slot)` copies it into my mailbox `slot`; once every peer has posted, `sum(slot)` writes
+    the sum of all mailboxes `slot` into it."""
 
-    def __init__(self, tensor: torch.Tensor, terms: _Terms):
+    def __init__(self, tensor: torch.Tensor, terms: _Terms, native: _NativeCall | None = None):
+        self.native = native
         flat = tensor.detach().view(-1)
         self._source = flat.view(torch.uint8).numpy()
         self._inboxes = terms.inboxes
@@ -114,10 +206,27 @@ class SmallAllReduce:
             parts = [flat[lo:hi] for lo, hi in terms.bounds]
             self._sums = tuple(list(zip(parts, copies, strict=True)) for copies in terms.copies)
 
+    def run(self, counters: Counters) -> None:
+        """The all-reduce: post, arrive, wait for every peer (`counters`' policy), sum."""
+        native = self.native
+        if native is not None:
+            if native.all_reduce(native.plan):  # a peer did not arrive within the helper's spin
+                seq = counters.seq  # the helper's arrival
+                counters.wait_all(seq, _WHAT)
+                native.sum(native.plan, seq & 1)
+            return
+        slot = (counters.seq + 1) & 1  # mailboxes alternate with the arrival this call makes
+        self.post(slot)
+        counters.wait_all(counters.arrive(), _WHAT)
+        self.sum(slot)
+
     def post(self, slot: int) -> None:
         np.copyto(self._inboxes[slot], self._source)
 
     def sum(self, slot: int) -> None:
+        if self.native is not None:
+            self.native.sum(self.native.plan, slot)
+            return
         if self._numpy:
             # the additions of sum_into, with numpy's cheaper calls (the same IEEE adds in the same order)
             for a, b, out in self._adds[slot]:

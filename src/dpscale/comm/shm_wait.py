@@ -59,6 +59,10 @@ _LONG_SLEEP_S = 0.0005
 # likewise when it runs more processes than cores: its mpi_yield_when_idle). Few, and only then:
 # a yield can hand a whole time slice to a busy process that shares the CPU.
 _SHARED_CPU_YIELDS = 4
+# The C helper's busy wait for its peers (shm_small.c) before it hands the wait to the policy
+# here: ranks in step on a quiet host arrive within a few us of each other, and a check in C costs
+# nanoseconds, so a few us catch them without a trip through Python
+_NATIVE_SPIN_NS = 5000
 # A sleeper wakes at least this often to check its deadline; arrivals wake it at once.
 _BLOCK_SLICE_S = 0.01
 
@@ -105,7 +109,6 @@ class Counters:
         self.rank = rank
         self.timeout_s = timeout_s
         self.wait = wait
-        self.seq = 0
         self._mine = self.lines[rank]
         self._peers = [j for j in range(len(maps)) if j != rank]
         self._addrs = [line.ctypes.data for line in self.lines]
@@ -116,10 +119,18 @@ class Counters:
         self._spin_cap = _BLOCK_SPIN_MIN if oversubscribed else _BLOCK_SPIN
         self.spin_budget = self._spin_cap
         self._yields = _SHARED_CPU_YIELDS if oversubscribed else 0
+        # the C helper's spin before it hands a wait to this class (shm_native.py): none when the
+        # ranks share CPUs (the late peer may need this one)
+        self.native_spin_ns = 0 if oversubscribed else _NATIVE_SPIN_NS
+
+    @property
+    def seq(self) -> int:
+        """The collectives this rank has reached: its counter, which the C helper advances too."""
+        return int(self._mine[_COUNT])
 
     def arrive(self) -> int:
-        self.seq += 1
-        self._mine[_COUNT] = self.seq
+        seq = int(self._mine[_COUNT]) + 1
+        self._mine[_COUNT] = seq
         if self.wait == "block":
             _fence()
             me = self.rank + 1
@@ -128,7 +139,7 @@ class Counters:
                 if lines[j][_ASLEEP_ON] == me:
                     _syscall(_SYS_FUTEX, self._addrs[self.rank], _FUTEX_WAKE, _WAKE_ALL, 0, 0, 0)
                     break
-        return self.seq
+        return seq
 
     def wait_all(self, seq: int, what: str) -> None:
         lines = self.lines

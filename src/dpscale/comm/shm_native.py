@@ -1,0 +1,131 @@
+"""The shm transport's C helper for small all-reduces (shm_small.c): built, cached, loaded.
+
+The one-round path's work is a few microseconds of copying, one store and a sum; in Python it
+takes ~20 interpreter calls that cost more than the bytes (docs/architecture.md, "Why a C helper
+for small all-reduces"). shm_small.c does it in one foreign call through ctypes.
+
+The C file ships in the package and is compiled at first use with the system C compiler (`$CC`,
+else `cc`) into `$XDG_CACHE_HOME/dpscale` (default `~/.cache/dpscale`), a file named by the hash
+of the source, compiler and flags, so an upgrade or another compiler builds afresh and ranks that
+build at once each write a file of their own and rename it into place. Nothing is downloaded.
+Where there is no compiler, the build fails, the cache is not this user's alone, or
+`DPSCALE_SHM_NATIVE=0` is set, `library()` returns None and the Python path runs: the same
+additions in the same order, so the same bits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dpscale.log import get_logger
+
+_SOURCE = Path(__file__).with_name("shm_small.c")
+# -O3: vectorized adds (element by element, so the same IEEE additions); no -ffast-math (it would
+# reassociate the sums); no contraction into fused multiply-adds; no -march (the cache may be
+# shared by hosts of different CPUs)
+_FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
+_BUILD_TIMEOUT_S = 120
+ENV_SWITCH = "DPSCALE_SHM_NATIVE"  # "0": never build or load the helper
+
+log = get_logger(__name__)
+
+
+class Plan(ctypes.Structure):
+    """One small all-reduce, as shm_small.c's `struct dps_small_plan` (same fields, same order)."""
+
+    _fields_ = [
+        ("lines", ctypes.c_void_p),
+        ("boxes", ctypes.c_void_p),
+        ("tensor", ctypes.c_void_p),
+        ("nbytes", ctypes.c_int64),
+        ("bounds", ctypes.c_void_p),
+        ("orders", ctypes.c_void_p),
+        ("nranges", ctypes.c_int32),
+        ("world", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("wake", ctypes.c_int32),
+        ("unused", ctypes.c_int32),
+        ("spin_ns", ctypes.c_int64),
+    ]
+
+
+class Helper:
+    """The loaded helper's two calls: `all_reduce(byref(plan))` -> 0 (done) or 1 (wait, then
+    `sum(byref(plan), slot)`). Their arguments are left undeclared (no `argtypes`): ctypes then
+    passes a `byref` and a small int as they are, where declared types cost ~0.2 us a call in
+    conversions, most of the helper's own time (callers pass nothing else)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib  # kept: the functions below live in it
+        self.all_reduce = lib.dps_small_all_reduce
+        self.all_reduce.restype = ctypes.c_int
+        self.sum = lib.dps_small_sum
+        self.sum.restype = None
+
+
+@functools.cache
+def library() -> Helper | None:
+    """The helper, built on first use; None where it cannot be (then the Python path runs)."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return None  # the shm transport runs only there (select.shm_is_safe)
+    try:
+        return Helper(ctypes.CDLL(str(_built())))
+    except (OSError, subprocess.SubprocessError) as e:
+        log.info("shm: C helper unavailable (%s); small all-reduces run in Python", e)
+        return None
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or "cc"
+    path = shutil.which(cc)
+    if path is None:
+        raise OSError(f"no C compiler {cc!r} on PATH")
+    return path
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = Path(base) / "dpscale"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()
+    # a library loaded from a folder someone else can write to runs their code
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OSError(f"{folder} is not this user's alone")
+    return folder
+
+
+def _built() -> Path:
+    cc = _compiler()
+    source = _SOURCE.read_bytes()
+    tag = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(_FLAGS).encode()])).hexdigest()[:16]
+    folder = _cache_dir()
+    lib = folder / f"shm_small-{tag}.so"
+    if lib.exists():
+        return lib
+    fd, tmp = tempfile.mkstemp(prefix=".shm_small-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [cc, *_FLAGS, "-o", tmp, str(_SOURCE)],
+            check=True,
+            capture_output=True,
+            timeout=_BUILD_TIMEOUT_S,
+        )
+        os.replace(tmp, lib)  # atomic: a rank never loads a half-written file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
