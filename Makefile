@@ -46,8 +46,10 @@ $(COMPAT_STAMP): pyproject.toml Makefile
 # `pytest --cpu-times FILE`) and run in the background, one at a time; the others run one at a time
 # in the foreground: each keeps both cores busy with its ranks already, and two of those side by
 # side ran slower here (18 process-heavy tests: 172 s with two workers, 123 s one at a time). The
-# waiting lane's output follows the other's; a failure in either fails the target. Exit status 5 is
-# pytest's "no test selected": fine for a lane when PYTEST_ARGS names tests of other lanes only.
+# waiting lane's output follows the other's; a failure in either fails the target. A background
+# command ignores SIGINT (no job control): an interrupt ends the waiting lane through the trap.
+# Exit status 5 is pytest's "no test selected": fine for a lane when PYTEST_ARGS names tests of
+# other lanes only.
 # PYTHONDONTWRITEBYTECODE is cleared for the tests: with it set, pytest rewrites the asserts of every
 # test module again in each pytest process (a few CPU seconds each) instead of reading __pycache__.
 PYTEST_WORKERS ?= 2
@@ -58,6 +60,7 @@ test: venv
 	$(PYTEST) -q $(XDIST) -m "not slow" $(PYTEST_ARGS); fast=$$?; \
 	lane=$$(mktemp); \
 	$(PYTEST) -q -p no:cacheprovider -m "slow and waits" $(PYTEST_ARGS) > $$lane 2>&1 & waiting=$$!; \
+	trap 'kill $$waiting 2>/dev/null; rm -f $$lane; exit 130' INT TERM; \
 	$(PYTEST) -q -m "slow and not waits" $(PYTEST_ARGS); slow=$$?; \
 	wait $$waiting; waits=$$?; \
 	echo "---- the slow tests that mostly wait (marked waits), run beside the others:"; \
