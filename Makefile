@@ -40,21 +40,37 @@ $(COMPAT_STAMP): pyproject.toml Makefile
 	touch $(COMPAT_STAMP)
 
 # The tests that start no process run in PYTEST_WORKERS pytest-xdist workers (0: one process):
-# alone they keep one core busy, two workers use both of a 2-core host. The slow tests run one at a
-# time: each keeps both cores busy with its ranks already, and two side by side ran slower here
-# (18 process-heavy tests: 172 s with two workers, 123 s one at a time). Exit status 5 is pytest's
-# "no test selected": fine for one half when PYTEST_ARGS names tests of the other half only.
+# alone they keep one core busy, two workers use both of a 2-core host. The slow tests run in two
+# lanes side by side. Those marked `waits` spend most of their time waiting (on their own timeouts,
+# a cut link, a stopped worker: their CPU seconds a small part of their wall seconds, measured with
+# `pytest --cpu-times FILE`) and run in the background, one at a time; the others run one at a time
+# in the foreground: each keeps both cores busy with its ranks already, and two of those side by
+# side ran slower here (18 process-heavy tests: 172 s with two workers, 123 s one at a time). The
+# waiting lane's output follows the other's; a failure in either fails the target. A background
+# command ignores SIGINT (no job control): an interrupt ends the waiting lane through the trap.
+# Exit status 5 is pytest's "no test selected": fine for a lane when PYTEST_ARGS names tests of
+# other lanes only.
+# PYTHONDONTWRITEBYTECODE is cleared for the tests: with it set, pytest rewrites the asserts of every
+# test module again in each pytest process (a few CPU seconds each) instead of reading __pycache__.
 PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PY) -m pytest
 
 test: venv
-	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS); fast=$$?; \
-	$(PY) -m pytest -q -m slow $(PYTEST_ARGS); slow=$$?; \
-	{ [ $$fast = 0 ] || [ $$fast = 5 ]; } && { [ $$slow = 0 ] || [ $$slow = 5 ]; } && [ $$fast$$slow != 55 ]
+	$(PYTEST) -q $(XDIST) -m "not slow" $(PYTEST_ARGS); fast=$$?; \
+	lane=$$(mktemp); \
+	$(PYTEST) -q -p no:cacheprovider -m "slow and waits" $(PYTEST_ARGS) > $$lane 2>&1 & waiting=$$!; \
+	trap 'kill $$waiting 2>/dev/null; rm -f $$lane; exit 130' INT TERM; \
+	$(PYTEST) -q -m "slow and not waits" $(PYTEST_ARGS); slow=$$?; \
+	wait $$waiting; waits=$$?; \
+	echo "---- the slow tests that mostly wait (marked waits), run beside the others:"; \
+	cat $$lane; rm -f $$lane; \
+	for rc in $$fast $$slow $$waits; do { [ $$rc = 0 ] || [ $$rc = 5 ]; } || exit 1; done; \
+	[ $$fast$$slow$$waits != 555 ]
 
 # the edit loop: every test that starts no process (starting one fails the test), under 60 s
 test-fast: venv
-	DPSCALE_TEST_NO_SPAWN=1 $(PY) -m pytest -q $(XDIST) -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
+	DPSCALE_TEST_NO_SPAWN=1 $(PYTEST) -q $(XDIST) -m "not slow" -p no:cacheprovider $(PYTEST_ARGS)
 
 # the two-host kill-and-recover scenario N times under a load of one busy process per core (needs
 # root: network namespaces); prints "k/N recovered" and keeps both hosts' logs of each failed try
@@ -63,7 +79,7 @@ test-restarts: venv
 	LOAD=$$(nproc) PYTHON=$(PY) scripts/multihost_restarts.sh $(RESTART_TRIES)
 
 test-compat: venv-compat
-	$(COMPAT_PY) -m pytest -q -m compat -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(COMPAT_PY) -m pytest -q -m compat -p no:cacheprovider $(PYTEST_ARGS)
 
 study: venv
 	$(VENV)/bin/dpscale study $(STUDY_ARGS)

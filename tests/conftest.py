@@ -16,6 +16,9 @@ import pytest
 
 NO_SPAWN = os.environ.get("DPSCALE_TEST_NO_SPAWN") == "1"
 
+# --cpu-times FILE: each test's wall and CPU seconds (which slow tests mostly wait: marker `waits`)
+pytest_plugins = ["support.cpu_times"]
+
 
 def _segments() -> set[str]:
     try:

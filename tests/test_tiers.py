@@ -1,14 +1,18 @@
 """The test tiers and their bounds (#18): what CI runs, and what keeps the suite inside its budget.
 Each is checked by what it does: the configuration this very pytest runs under, `.ci/run` with a
-stand-in `make`, and `make test-fast` on two probe tests (tests/support/tier_probes.py)."""
+stand-in `make`, `make test-fast` and `make test` on probe tests (tests/support/tier_probes.py), and
+the measure that sorts the slow tests into `make test`'s two lanes (tests/support/cpu_times.py)."""
 
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from support.cpu_times import TreeCpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,3 +70,64 @@ def test_make_test_fast_leaves_out_slow_tests_and_fails_one_that_starts_a_proces
     # the slow probe was left out: run, it fails too (under xdist the summary counts no deselected)
     assert re.search(r"\b1 failed\b", out) and "passed" not in out, out
     assert "test_probe_a_slow_test" not in out, out
+
+
+def _make_test(tmp_path: Path, select: str) -> subprocess.CompletedProcess:
+    """`make test` on the probes that `select` (-k) picks, the lanes meeting in a fresh folder."""
+    stamp, marks = tmp_path / "installed", tmp_path / select.replace(" ", "_")
+    stamp.touch()
+    marks.mkdir()
+    args = f"tests/support/tier_probes.py -k '{select}'"
+    make = ["make", "-s", "test", f"PY={sys.executable}", f"STAMP={stamp}", "PYTEST_WORKERS=0"]
+    return subprocess.run(
+        [*make, f"PYTEST_ARGS={args}"],
+        cwd=ROOT,
+        env={**os.environ, "TIER_PROBE_DIR": str(marks)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+@pytest.mark.slow
+def test_make_test_runs_the_waiting_lane_beside_the_others_and_fails_when_it_fails(tmp_path):
+    # both lane probes wait for each other's mark: they pass only when the lanes run side by side
+    p = _make_test(tmp_path, "lane and not fails")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert len(re.findall(r"\b1 passed\b", out)) == 2, out  # one probe in each lane
+    # the same with a failure in the waiting lane alone: the target fails, showing that lane's output
+    p = _make_test(tmp_path, "lane")
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "FAILED tests/support/tier_probes.py::test_probe_lane_waiting_fails" in out, out
+    assert "the waiting lane's failure" in out and re.search(r"\b1 failed, 1 passed\b", out), out
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and has not ended (init may not reap an orphan at once: a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+BUSY = "import time\nend = time.process_time() + 1\nwhile time.process_time() < end: pass"
+
+
+@pytest.mark.slow
+def test_cpu_times_count_a_process_whose_parent_ended_before_it(tmp_path):
+    # what `--cpu-times` sorts the lanes by: a killed launcher leaves its workers to init, and their
+    # CPU still counts (neither getrusage nor the parent's times would have it)
+    tree = TreeCpu(os.getpid())
+    before = tree.start()
+    pid_file = tmp_path / "pid"
+    sh = f"{sys.executable} -c '{BUSY}' & echo $! > {pid_file}; sleep 0.5"  # the shell ends first
+    subprocess.run(["sh", "-c", sh], check=True, timeout=60)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 60
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    cpu_s = tree.stop(before)
+    assert 0.8 <= cpu_s < 5, cpu_s  # the busy second, less what the last samples missed

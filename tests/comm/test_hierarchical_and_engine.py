@@ -132,6 +132,7 @@ def silent_host(rank, world, timeout_s, done_path):
 
 
 @pytest.mark.slow
+@pytest.mark.waits  # on the collective timeout
 def test_a_silent_host_fails_the_reduction_within_the_collective_timeout(tmp_path):
     # the subgroups between hosts once kept torch's 30-minute default instead of the timeout given
     waited, _ = run_ranks(silent_host, 2, 2.0, str(tmp_path / "done"), timeout_s=120)

@@ -17,7 +17,8 @@ from dpscale.train.config import TrainConfig
 from dpscale.train.trainer import Trainer
 from support.timing import process_baseline_s
 
-pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
+# starts processes (spawned ranks); waits: on the silent rank, then the collective timeout
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 TIMEOUT_S = 2
 

@@ -121,6 +121,7 @@ def _worker_of_rank(tag: str, rank: int) -> int:
     raise AssertionError(f"no worker of rank {rank} among {tagged(tag)}")
 
 
+@pytest.mark.waits  # on the stopped worker, then the collective timeout
 def test_a_stopped_worker_is_named_and_ended_soon_after_the_collective_timeout():
     timeout_s = 5
     run = [a if a != "30" else "100000" for a in TRAIN_NO_CHECKPOINTS] + ["--log-every", "5"]

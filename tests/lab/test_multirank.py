@@ -51,6 +51,7 @@ def sleeps_forever(rank, world):
 
 
 @pytest.mark.slow
+@pytest.mark.waits  # on the harness's timeout
 def test_hang_is_killed_at_timeout_with_stacks():
     # the test waits the timeout out: long enough for rank 1 to start, join and return (a fork of
     # the preloaded server, well under one process start of this host now: ~3 s quiet)

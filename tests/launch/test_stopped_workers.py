@@ -50,6 +50,7 @@ child.kill()
 
 
 @pytest.mark.slow
+@pytest.mark.waits  # on the suspended job
 def test_a_whole_job_suspended_then_continued_keeps_its_workers():
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True

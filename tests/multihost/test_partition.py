@@ -75,6 +75,7 @@ class _Run:
         return "\n".join(f"--- host {i}\n" + "".join(lines[-40:]) for i, lines in enumerate(self.stderr))
 
 
+@pytest.mark.waits  # on the cut link: its timeouts, then the rejoin wait
 def test_a_host_cut_off_for_good_ends_every_host_naming_the_lost_ones(three_hosts):
     # --max-restarts 1: the hosts still connected restart and wait for the lost one to rejoin, for
     # the rejoin timeout (T + 20 s by default, torch's join timeout, 600 s, before); 3 hosts, so the
