@@ -119,6 +119,7 @@ def test_fp16_is_not_advised_where_its_casts_cost_more_than_the_halved_transfer_
     # ~14 ms halving the transfer saves, as the three real scripts measured (issue #31)
     result = measure(monkeypatch, _runs(exposed_ms=16.0), 8, casts=HOST_CASTS)
     assert result.compression_cost == HOST_CASTS.to_dict()
+    assert type(result).from_dict(result.to_dict()).compression_cost == result.compression_cost  # re-renders
     (first, *_) = script_diagnosis.causes(result)
     fp16 = script_diagnosis.parse_try("fp16")
     gain = script_diagnosis.predicted_gain(result, first.point, fp16)
