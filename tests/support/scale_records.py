@@ -8,6 +8,7 @@ from pathlib import Path
 from dpscale.engine.telemetry import PHASES
 from dpscale.lab.bench import script_scaling
 from dpscale.lab.bench.script_scaling import ScaleConfig
+from dpscale.lab.predict.compression_cost import CompressionCost
 
 
 def step(phases: dict, *, samples: int, optimizer_steps: int = 1, micro_steps: int = 1, **extra) -> dict:
@@ -43,14 +44,32 @@ def rank(
     }
 
 
-def measure(monkeypatch, runs: dict[int, list[dict]], steps: int, **config) -> script_scaling.ScaleResult:
+FREE_CASTS = CompressionCost(
+    cast_in_ms_per_mb=0.0,
+    divide_ms_per_mb=0.0,
+    stage_ms_per_mb=0.0,
+    cast_out_ms_per_mb=0.0,
+    add16_ms_per_mb=0.0,
+    add32_ms_per_mb=0.0,
+)
+
+
+def measure(
+    monkeypatch,
+    runs: dict[int, list[dict]],
+    steps: int,
+    casts: CompressionCost = FREE_CASTS,
+    **config,
+) -> script_scaling.ScaleResult:
     """`measure` over canned rank records (no process starts); with `tries`, `runs[("try", FIX)]`
-    are the ranks of each fix's rerun."""
+    are the ranks of each fix's rerun. `casts` stands for this host's measured fp16 cast rates
+    (free by default: the figures then do not depend on the host)."""
 
     def one(config, n, engine, logs, job, try_fix=None):
         return runs[n] if try_fix is None else runs[("try", try_fix)]  # type: ignore[index]
 
     monkeypatch.setattr(script_scaling, "_measure_one", one)
+    monkeypatch.setattr(script_scaling.compression_cost, "measure", lambda threads: casts)
     sizes = sorted(k for k in runs if isinstance(k, int))
     config = {"warmup": 0, **config}
     cfg = ScaleConfig(script="train.py", world_sizes=sizes, steps=steps, threads_per_worker=1, **config)

@@ -20,7 +20,7 @@ from dpscale.errors import ConfigError
 from dpscale.flags import add_dataclass_arguments, dataclass_kwargs
 from dpscale.lab.bench.args import parse_int_list
 from dpscale.lab.bench.report import ReportDir, require_plots
-from dpscale.lab.predict import goodput, profiling, render
+from dpscale.lab.predict import compression_cost, goodput, profiling, render
 from dpscale.lab.predict import profile as profiles
 from dpscale.lab.predict.cluster import (
     Cluster,
@@ -370,6 +370,11 @@ def run_predict_from_args(args: argparse.Namespace) -> int:
         cluster = calibrated_fabric(prof, cluster, config, run)
     if warning := cpu_profile_on_gpus(prof, cluster):
         print(warning, file=sys.stderr)
+    if config.compression > 1 and not cluster.gpu:
+        # CPU workers cast on their own cores: at this host's measured rates (compression_cost.py)
+        staged = "shm" in cluster.name or any(m.transport == "shm" for m in cluster.measured.values())
+        cost = compression_cost.measure(prof.threads or 1, staged=staged)
+        config = replace(config, compression_cost=cost)
     if opts.goodput:
         return _run_goodput(opts, prof, cluster, config, json_out=args.json)
     predictions = predict(prof, cluster, config)

@@ -207,9 +207,13 @@ class StepTelemetry:
         """Pending steps and forwards into `records` and `forward_ms`, oldest first: those whose
         events are complete, or (`wait`) all of them."""
         clock = self.clock
-        while self._pending and (wait or clock.ready(self._stamps(self._pending[0]))):
+        # host stamps are complete when taken: no list of them to build, check or wait for, on
+        # the path every step takes (issue #31's cost bound)
+        host_clock = isinstance(clock, HostClock)
+        while self._pending and (wait or host_clock or clock.ready(self._stamps(self._pending[0]))):
             entry = self._pending.pop(0)
-            clock.wait(self._stamps(entry))
+            if not host_clock:
+                clock.wait(self._stamps(entry))
             start, end, samples, micro, comm, marks, traced = entry
             if self.trace_only and traced is None:
                 continue
@@ -233,9 +237,10 @@ class StepTelemetry:
                     **(traced or {}),
                 )
             )
-        while self._pending_forwards and (wait or clock.ready(self._pending_forwards[0])):
+        while self._pending_forwards and (wait or host_clock or clock.ready(self._pending_forwards[0])):
             start, end = self._pending_forwards.pop(0)
-            clock.wait([start, end])
+            if not host_clock:
+                clock.wait([start, end])
             self.forward_ms.append(clock.elapsed_ms(start, end))
 
     @staticmethod

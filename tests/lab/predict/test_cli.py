@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from dpscale.cli import predict as cli
-from dpscale.lab.predict.model import JSON_KEYS
+from dpscale.lab.predict.compression_cost import CompressionCost
+from dpscale.lab.predict.model import CASTS_LABEL, JSON_KEYS
 from dpscale.lab.predict.profile import ModelProfile
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -232,3 +233,34 @@ def test_from_scale_predicts_larger_n_from_a_measured_run(tmp_path, monkeypatch)
     assert [r["world_size"] for r in rows] == [1, 2, 4, 8]
     with pytest.raises(ValueError, match="--model: --from-scale measures the step"):
         _run("predict", [*argv, "--model", "mlp", "--report-dir", str(tmp_path / "r2")], monkeypatch)
+
+
+@pytest.mark.slow
+def test_compression_on_a_cpu_preset_counts_this_hosts_casts_and_a_gpu_preset_not(tmp_path, monkeypatch):
+    rate = dict.fromkeys(("cast_in", "divide", "stage", "cast_out", "add16", "add32"), 0.1)
+    casts = CompressionCost(**{f"{k}_ms_per_mb": v for k, v in rate.items()})
+    measured = []
+    monkeypatch.setattr(
+        cli.compression_cost, "measure", lambda threads, staged: measured.append(staged) or casts
+    )
+    for preset in ("cpu-shm", "dgx-a100"):
+        argv = [
+            *EXPLICIT,
+            "--preset",
+            preset,
+            "--compression",
+            "2",
+            "--world-sizes",
+            "2",
+            "--report-dir",
+            str(tmp_path / preset),
+        ]
+        (tmp_path / preset).mkdir()
+        assert _run("predict", argv, monkeypatch)[0] == 0
+    assert measured == [True]  # timed for the CPU preset only, shm staging counted
+    (cpu_dir,) = (tmp_path / "cpu-shm").iterdir()
+    (gpu_dir,) = (tmp_path / "dgx-a100").iterdir()
+    cpu = json.loads((cpu_dir / "report.json").read_text())
+    assert json.loads((gpu_dir / "report.json").read_text())["results"]["config"]["compression_cost"] is None
+    (p,) = cpu["results"]["predictions"]
+    assert p["losses_ms"][CASTS_LABEL] == pytest.approx(casts.extra_ms(25.6e6 * 4, 2))

@@ -10,7 +10,10 @@ Each has its ms per step and the efficiency points it costs (its share of the co
 A fix's gain is `dpscale predict`'s (lab/predict/model.py) with the profile scale measured at N=1
 on this machine's links (the cpu-shm or cpu-loopback-gloo preset, with the compute growth measured
 at N as contention): the predicted efficiency with the fix minus the predicted one without. It is
-labelled as predicted; `--try` measures it (the tries' rows). Where the model has no term for a
+labelled as predicted; `--try` measures it (the tries' rows). fp16's gain counts what casting to
+fp16 and back costs this host's cores (predict/compression_cost.py, measured by scale after the
+N=1 run): on a CPU it can exceed what the halved transfer saves. A fix predicted to lose is not
+advised; its line says why. Where the model has no term for a
 fix (DataLoader workers: scale measures no input rate), the cause's own cost bounds the gain.
 
 The script checks (launch/script_checks.py) come first, and one needs every world size: a learning
@@ -26,6 +29,7 @@ from dpscale.errors import ConfigError
 from dpscale.lab.bench.script_phases import COMPUTE, lost_points
 from dpscale.lab.bench.script_scaling import ScalePoint, ScaleResult
 from dpscale.lab.predict.cluster import preset_cluster
+from dpscale.lab.predict.compression_cost import CompressionCost
 from dpscale.lab.predict.model import PredictConfig, predict
 from dpscale.lab.predict.profile import ModelProfile
 from dpscale.launch.engine_try import EngineTry, parse_try
@@ -74,7 +78,7 @@ def predicted_gain(result: ScaleResult, p: ScalePoint, fix: EngineTry) -> float 
     plain = PredictConfig(world_sizes=[n], first_bucket_mb=1.0, contention=_contention(p, base, work))
     tried, tried_profile = plain, profile
     if fix.kind == "fp16":
-        tried = replace(plain, compression=2.0)
+        tried = replace(plain, compression=2.0, compression_cost=_cast_cost(result, p))
     elif fix.kind == "bucket_cap_mb":
         tried = replace(plain, bucket_mb=float(fix.value or 25.0), first_bucket_mb=None)
     elif fix.kind == "accumulation":
@@ -88,6 +92,14 @@ def predicted_gain(result: ScaleResult, p: ScalePoint, fix: EngineTry) -> float 
     return 100 * (after.efficiency - before.efficiency)
 
 
+def _cast_cost(result: ScaleResult, p: ScalePoint) -> CompressionCost | None:
+    """This host's fp16 cast rates as measured by scale (None in reports older than them); the
+    shm transport stages the compressed copy, gloo does not."""
+    if not result.compression_cost:
+        return None
+    return replace(CompressionCost.from_dict(result.compression_cost), staged=p.transport == "shm")
+
+
 def _comm_fix(result: ScaleResult, p: ScalePoint) -> str:
     gains = [(parse_try(flag), predicted_gain(result, p, parse_try(flag))) for flag in DEFAULT_TRIES]
     gains.sort(key=lambda fg: -(fg[1] if fg[1] is not None else float("-inf")))  # the best first
@@ -95,8 +107,25 @@ def _comm_fix(result: ScaleResult, p: ScalePoint) -> str:
         f"{fix.label} {f'predicted {gain:+.1f} points' if gain is not None else 'not predicted'} "
         f"(--try {fix.flag})"
         for fix, gain in gains
+        if gain is None or gain >= 0
     ]
-    return "try " + "; ".join(parts)
+    # a fix predicted to lose is not advised; one line says why
+    worse = [
+        f"not {fix.label}: predicted {gain:+.1f} points, {_why_worse(fix)}"
+        for fix, gain in gains
+        if gain is not None and gain < 0
+    ]
+    return "; ".join(filter(None, ["try " + "; ".join(parts) if parts else "", *worse]))
+
+
+def _why_worse(fix: EngineTry) -> str:
+    if fix.kind == "fp16":
+        return (
+            "casting gradients to fp16 and back costs this host's cores more than the halved transfer saves"
+        )
+    if fix.kind == "bucket_cap_mb":
+        return "larger buckets start communicating later in backward"
+    return "the model expects it to cost more than it saves"
 
 
 def _causes_at(result: ScaleResult, p: ScalePoint) -> list[Cause]:

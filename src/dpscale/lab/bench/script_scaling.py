@@ -44,7 +44,9 @@ JSON (`ScaleResult.to_dict()`, report.json's "results"):
                 (the fields after "hosts" are absent from reports written before they were kept)
      "profile": {...} | null  (a `dpscale predict --profile` document from dpscale's 1-worker run),
      "tries": [point, ...] (--try: one per fix at the largest N, dpscale's engine, the fix in "note"),
-     "try_refusal": str | null (why --try reran nothing)}
+     "try_refusal": str | null (why --try reran nothing),
+     "compression_cost": {RATE: ms per MiB} | null (this host's fp16 casts, measured after the
+                         N=1 run: predict/compression_cost.py; absent from older reports)}
 The diagnosis rendered from them: script_diagnosis.py.
 """
 
@@ -63,6 +65,7 @@ from dpscale.errors import ConfigError
 from dpscale.flags import flag_spec
 from dpscale.lab.bench import script_phases
 from dpscale.lab.bench.args import parse_int_list, parse_name_list
+from dpscale.lab.predict import compression_cost
 from dpscale.launch.engine_try import parse_try, parse_try_list
 from dpscale.launch.hosts import HostFlags, job_nodes
 from dpscale.launch.nodes import Nodes
@@ -201,6 +204,8 @@ class ScaleResult:
     # --try: one ScalePoint per fix at the largest N, its fix in `note` (measure_tries)
     tries: list[ScalePoint] = field(default_factory=list)
     try_refusal: str | None = None  # why --try reran nothing
+    # this host's fp16 cast rates (CompressionCost.to_dict), for fp16 compression's predicted gain
+    compression_cost: dict | None = None
 
     def to_dict(self) -> dict:
         points = [asdict(p) for p in self.points]
@@ -210,6 +215,7 @@ class ScaleResult:
             "profile": self.profile,
             "tries": [asdict(p) for p in self.tries],
             "try_refusal": self.try_refusal,
+            "compression_cost": self.compression_cost,
         }
 
     @classmethod
@@ -220,6 +226,7 @@ class ScaleResult:
             doc.get("profile"),
             [ScalePoint(**p) for p in doc.get("tries", [])],
             doc.get("try_refusal"),
+            doc.get("compression_cost"),
         )
 
     def rows(self) -> list[dict]:
@@ -461,7 +468,11 @@ def measure(config: ScaleConfig, logs: Path) -> ScaleResult:
             for p in points
             if p.engine == "dpscale"
         }
-    result = ScaleResult(config, points, profile)
+    cast = None
+    if profile is not None and max(config.world_sizes) > 1:
+        # fp16's predicted gain needs what casting costs here, at the workers' thread count
+        cast = compression_cost.measure(config.threads_per_worker).to_dict()
+    result = ScaleResult(config, points, profile, compression_cost=cast)
     if config.tries:
         measure_tries(result, logs, nodes)
     return result

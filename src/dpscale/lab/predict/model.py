@@ -6,6 +6,8 @@ For N workers, from a one-worker profile and a cluster:
                   + interference x the communication backward hides
                   (+ loading the batch in the worker's own loop, with --data-workers 0)
     comm_ms     = sum over buckets of [all_reduce_cost(bucket bytes / compression, N) x level + call overhead]
+                  (on a CPU cluster with a measured compression cost, the casts to fp16 and back
+                  lengthen backward: compression_cost.py)
                   (links at their achieved rate, the inter-node one slowed by congestion at N nodes)
     exposed     = what the bucket timeline (timeline.py) leaves after the end of backward
     step_ms     = max(compute_ms + exposed, the node's host input pipeline's time for its workers' samples)
@@ -42,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from dpscale.engine.factory import DPSCALE_ON_SHM, PROFILE_ENGINES
 from dpscale.errors import ConfigError
 from dpscale.lab.predict.cluster import Cluster
+from dpscale.lab.predict.compression_cost import CompressionCost
 from dpscale.lab.predict.costs import ALGORITHM_CHOICES, AllReduceCost, Term, all_reduce_cost
 from dpscale.lab.predict.degrade import INPUT_PIPELINE, INTERFERENCE, STRAGGLERS, ScaleTerms
 from dpscale.lab.predict.error_band import error_band
@@ -58,6 +61,7 @@ MAX_BUCKET_PREDICTIONS = 6000  # buckets x world sizes: ~0.5 s measured at load 
 MAX_WORLD_SIZES = 64
 MAX_WORLD_SIZE = 1 << 20
 IN_STEP_LABEL = "in-step call overhead (waiting for peers, thread wake-ups)"
+CASTS_LABEL = "fp16 casts on the CPU (compression)"
 ENGINE_PROFILE_TRANSPORT = "gloo"  # profiling.py times the engines on a one-worker gloo group
 SHM_TRANSPORTS = ("shm",)  # all in shared memory (hierarchical also calls gloo between hosts)
 JSON_KEYS = (
@@ -88,6 +92,9 @@ class PredictConfig:
     first_bucket_mb: float | None = None
     overlap: bool = True  # --no-overlap: every reduction waits for the end of backward
     compression: float = 1.0  # --compression: bytes on the wire = gradient bytes / compression
+    # with compression > 1 on a CPU cluster: what casting to fp16 and back costs a worker on this
+    # host (compression_cost.measure); None: nothing beyond the halved transfer
+    compression_cost: CompressionCost | None = None
     algorithm: str = "auto"  # --algorithm: one of ALGORITHM_CHOICES
     engine: str = "dpscale"  # --engine: whose measured one-worker overhead to add; "none" adds none
     # --contention: compute time multiplier when a node holds > 1 worker; None: the profile's
@@ -186,6 +193,15 @@ def _bottleneck(world_size: int, step_ms: float, losses_ms: dict[str, float]) ->
     if sum(losses_ms.values()) <= COMPUTE_BOUND_SHARE * step_ms:
         return "compute"
     return max(losses_ms, key=losses_ms.__getitem__)
+
+
+def _casts_ms(prof: ModelProfile, cluster: Cluster, config: PredictConfig, n: int) -> float:
+    """What compressing costs one worker's step on a CPU cluster at `n` workers (GPUs cast at
+    memory speed: nothing)."""
+    cost = config.compression_cost
+    if cost is None or config.compression <= 1 or cluster.gpu:
+        return 0.0
+    return cost.extra_ms(prof.param_bytes, n)
 
 
 def _level(sync: SyncCost, cluster: Cluster, config: PredictConfig) -> float:
@@ -331,7 +347,8 @@ def predict(
                 engine_ms = max(0.0, overhead_ms - one.step_comm_ms)
         # the step waits for the slowest of n workers: every phase of it is that much longer
         slowest = terms.straggler_factor(cv, n, lay.nodes, node_cv)
-        backward_ms = (prof.backward_ms + engine_ms) * factor * slowest
+        casts_ms = _casts_ms(prof, cluster, config, n) * factor  # compute on the worker's cores
+        backward_ms = (prof.backward_ms + engine_ms) * factor * slowest + casts_ms
         costs: list[AllReduceCost] = []
 
         def reduce_ms(nbytes: int, n=n, at_n=at_n, costs=costs, call_s=call_s, level=level) -> float:
@@ -370,7 +387,12 @@ def predict(
         losses = _losses(
             timeline.exposed_comm_ms,
             terms_ms,
-            {STRAGGLERS: straggler_ms, INTERFERENCE: interfered_ms, INPUT_PIPELINE: input_wait_ms},
+            {
+                STRAGGLERS: straggler_ms,
+                INTERFERENCE: interfered_ms,
+                INPUT_PIPELINE: input_wait_ms,
+                CASTS_LABEL: casts_ms,
+            },
         )
         out.append(
             Prediction(

@@ -18,6 +18,7 @@ from dpscale.errors import import_extra
 from dpscale.lab.bench.bench import Figures
 from dpscale.lab.bench.report import CellFormat, Image, ReportDir, Section, Table, new_figure, text_table
 from dpscale.lab.predict.cluster import Cluster, Link, MeasuredAllReduce
+from dpscale.lab.predict.compression_cost import CompressionCost
 from dpscale.lab.predict.degrade import ScaleTerms
 from dpscale.lab.predict.error_band import error_band
 from dpscale.lab.predict.model import BAND_KEYS, JSON_KEYS, PredictConfig, Prediction
@@ -173,7 +174,14 @@ def results_from_doc(doc: dict) -> tuple[list[Prediction], ModelProfile, Cluster
         )
         for n, m in clus["measured"].items()  # JSON keys are str
     }
-    config = PredictConfig(**{**doc["config"], "terms": ScaleTerms(**doc["config"]["terms"])})
+    cast = doc["config"].get("compression_cost")
+    config = PredictConfig(
+        **{
+            **doc["config"],
+            "terms": ScaleTerms(**doc["config"]["terms"]),
+            "compression_cost": CompressionCost.from_dict(cast) if cast else None,
+        }
+    )
     predictions = [
         Prediction(
             **{k: p[k] for k in JSON_KEYS if k not in BAND_KEYS},
