@@ -35,10 +35,13 @@ def _semaphores() -> set[str]:
         return set()
 
 
-def _mapped(names: set[str]) -> set[str]:
-    """Those of `names` that a live process maps or holds open (still in use, not left behind)."""
+def _mapped(names: set[str], *, here: bool) -> set[str]:
+    """Those of `names` that a live process maps (this one too only if `here`): in use, by the other
+    lane of `make test` (slow tests run in two lanes side by side) or a run of its own."""
     used = set()
     for maps in Path("/proc").glob("[0-9]*/maps"):
+        if not here and maps.parent.name == str(os.getpid()):
+            continue
         try:
             text = maps.read_text()
         except OSError:
@@ -47,13 +50,13 @@ def _mapped(names: set[str]) -> set[str]:
     return used
 
 
-def _left_semaphores(before: set[str]) -> set[str]:
-    """Semaphores made during the test that nothing uses any more and nobody removed: a resource
-    tracker that ends the job removes them within moments, so look again for up to 2 s."""
+def _left(listing, before: set[str], *, here: bool) -> set[str]:
+    """What `listing()` shows now and not `before`, and nothing else uses: left behind. A resource
+    tracker or a reaper that ends a job removes what it made within moments: look again for 2 s."""
     deadline = time.monotonic() + 2
     while True:
-        new = _semaphores() - before
-        left = new - _mapped(new) if new else set()
+        new = listing() - before
+        left = new - _mapped(new, here=here) if new else set()
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
@@ -65,10 +68,10 @@ def no_leaks(request):
     before = _segments()
     semaphores = _semaphores() if slow else set()
     yield
-    left = _segments() - before
+    left = _left(_segments, before, here=False)  # a group this process left open
     assert not left, f"test left shared-memory segments behind: {sorted(left)}"
     if slow:  # only tests that start processes can leave one
-        left = _left_semaphores(semaphores)
+        left = _left(_semaphores, semaphores, here=True)  # the lab harness's queues, alive
         assert not left, f"test left multiprocessing semaphores behind: {sorted(left)}"
     # the forkserver itself is shared by all tests; any other child is a leak
     children = [p for p in mp.active_children() if p.name.startswith("rank")]
