@@ -1,4 +1,4 @@
-"""`dpscale train`'s workers forked from a server that imported torch once, not started afresh.
+"""The workers of `dpscale train`, `run` and `scale` forked from a server that imported torch once.
 
 A worker started as `python -m dpscale.launch.worker` first imports torch and dpscale: 3-4 s of
 one core on a small host, paid by every worker, again by every restart, and only after the command
@@ -21,9 +21,10 @@ What a worker sees stays what `python -m dpscale.launch.worker` saw:
   (it would wait for ever), are exit codes instead: Ctrl-C (KeyboardInterrupt) is 130 and a
   sys.exit(0) from inside is 1.
 
-Only dpscale's own worker is forked: a user's script under `dpscale run`/`scale` starts as a fresh
-interpreter, as torchrun starts it, since scripts count on being `__main__` of their own process.
-`DPSCALE_WORKER_START=exec` starts train's workers that way too (the fallback, and for comparison).
+`dpscale run`/`scale` fork their workers the same way (run_child.forked), and there the script
+runs as a fresh interpreter runs it (script_main.py). A run with a log of its own (`scale`'s) has
+each forked worker open the log itself (`entry`'s log_path): its file descriptors are the server's.
+`DPSCALE_WORKER_START=exec` starts every worker as `python -m MODULE` (the fallback, and for comparison).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing import forkserver
 
 START_ENV = "DPSCALE_WORKER_START"
@@ -57,6 +58,7 @@ PRELOAD = [
     "dpscale.engine",
     "dpscale.train.trainer",
     "dpscale.launch.worker",
+    "dpscale.launch.run_child",
 ]
 _EXIT_INTERRUPTED = 128 + signal.SIGINT
 
@@ -72,7 +74,7 @@ def forked_worker() -> bool:
 
 
 def enabled() -> bool:
-    """Whether train's workers are forked (the default) or started as `python -m` (`exec`)."""
+    """Whether workers are forked (the default) or started as `python -m` (`exec`)."""
     return os.environ.get(START_ENV, "fork") != "exec"
 
 
@@ -98,9 +100,12 @@ def start_server() -> None:
 
 
 def starts_workers(argv: list[str]) -> bool:
-    """Whether `dpscale ARGV` is a `train` that will start workers (more than one, restarts, or a
-    job across hosts), read from the flags alone: what `dpscale` checks before it imports torch
-    (cli/main.py). A wrong guess costs only time: the flags are parsed again, properly."""
+    """Whether `dpscale ARGV` will start workers: a `run` or `scale` (a script's workers), a `train`
+    with more than one worker, restarts, or a job across hosts, read from the flags alone: what
+    `dpscale` checks before it imports torch (cli/main.py). A wrong guess costs only time: the
+    flags are parsed again, properly."""
+    if argv[:1] in (["run"], ["scale"]):
+        return not {"-h", "--help"} & set(argv)
     if argv[:1] != ["train"]:
         return False
     peek = argparse.ArgumentParser(add_help=False)
@@ -132,14 +137,19 @@ def server_pid() -> int | None:
     return getattr(forkserver._forkserver, "_forkserver_pid", None)  # noqa: SLF001
 
 
-def entry(module: str, launcher_env: Mapping[str, str]) -> int:
+def entry(
+    module: str, launcher_env: Mapping[str, str], argv: Sequence[str] = (), log_path: str | None = None
+) -> int:
     """What each forked worker runs: the launcher's environment with the agent's variables on top,
-    then `module.forked()`, its exit code made one that torch's agent sees (module doc)."""
+    its output to `log_path` if one is given, then `module.forked(*argv)`, its exit code made one
+    that torch's agent sees (module doc)."""
     global _forked
     _forked = True
     _take_environment(launcher_env)
+    if log_path is not None:
+        _output_to(log_path)
     try:
-        code = importlib.import_module(module).forked()
+        code = importlib.import_module(module).forked(*argv)
     except KeyboardInterrupt:
         raise SystemExit(_EXIT_INTERRUPTED) from None
     except SystemExit as e:
@@ -196,6 +206,14 @@ def named_semaphores(pid: int | str = "self") -> list[str]:
         return []
     paths = [line.split(None, 5)[-1] for line in maps.splitlines() if "/dev/shm/sem.mp-" in line]
     return [p for p in paths if not p.endswith(" (deleted)")]
+
+
+def _output_to(log_path: str) -> None:
+    """File descriptors 1 and 2 to the end of the run's log, which the command truncated (agent.py)."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _take_environment(launcher_env: Mapping[str, str]) -> None:
