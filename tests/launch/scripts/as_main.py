@@ -55,9 +55,10 @@ if __name__ == "__main__":
                 "pickled": type(pickle.loads(pickle.dumps(Squares()))).__module__,
                 "spawned": spawned,
                 "batches": batches,
-                "ddp": torch.nn.parallel.DistributedDataParallel.__module__.split(".")[0],
+                "torchs_ddp": torch.nn.parallel.DistributedDataParallel.__module__.startswith("torch."),
             }
-            print(json.dumps(report), flush=True)
+            # one write of the whole line: the ranks share the terminal
+            os.write(1, (json.dumps(report) + "\n").encode())
         elif mode == "raise":
             raise RuntimeError("the script's own error")
         elif mode == "exit":
