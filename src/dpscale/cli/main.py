@@ -254,11 +254,12 @@ def run() -> None:
         # before anything imports torch: the workers' server imports it on the other core meanwhile
         fork_start.start_server()
     code = main()
-    fork_start.stop_server()  # if one started, here or later (a no-op otherwise)
     if sys.argv[1:2] == ["train"]:
         from dpscale.launch.process_life import exit_now
 
+        fork_start.stop_server()
         exit_now(code)
+    fork_start.stop_server(remove_dir=False)  # if one started (a no-op otherwise); sys.exit removes it
     sys.exit(code)
 
 

@@ -116,11 +116,12 @@ def starts_workers(argv: list[str]) -> bool:
     return known.nproc.strip() not in ("1", "1:1") or known.max_restarts.strip() != "0" or bool(known.nnodes)
 
 
-def stop_server() -> None:
+def stop_server(*, remove_dir: bool = True) -> None:
     """End the server and remove its socket's directory, at the end of the command: its workers
     have ended, and a server still importing (the command refused its input first) would otherwise
     go on for seconds; multiprocessing removes the directory only at an interpreter exit, which
-    `dpscale train` skips (process_life.exit_now)."""
+    `dpscale train` skips (process_life.exit_now). `remove_dir=False` before an interpreter exit:
+    multiprocessing's exit handler removes it then, and fails on one removed already."""
     pid = server_pid()
     if pid is None:
         return
@@ -128,7 +129,8 @@ def stop_server() -> None:
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    if remove_dir:
+        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
 
 
 def server_pid() -> int | None:
