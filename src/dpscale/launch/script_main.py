@@ -74,7 +74,7 @@ def _system_exit_code(code: object) -> int:
         return 0
     if isinstance(code, int):
         return code
-    print(code, file=sys.stderr)
+    sys.stderr.write(f"{code}\n")
     return 1
 
 
