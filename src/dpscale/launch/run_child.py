@@ -300,6 +300,9 @@ def forked(*argv: str) -> int:
     """A worker forked from the server the command started (fork_start.py), the server being its
     parent: what `main` does, the script run as a fresh interpreter runs it (script_main.py)."""
     set_process_name(f"dpscale-rank{os.environ.get('RANK', '')}")  # the command line is the server's
+    # a session of its own, as torch starts each worker in: a terminal's Ctrl-C (to the command's
+    # process group, the server's) must reach the script once, from the agent, not twice
+    os.setsid()
     server = os.getppid()
     if parent_of(server) not in (int(os.environ[LAUNCHER_ENV]), None):  # the command is gone: so are we
         return 1
