@@ -1,19 +1,23 @@
-"""`dpscale train`'s workers forked from a preloaded server against started afresh, A vs B.
+"""Workers forked from a preloaded server against started afresh, A vs B (train and run).
 
     flock /tmp/dpscale-bench.lock python benchmarks/worker_start.py [--rounds 6] [--json out.json]
+        [--commands short,restart,run]
 
 Each round runs two commands per variant, the variants alternating (which goes first rotates):
 
 - `short`: `dpscale train --workload synthetic --nproc 2 --max-steps 5` (start, five steps, end:
   what a short job, a test, or a `scale` point pays to start);
 - `restart`: the same with 30 steps, `--max-restarts 1` and rank 1 killed at step 10 of the first
-  attempt (dpscale.testing.faults): the agent stops the survivor and starts both workers again.
+  attempt (dpscale.testing.faults): the agent stops the survivor and starts both workers again;
+- `run`: `dpscale run --nproc 2 examples/nanogpt_style.py` for 5 iterations (a user's script,
+  launch/script_main.py); the losses it prints are checked equal across variants.
 
 Variants (launch/fork_start.py, DPSCALE_WORKER_START): `fork` (the default: the command starts
 multiprocessing's forkserver before it imports torch; the agent forks each worker from it) and
 `exec` (each worker is `python -m dpscale.launch.worker`, importing torch itself). Figures of
 record: per command and variant the median wall time over rounds with p10-p90, and the fork/exec
-ratio of the medians. The parameters each run ends with are checked equal across variants.
+ratio of the medians, and the same for CPU seconds (the command's and all it started). The
+parameters each run ends with are checked equal across variants.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,66 +34,114 @@ import time
 
 from dpscale.lab.bench.rounds import quantile
 
+TRAIN = ["train", "--workload", "synthetic", "--nproc", "2", "--json", "--progress", "none"]
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+# name: (the command's arguments, its faults); {tmp} is a fresh directory per run
 COMMANDS = {
-    "short": (["--max-steps", "5"], None),
-    "restart": (["--max-steps", "30", "--max-restarts", "1"], "kill@step=10,rank=1,attempt=0"),
+    "short": ([*TRAIN, "--max-steps", "5", "--checkpoint-dir", "{tmp}/ck", "--checkpoint-every", "5"], None),
+    "restart": (
+        [
+            *TRAIN,
+            "--max-steps",
+            "30",
+            "--max-restarts",
+            "1",
+            "--checkpoint-dir",
+            "{tmp}/ck",
+            "--checkpoint-every",
+            "5",
+        ],
+        "kill@step=10,rank=1,attempt=0",
+    ),
+    # a user's script (launch/script_main.py): nanoGPT's style, 5 iterations, its losses compared
+    "run": (
+        [
+            "run",
+            "--nproc",
+            "2",
+            os.path.join(EXAMPLES, "nanogpt_style.py"),
+            "--max_iters=5",
+            "--eval_interval=1000",
+            "--log_interval=1",
+        ],
+        None,
+    ),
 }
 VARIANTS = ("fork", "exec")
 
 
-def run(variant: str, command: str) -> tuple[float, str]:
+def run(variant: str, command: str) -> tuple[float, float, str]:
+    """One command: its wall and CPU seconds (the command and all it started), and what it ended
+    with (train's parameters' digest; the script's printed losses)."""
     flags, faults = COMMANDS[command]
     env = dict(os.environ, DPSCALE_WORKER_START=variant)
     if faults:
         env.update(DPSCALE_FAULTS=faults, DPSCALE_CALLBACKS="dpscale.testing.faults:FaultInjector")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "dpscale.cli.main", "train", "--workload", "synthetic", "--nproc", "2"]
-        cmd += [
-            *flags,
-            "--checkpoint-dir",
-            f"{tmp}/ck",
-            "--checkpoint-every",
-            "5",
-            "--json",
-            "--progress",
-            "none",
-        ]
+        cmd = [sys.executable, "-m", "dpscale.cli.main", *(a.format(tmp=tmp) for a in flags)]
+        cpu = _children_cpu_s()
         start = time.monotonic()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=tmp)
         wall = time.monotonic() - start
+        cpu = _children_cpu_s() - cpu
     if p.returncode != 0:
         raise SystemExit(f"{variant} {command} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return wall, json.loads(p.stdout.strip().splitlines()[-1])["param_sha256"]
+    if command == "run":
+        return (
+            wall,
+            cpu,
+            " ".join(line.split(", time")[0] for line in p.stdout.splitlines() if "loss" in line),
+        )
+    return wall, cpu, json.loads(p.stdout.strip().splitlines()[-1])["param_sha256"]
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of the waited-for children so far, theirs included: a figure a
+    loaded host distorts less than wall time. A forked worker's parent is the command's server, a
+    child of the command, so the command's figure holds its workers' either way."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--commands", default=",".join(COMMANDS), help=f"some of {','.join(COMMANDS)}")
     args = parser.parse_args()
-    times: dict[tuple[str, str], list[float]] = {(v, c): [] for v in VARIANTS for c in COMMANDS}
-    params: dict[str, set[str]] = {c: set() for c in COMMANDS}
+    commands = args.commands.split(",")
+    if unknown := set(commands) - set(COMMANDS):
+        parser.error(f"--commands: unknown {', '.join(sorted(unknown))}; choose from {','.join(COMMANDS)}")
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {(v, c): [] for v in VARIANTS for c in commands}
+    ends: dict[str, set[str]] = {c: set() for c in commands}
     for r in range(args.rounds):
         order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
-        for command in COMMANDS:
+        for command in commands:
             for variant in order:
-                wall, sha = run(variant, command)
-                times[variant, command].append(wall)
-                params[command].add(sha)
+                wall, cpu, end = run(variant, command)
+                times[variant, command].append((wall, cpu))
+                ends[command].add(end)
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    rows = []
-    for command in COMMANDS:
-        assert len(params[command]) == 1, f"{command}: the variants ended with different parameters"
-        med = {v: statistics.median(times[v, command]) for v in VARIANTS}
-        for v in VARIANTS:
-            ts = times[v, command]
-            spread = f"{quantile(ts, 0.1):.2f}-{quantile(ts, 0.9):.2f}"
-            print(f"{command:8s} {v:5s} median {med[v]:6.2f} s  p10-p90 {spread}")
-            rows.append({"command": command, "variant": v, "times_s": ts, "median_s": med[v]})
-        print(f"{command:8s} fork/exec {med['fork'] / med['exec']:.2f}")
+    rows = [_row(command, times, ends[command]) for command in commands]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rounds": args.rounds, "rows": rows}, f, indent=1)
+            json.dump({"rounds": args.rounds, "rows": [r for pair in rows for r in pair]}, f, indent=1)
+
+
+def _row(command: str, times: dict, ends: set[str]) -> list[dict]:
+    assert len(ends) == 1, f"{command}: the variants ended differently: {ends}"
+    med = {v: statistics.median(w for w, _ in times[v, command]) for v in VARIANTS}
+    cpu = {v: statistics.median(c for _, c in times[v, command]) for v in VARIANTS}
+    rows = []
+    for v in VARIANTS:
+        ts = [w for w, _ in times[v, command]]
+        spread = f"{quantile(ts, 0.1):.2f}-{quantile(ts, 0.9):.2f}"
+        print(f"{command:8s} {v:5s} median {med[v]:6.2f} s  p10-p90 {spread}  cpu {cpu[v]:6.2f} s")
+        rows.append(
+            {"command": command, "variant": v, "times_s": ts, "median_s": med[v], "cpu_median_s": cpu[v]}
+        )
+    print(f"{command:8s} fork/exec {med['fork'] / med['exec']:.2f} (cpu {cpu['fork'] / cpu['exec']:.2f})")
+    return rows
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ PACKAGE = Path(dpscale.__file__).parent
 LAUNCH = PACKAGE / "launch"
 # private names of the standard library, not torch's
 _STDLIB = {"_exit", "_getframe", "_forkserver"}  # multiprocessing.forkserver's server (fork_start.py)
+# what a fresh interpreter does at its end, and its main process, for a forked script (script_main.py)
+_STDLIB |= {"_run_exitfuncs", "_clear", "_identity", "_parent_process", "_xoptions"}
 
 
 def _defined_in_dpscale() -> set[str]:

@@ -259,6 +259,7 @@ def run() -> None:
 
         fork_start.stop_server()
         exit_now(code)
+    fork_start.stop_server(remove_dir=False)  # if one started (a no-op otherwise); sys.exit removes it
     sys.exit(code)
 
 

@@ -79,9 +79,8 @@ class AgentSpec:
     first_signal: Callable[[str], object] | None = None
     """takes the first SIGTERM, SIGINT or SIGUSR1 (its name) instead of stopping the workers"""
     forked: bool = False
-    """args are `-m MODULE` of dpscale's own: fork each worker from the preloaded server and run
-    MODULE.forked() there (fork_start.py), instead of starting `python -m MODULE` (not with a
-    log_path)"""
+    """args are `[-u] -m MODULE ARGS` of dpscale's own: fork each worker from the preloaded server
+    and run MODULE.forked(*ARGS) there (fork_start.py), instead of starting `python -m MODULE ARGS`"""
 
 
 def run_agent(spec: AgentSpec) -> dict[int, Any]:
@@ -93,9 +92,7 @@ def run_agent(spec: AgentSpec) -> dict[int, Any]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import elastic_launch
 
-    # a forked worker writes where the server does (this process's output when it started), so a
-    # log of the run's own needs started workers, which inherit file descriptors 1 and 2 as set now
-    forked = spec.forked and spec.log_path is None and fork_start.enabled()
+    forked = spec.forked and fork_start.enabled()
     launch_cfg = _launch_config(spec, forked)
     if forked:
         fork_start.start_server()  # a no-op where the command started it already
@@ -113,7 +110,15 @@ def run_agent(spec: AgentSpec) -> dict[int, Any]:
         job.start_reaper()  # before the agent starts workers, also where this is the outermost scope
         if forked:
             entrypoint: Any = fork_start.entry
-            args: tuple = (spec.args[-1], dict(os.environ))  # the module; the environment, job's included
+            module = spec.args.index("-m") + 1
+            # the module, its arguments; the environment, the job's included; where output goes
+            # (a forked worker's file descriptors 1 and 2 are the server's, not the log set up now)
+            args: tuple = (
+                spec.args[module],
+                dict(os.environ),
+                spec.args[module + 1 :],
+                None if spec.log_path is None else str(spec.log_path),
+            )
         else:
             entrypoint, args = sys.executable, spec.args
         semaphores = fork_start.SemaphoreWatch(job) if forked else contextlib.nullcontext()
@@ -191,8 +196,11 @@ def _output(log_path: Path | None) -> Iterator[None]:
         return
     _flush()
     saved = [os.dup(1), os.dup(2)]
+    open(log_path, "w").close()
     try:
-        with open(log_path, "w") as log:
+        # appended to: forked workers open it themselves (fork_start.entry), and writes at one
+        # offset of this process's would overwrite theirs
+        with open(log_path, "a") as log:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
             try:

@@ -1,4 +1,4 @@
-"""`dpscale train`'s workers forked from a server that imported torch once, not started afresh.
+"""The workers of `dpscale train`, `run` and `scale` forked from a server that imported torch once.
 
 A worker started as `python -m dpscale.launch.worker` first imports torch and dpscale: 3-4 s of
 one core on a small host, paid by every worker, again by every restart, and only after the command
@@ -21,9 +21,10 @@ What a worker sees stays what `python -m dpscale.launch.worker` saw:
   (it would wait for ever), are exit codes instead: Ctrl-C (KeyboardInterrupt) is 130 and a
   sys.exit(0) from inside is 1.
 
-Only dpscale's own worker is forked: a user's script under `dpscale run`/`scale` starts as a fresh
-interpreter, as torchrun starts it, since scripts count on being `__main__` of their own process.
-`DPSCALE_WORKER_START=exec` starts train's workers that way too (the fallback, and for comparison).
+`dpscale run`/`scale` fork their workers the same way (run_child.forked), and there the script
+runs as a fresh interpreter runs it (script_main.py). A run with a log of its own (`scale`'s) has
+each forked worker open the log itself (`entry`'s log_path): its file descriptors are the server's.
+`DPSCALE_WORKER_START=exec` starts every worker as `python -m MODULE` (the fallback, and for comparison).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from multiprocessing import forkserver
 
 from dpscale.launch.periodic import PeriodicWatch
@@ -58,6 +59,7 @@ PRELOAD = [
     "dpscale.engine",
     "dpscale.train.trainer",
     "dpscale.launch.worker",
+    "dpscale.launch.run_child",
 ]
 _EXIT_INTERRUPTED = 128 + signal.SIGINT
 
@@ -73,7 +75,7 @@ def forked_worker() -> bool:
 
 
 def enabled() -> bool:
-    """Whether train's workers are forked (the default) or started as `python -m` (`exec`)."""
+    """Whether workers are forked (the default) or started as `python -m` (`exec`)."""
     return os.environ.get(START_ENV, "fork") != "exec"
 
 
@@ -99,9 +101,12 @@ def start_server() -> None:
 
 
 def starts_workers(argv: list[str]) -> bool:
-    """Whether `dpscale ARGV` is a `train` that will start workers (more than one, restarts, or a
-    job across hosts), read from the flags alone: what `dpscale` checks before it imports torch
-    (cli/main.py). A wrong guess costs only time: the flags are parsed again, properly."""
+    """Whether `dpscale ARGV` will start workers: a `run` or `scale` (a script's workers), a `train`
+    with more than one worker, restarts, or a job across hosts, read from the flags alone: what
+    `dpscale` checks before it imports torch (cli/main.py). A wrong guess costs only time: the
+    flags are parsed again, properly."""
+    if argv[:1] in (["run"], ["scale"]):
+        return not {"-h", "--help"} & set(argv)
     if argv[:1] != ["train"]:
         return False
     peek = argparse.ArgumentParser(add_help=False)
@@ -112,11 +117,12 @@ def starts_workers(argv: list[str]) -> bool:
     return known.nproc.strip() not in ("1", "1:1") or known.max_restarts.strip() != "0" or bool(known.nnodes)
 
 
-def stop_server() -> None:
+def stop_server(*, remove_dir: bool = True) -> None:
     """End the server and remove its socket's directory, at the end of the command: its workers
     have ended, and a server still importing (the command refused its input first) would otherwise
     go on for seconds; multiprocessing removes the directory only at an interpreter exit, which
-    `dpscale train` skips (process_life.exit_now)."""
+    `dpscale train` skips (process_life.exit_now). `remove_dir=False` before an interpreter exit:
+    multiprocessing's exit handler removes it then, and fails on one removed already."""
     pid = server_pid()
     if pid is None:
         return
@@ -124,7 +130,8 @@ def stop_server() -> None:
         os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
-    shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
+    if remove_dir:
+        shutil.rmtree(multiprocessing.util.get_temp_dir(), ignore_errors=True)
 
 
 def server_pid() -> int | None:
@@ -133,14 +140,19 @@ def server_pid() -> int | None:
     return getattr(forkserver._forkserver, "_forkserver_pid", None)  # noqa: SLF001
 
 
-def entry(module: str, launcher_env: Mapping[str, str]) -> int:
+def entry(
+    module: str, launcher_env: Mapping[str, str], argv: Sequence[str] = (), log_path: str | None = None
+) -> int:
     """What each forked worker runs: the launcher's environment with the agent's variables on top,
-    then `module.forked()`, its exit code made one that torch's agent sees (module doc)."""
+    its output to `log_path` if one is given, then `module.forked(*argv)`, its exit code made one
+    that torch's agent sees (module doc)."""
     global _forked
     _forked = True
     _take_environment(launcher_env)
+    if log_path is not None:
+        _output_to(log_path)
     try:
-        code = importlib.import_module(module).forked()
+        code = importlib.import_module(module).forked(*argv)
     except KeyboardInterrupt:
         raise SystemExit(_EXIT_INTERRUPTED) from None
     except SystemExit as e:
@@ -185,6 +197,14 @@ def named_semaphores(pid: int | str = "self") -> list[str]:
         return []
     paths = [line.split(None, 5)[-1] for line in maps.splitlines() if "/dev/shm/sem.mp-" in line]
     return [p for p in paths if not p.endswith(" (deleted)")]
+
+
+def _output_to(log_path: str) -> None:
+    """File descriptors 1 and 2 to the end of the run's log, which the command truncated (agent.py)."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _take_environment(launcher_env: Mapping[str, str]) -> None:

@@ -4,8 +4,10 @@ The workers are started by torch's elastic agent in this process (agent.py, as f
 train`): on one host with stores on 127.0.0.1 only (where torchrun's `--standalone` would listen
 on every interface), across hosts (`nodes`, the same call on every host) with torchrun's
 multi-node rendezvous. The agent sets RANK, LOCAL_RANK, WORLD_SIZE and MASTER_* for each worker;
-each runs `python -u -m dpscale.launch.run_child SCRIPT ARGS`, which installs the stand-in engine
-and runs the script. The workers and their temp files are one job (job.py): whatever ends the
+each is forked from the server that imported torch (fork_start.py) and runs what
+`python -u -m dpscale.launch.run_child SCRIPT ARGS` runs (with DPSCALE_WORKER_START=exec, that
+command): it installs the stand-in engine and runs the script as a fresh interpreter would
+(script_main.py). The workers and their temp files are one job (job.py): whatever ends the
 command, they end with it. A signal to the command is passed on to the workers (a script may save
 on SIGTERM), which get agent.SHUTDOWN_S before they are killed; the command then says in one line
 which signal stopped it and exits with 128 + its number.
@@ -27,7 +29,14 @@ from dpscale.launch.agent import AgentSpec, run_agent
 from dpscale.launch.engine_try import TRY_ENV
 from dpscale.launch.job import job_scope
 from dpscale.launch.nodes import Nodes
-from dpscale.launch.run_child import BUILT_ENV, ENGINE_ENV, LIMIT_ENV, TELEMETRY_ENV, TRACE_ENV
+from dpscale.launch.run_child import (
+    BUILT_ENV,
+    ENGINE_ENV,
+    LAUNCHER_ENV,
+    LIMIT_ENV,
+    TELEMETRY_ENV,
+    TRACE_ENV,
+)
 from dpscale.launch.script_checks import findings, read_facts
 from dpscale.log import get_logger
 from dpscale.paths import check_writable_dir
@@ -106,6 +115,7 @@ def run_script(
     env[LIMIT_ENV] = None if steps is None else str(steps)
     env[TRACE_ENV] = None if trace is None else str(trace)
     env[TRY_ENV] = try_fix
+    env[LAUNCHER_ENV] = str(os.getpid())
     if threads is not None:
         env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", str(threads))
     # the job's temp dir (launch/job.py), which goes with the job whatever ends it
@@ -124,6 +134,7 @@ def run_script(
                 nodes=nodes,
                 env=env,
                 log_path=log_path,
+                forked=True,  # from the server (fork_start.py), as the script's own process (script_main.py)
             )
         )
         synchronized = any(Path(built).glob("built-rank*"))

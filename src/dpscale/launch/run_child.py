@@ -1,4 +1,5 @@
-"""`python -m dpscale.launch.run_child SCRIPT [ARGS...]`: what each worker of `dpscale run` executes.
+"""`python -m dpscale.launch.run_child SCRIPT [ARGS...]`: what each worker of `dpscale run` executes
+(`forked` in a worker forked from the server, fork_start.py; `main` in one started afresh).
 
 Before the script runs, `torch.nn.parallel.DistributedDataParallel` is replaced by the engine the
 launcher chose (through the environment): dpscale's, or torch's own with step telemetry. Scripts
@@ -37,13 +38,15 @@ from dpscale.comm.attempt import gloo_interface_hint
 from dpscale.comm.select import host_id
 from dpscale.engine.reducer import UnusedParametersError
 from dpscale.launch.engine_try import TRY_ENV, parse_try
-from dpscale.launch.process_life import die_with_parent, exit_now
+from dpscale.launch.process_life import die_with_parent, exit_now, parent_of, set_process_name
 from dpscale.launch.script_checks import ScriptFacts, interface_problem, say_now
+from dpscale.launch.script_main import as_main
 
 ENGINE_ENV = "DPSCALE_RUN_ENGINE"  # dpscale | torch
 TELEMETRY_ENV = "DPSCALE_RUN_TELEMETRY"  # directory for rank<r>.json; unset: no telemetry
 LIMIT_ENV = "DPSCALE_RUN_STEPS"  # stop after this many synchronized steps; unset: run to the end
 BUILT_ENV = "DPSCALE_RUN_BUILT"  # directory where each rank that builds a DDP model leaves built-rank<r>
+LAUNCHER_ENV = "DPSCALE_RUN_LAUNCHER"  # the command's pid: a forked worker's server's parent
 TRACE_ENV = "DPSCALE_RUN_TRACE"  # A:B: the steps whose records carry what a trace needs (engine/trace.py)
 
 
@@ -285,10 +288,29 @@ def install(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`python -u -m dpscale.launch.run_child SCRIPT ARGS`: a worker started afresh."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         sys.exit("usage: python -m dpscale.launch.run_child SCRIPT [ARGS...]")
     die_with_parent(os.getppid())  # torchrun's agent: a rank never outlives it
+    _run_script(argv)
+
+
+def forked(*argv: str) -> int:
+    """A worker forked from the server the command started (fork_start.py), the server being its
+    parent: what `main` does, the script run as a fresh interpreter runs it (script_main.py)."""
+    set_process_name(f"dpscale-rank{os.environ.get('RANK', '')}")  # the command line is the server's
+    # a session of its own, as torch starts each worker in: a terminal's Ctrl-C (to the command's
+    # process group, the server's) must reach the script once, from the agent, not twice
+    os.setsid()
+    server = os.getppid()
+    if parent_of(server) not in (int(os.environ[LAUNCHER_ENV]), None):  # the command is gone: so are we
+        return 1
+    die_with_parent(server)  # which ends when the command does
+    return as_main(lambda: _run_script(list(argv)))
+
+
+def _run_script(argv: list[str]) -> None:
     script = os.path.abspath(argv[0])
     limit = os.environ.get(LIMIT_ENV)
     engine, telemetry_dir = os.environ.get(ENGINE_ENV, "dpscale"), os.environ.get(TELEMETRY_ENV)
