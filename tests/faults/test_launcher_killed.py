@@ -16,7 +16,6 @@ import time
 
 import pytest
 
-from dpscale.launch.fork_start import SemaphoreWatch
 from support.cli_runs import (
     TRAIN,
     StderrWatch,
@@ -103,9 +102,6 @@ def test_a_kill_of_the_whole_job_at_once_leaves_nothing_in_dev_shm(tmp_path):
     proc, tag, tmp = _start(args, tmp_path, start_new_session=True)
     try:
         StderrWatch(proc).wait_for("step 10/")
-        # the launcher looks for the workers' semaphores every SemaphoreWatch.INTERVAL_S (a kill
-        # sooner after the workers start can leave them): a forked worker reaches step 10 sooner
-        time.sleep(4 * SemaphoreWatch.INTERVAL_S)
         shm = shm_paths_in_use(tagged(tag))
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -38,10 +38,8 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Mapping, Sequence
-from multiprocessing import forkserver
-
-from dpscale.launch.periodic import PeriodicWatch
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing import forkserver, resource_tracker
 
 START_ENV = "DPSCALE_WORKER_START"
 # what the server imports before it forks anything: this module first (its _SERVER_ENV is the
@@ -163,40 +161,40 @@ def entry(
     return 0
 
 
-class SemaphoreWatch(PeriodicWatch):
+class SemaphoreWatch:
     """While torch's agent runs forked workers, hand the job's reaper (launch/job.py) each named
-    semaphore the workers map: the agent's queues for the workers' results use multiprocessing's
-    (`/dev/shm/sem.mp-*`). Multiprocessing's resource tracker removes them when the job ends, even
-    after `kill -9` of the command, but not when it is killed too (a SIGKILL to the job's process
-    group); the reaper, in a session of its own, removes them then. The watch looks every
-    INTERVAL_S: a kill of the whole group within that long of a worker's start can leave them."""
+    semaphore this process makes: the agent's queues for the workers' results use multiprocessing's
+    (`/dev/shm/sem.mp-*`, one set per attempt). Multiprocessing's resource tracker removes them when
+    the job ends, even after `kill -9` of the command, but not when it is killed too (a SIGKILL to
+    the job's process group); the reaper, in a session of its own, removes them then.
 
-    INTERVAL_S = 0.25
+    The names are taken as multiprocessing registers each with its tracker, before any worker
+    exists: a watch of the workers' mappings (what this was first) missed those of a job killed
+    within one look of its workers' start, which a forked script's workers reach in well under a
+    second. Only this process's `register` is wrapped, and only while the agent runs."""
 
     def __init__(self, job) -> None:
-        super().__init__("dpscale-semaphores", self.INTERVAL_S, at_once=True)
         self._job = job
-        self._seen: set[str] = set()
+        self._register: Callable[..., None] | None = None
 
-    def look(self) -> None:
-        from dpscale.launch.stopped_workers import children
+    def __enter__(self) -> SemaphoreWatch:
+        self._register = resource_tracker.register
+        setattr(resource_tracker, "register", self._tell_and_register)  # noqa: B010 (typeshed's types)
+        return self
 
-        # the workers map them (this process, which made them, keeps none mapped)
-        pids = children(server_pid()) if server_pid() else []
-        found = {path for pid in pids for path in named_semaphores(pid)}
-        for path in found - self._seen:
-            self._seen.add(path)
-            self._job.add_path(path)
+    def __exit__(self, *exc: object) -> None:
+        setattr(resource_tracker, "register", self._register)  # noqa: B010
+
+    def _tell_and_register(self, name: str, rtype: str) -> None:
+        if rtype == "semaphore":  # "/mp-XXXX" is the file /dev/shm/sem.mp-XXXX (glibc's naming)
+            self._job.add_path(semaphore_path(name))
+        assert self._register is not None
+        self._register(name, rtype)
 
 
-def named_semaphores(pid: int | str = "self") -> list[str]:
-    """multiprocessing's named semaphores that process `pid` maps (Linux; elsewhere none)."""
-    try:
-        maps = open(f"/proc/{pid}/maps").read()
-    except OSError:
-        return []
-    paths = [line.split(None, 5)[-1] for line in maps.splitlines() if "/dev/shm/sem.mp-" in line]
-    return [p for p in paths if not p.endswith(" (deleted)")]
+def semaphore_path(name: str) -> str:
+    """Where the named POSIX semaphore `name` lives on Linux."""
+    return "/dev/shm/sem." + name.lstrip("/")
 
 
 def _output_to(log_path: str) -> None:

@@ -1,8 +1,7 @@
 """A look every few tenths of a second, on a thread of its own, while a with-block runs.
 
 The launcher watches its workers this way while torch's agent waits for them (the agent's own loop
-is not ours to extend): stopped workers (stopped_workers.py), the named semaphores forked workers
-map (fork_start.SemaphoreWatch).
+is not ours to extend): stopped workers (stopped_workers.py).
 """
 
 from __future__ import annotations
