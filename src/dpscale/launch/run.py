@@ -190,10 +190,14 @@ def _run(spec: AgentSpec) -> int:
     return 0
 
 
+# how the launcher's own error starts in the workers' log, after their output (scale reads it apart)
+LOG_ERROR_PREFIX = "dpscale: error: "
+
+
 def _error(log_path: Path | None, text: str) -> None:
     """The error where the workers' output went: this terminal, or the end of their log."""
     if log_path is None:
         logger.error("%s", text)
         return
     with open(log_path, "a") as log:
-        log.write(f"dpscale: error: {text}\n")
+        log.write(f"{LOG_ERROR_PREFIX}{text}\n")

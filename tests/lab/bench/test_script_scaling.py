@@ -195,3 +195,50 @@ def test_a_script_without_ddp_across_hosts_is_told_so_not_that_ranks_did_not_tra
     assert "1 of 2 ranks trained" not in message
     assert "built no torch.nn.parallel.DistributedDataParallel model" in message
     assert "2 hosts" in message
+
+
+# a failed run's log as the launcher writes it (2026-12-03, a script raising at import, one rank):
+# the script's traceback, torch's agent logging its own, then the launcher's error with torch's box
+FAILED_RUN_LOG = """\
+Traceback (most recent call last):
+  File "/tmp/bad.py", line 2, in <module>
+    raise RuntimeError("the script broke here")
+RuntimeError: the script broke here
+E1203 08:33:06.702000 2572 torch/distributed/elastic/multiprocessing/api.py:836] failed (exitcode: 1)
+E1203 08:33:06.702000 2572 torch/distributed/elastic/multiprocessing/api.py:836] Traceback (most
+E1203 08:33:06.702000 2572 torch/distributed/elastic/multiprocessing/api.py:836]     self._pc.join(-1)
+dpscale: error: the script failed:
+
+============================================================
+entry FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_08:33:07
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 2585)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_failed_scripts_message_shows_its_traceback_not_torchs_summary_box(monkeypatch, tmp_path):
+    # the message showed the log's last 15 lines: torch's failure box, exactly, and never the error
+    def failing(script, args, *, nproc, telemetry_dir, log_path, **kw):
+        log_path.write_text(FAILED_RUN_LOG)
+        return 1
+
+    monkeypatch.setattr(script_scaling, "run_script", failing)
+    config = ScaleConfig(script="bad.py", world_sizes=[1], steps=4, warmup=0, threads_per_worker=1)
+    with pytest.raises(script_scaling.ScriptFailed) as failed:
+        script_scaling._measure_one(config, 1, "dpscale", tmp_path, None)
+    message = str(failed.value)
+    assert message.startswith("bad.py with 1 workers (dpscale) exited with code 1:\nTraceback")
+    assert 'raise RuntimeError("the script broke here")' in message
+    assert message.endswith("dpscale: error: the script failed:")
+    assert "torch/distributed/elastic" not in message and "entry FAILED" not in message

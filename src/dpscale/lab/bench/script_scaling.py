@@ -53,6 +53,7 @@ The diagnosis rendered from them: script_diagnosis.py.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -69,7 +70,7 @@ from dpscale.lab.predict import compression_cost
 from dpscale.launch.engine_try import parse_try, parse_try_list
 from dpscale.launch.hosts import HostFlags, job_nodes
 from dpscale.launch.nodes import Nodes
-from dpscale.launch.run import run_script
+from dpscale.launch.run import LOG_ERROR_PREFIX, run_script
 from dpscale.launch.script_checks import findings, read_facts
 from dpscale.log import workers
 from dpscale.paths import check_writable_dir
@@ -234,6 +235,24 @@ class ScaleResult:
         return [{k: getattr(p, k) for k in JSON_ROW} for p in self.points]
 
 
+# torch's elastic agent logs a failed worker as a traceback of its own (`E1203 08:33:06.702000 2572
+# torch/distributed/elastic/...] ...`): the agent's frames, not the script's
+_AGENT_LINE = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/")
+TAIL_LINES = 15
+
+
+def output_tail(log_text: str) -> str:
+    """The end of the workers' output for a ScriptFailed message, with the launcher's error line.
+
+    The launcher appends torch's failure summary (a 15-line box: rank, exit code, no traceback)
+    after the workers' output, and the agent logs its own traceback before it; the last lines of
+    the log were only those, so the script's own traceback never reached the message."""
+    lines = log_text.splitlines()
+    end = next((i for i, line in enumerate(lines) if line.startswith(LOG_ERROR_PREFIX)), len(lines))
+    output = [line for line in lines[:end] if not _AGENT_LINE.match(line)]
+    return "\n".join(output[-TAIL_LINES:] + lines[end : end + 1])
+
+
 class ScriptFailed(RuntimeError):
     """The script failed or ended early; the message says which run and shows its output's tail."""
 
@@ -265,7 +284,7 @@ def _measure_one(
         # every rank's records are here (gathered in the job): idle behind the slowest rank too
         folder = f"n{n}" if len(config.engines) == 1 else f"n{n}-{engine}"
         write_traces(Path(config.trace) / folder, ranks, trace_window(config.trace, config.trace_steps))
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+    tail = output_tail(log.read_text(errors="replace"))
     if code != 0:
         advice = "".join(f"\n{line}" for line in findings(facts))
         raise ScriptFailed(
