@@ -308,7 +308,7 @@ class SharedMemoryTransport:
         if region is None:  # a tensor of the caller's: reduced in a staging copy
             staging = self._staged(tensor)
             self._all_reduce_in_place(staging, between_hosts)
-            tensor.view(-1).copy_(staging.views[self.rank])
+            tensor.copy_(staging.views[self.rank].view(tensor.shape))  # staged in logical order
             return completed(tensor)
         self._all_reduce_in_place(region, between_hosts)
         return region.completed(tensor)
