@@ -38,10 +38,11 @@ from dpscale.comm.sum_order import ranges_in_order, sum_into
 # a few KiB the second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py
 # --small-max-bytes.
 SMALL_MAX_BYTES = 1 << 13
-# The limit for float32/float64 where the C helper runs them: its copy and sum cost a fraction of
-# the Python path's calls, so the one-round path pays further (per-rank CPU still below the
-# in-place path's at 64 KiB, above at 128 KiB; BENCHMARKS.md, "Small messages in one round").
-NATIVE_SMALL_MAX_BYTES = 1 << 16
+# The limit for float32/float64 where the C helper runs them. Its one round saves a barrier but
+# moves world_size copies across cores where the in-place path moves one, so past ~10 KiB the
+# in-place path is faster: 2 ranks, shm_ab.py block against inplace, 2026-12-03, 0.93x at 10 KiB,
+# 1.05x at 12 KiB, 1.28x at 16 KiB, 2.9x at 64 KiB (BENCHMARKS.md, "Small messages in one round").
+NATIVE_SMALL_MAX_BYTES = 10 << 10
 # summed with numpy (a fraction of torch's per-call cost); other dtypes through torch (`sum_into`)
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 # summed by the C helper, with its dtype code (shm_small.c)
