@@ -179,30 +179,37 @@ def same_address_other_tensors(rank: int, world: int) -> list[tuple]:
     shipped, in_place = SharedMemoryTransport(timeout_s=60), _in_place_transport()
     out = []
 
-    def check(what: str, make, t) -> None:
-        # the same values through the in-place path, and the Future's value is the tensor passed
-        for seed in (1, 2):  # twice: the second call takes the hot path
-            x = make(t)
+    def check(what: str, make) -> None:
+        # twice (the second call takes the hot path), as the in-place path sums the same values;
+        # the Future's value is the tensor passed (`make` may give a new view of it each time)
+        for seed in (1, 2):
+            x = make()
             x.copy_(_data(rank, x.numel(), x.dtype, seed).view(x.shape))
             reference = _data(rank, x.numel(), x.dtype, seed).view(x.shape).clone()
-            fut = t.all_reduce(x)
+            fut = shipped.all_reduce(x)
             in_place.all_reduce(reference)
             out.append((what, seed, x.clone(), reference, fut.value() is x and fut.wait() is x))
 
     store = torch.zeros(16)  # a caller's memory, viewed in several ways at one address
-    check("private float32", lambda t: store[:4], shipped)
-    check("private float64, same address", lambda t: store.view(torch.float64)[:4], shipped)
-    check("private float32, same address, transposed", lambda t: store[:4].view(2, 2).t(), shipped)
-    check("private float32, same address, fewer", lambda t: store[:3], shipped)
+    check("private float32", lambda: store[:4])
+    check("private float64, same address", lambda: store.view(torch.float64)[:4])
+    check("private float32, same address, transposed", lambda: store[:4].view(2, 2).t())
+    check("private float32, same address, fewer", lambda: store[:3])
     seg = shipped.alloc(16, torch.float32)
-    check("segment float32", lambda t: seg[:4], shipped)
-    check("segment float64, same address", lambda t: seg.view(torch.float64)[:4], shipped)
-    check("segment float32, same address, transposed", lambda t: seg[:4].view(2, 2).t(), shipped)
-    old_ptr = seg.data_ptr()
-    shipped.release(seg)
-    del seg
-    seg = shipped.alloc(16, torch.float32)  # maps again, likely at the released address
-    check(f"segment after release (same address: {seg.data_ptr() == old_ptr})", lambda t: seg[:4], shipped)
+    check("segment float32", lambda: seg[:4])
+    check("segment float64, same address", lambda: seg.view(torch.float64)[:4])
+    check("segment float32, same address, transposed", lambda: seg[:4].view(2, 2).t())
+    # released and mapped again, likely at the same address: small (mailboxes) and in place (the
+    # peers' segments, which must be the new ones)
+    numel = 16 + 2 * shm_small.NATIVE_SMALL_MAX_BYTES // 4
+    for _ in range(2):
+        old_ptr = seg.data_ptr()
+        shipped.release(seg)
+        del seg
+        seg = shipped.alloc(numel, torch.float32)
+        again = f"(same address: {seg.data_ptr() == old_ptr})"
+        check(f"segment after release {again}", lambda seg=seg: seg[:4])
+        check(f"segment after release, in place {again}", lambda seg=seg: seg)
     shipped.close()
     in_place.close()
     return out
