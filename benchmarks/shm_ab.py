@@ -10,7 +10,8 @@ engine's buckets are) through them in turn, a round of calls each, the order rot
 
 - `old`: `src/dpscale/comm/shm.py` as of `--old-rev` (read with `git show`; db06f5d is main before
   the small-message path and the blocking wait: views looked up and a torch Future made on
-  every call, spin-then-yield waiting), with `shm_wait.py` of the same revision where it has one;
+  every call, spin-then-yield waiting), with `shm_wait.py`, `base.py` and `shm_small.py` of the
+  same revision where it has them;
 - `spin`: today's transport with `wait="spin"` (the old waiting, the new per-call path);
 - `block`: today's transport with `wait="block"` (spin briefly, then sleep on a futex);
 - `inplace`: `block` with the one-round path off (every size in place, two barriers).
@@ -70,20 +71,27 @@ def _load(name: str, source: str, rev: str, path: str) -> types.ModuleType:
     return module
 
 
+# The modules of the transport that `old` takes from `--old-rev` where it has them, in an order
+# in which each imports only those before it: the whole transport as of then, not today's
+# helpers under an old shm.py
+OLD_MODULES = ("shm_wait", "base", "shm_small")
+
+
 def _old_module(sources: dict[str, str], rev: str) -> types.ModuleType:
-    """shm.py as of `rev`, loaded as a module of dpscale.comm (its imports of dpscale.comm resolve
-    there), its `from dpscale.comm.shm_wait import ...` given shm_wait.py of `rev` if it has one."""
-    if "shm_wait" not in sources:
-        return _load(f"dpscale.comm._shm_{rev}", sources["shm"], rev, "src/dpscale/comm/shm.py")
-    old_wait = _load(
-        f"dpscale.comm._shm_wait_{rev}", sources["shm_wait"], rev, "src/dpscale/comm/shm_wait.py"
-    )
-    current = sys.modules["dpscale.comm.shm_wait"]
-    sys.modules["dpscale.comm.shm_wait"] = old_wait
+    """shm.py as of `rev`, loaded as a module of dpscale.comm, its imports of OLD_MODULES given
+    those of `rev` where it has them (the others resolve to today's)."""
+    current = {name: sys.modules[f"dpscale.comm.{name}"] for name in OLD_MODULES}
     try:
+        for name in OLD_MODULES:
+            if name in sources:
+                path = f"src/dpscale/comm/{name}.py"
+                sys.modules[f"dpscale.comm.{name}"] = _load(
+                    f"dpscale.comm._{name}_{rev}", sources[name], rev, path
+                )
         return _load(f"dpscale.comm._shm_{rev}", sources["shm"], rev, "src/dpscale/comm/shm.py")
     finally:
-        sys.modules["dpscale.comm.shm_wait"] = current
+        for name, module in current.items():
+            sys.modules[f"dpscale.comm.{name}"] = module
 
 
 def _calls_per_round(nbytes: int) -> int:
@@ -215,7 +223,7 @@ def main() -> int:
         parser.error(f"--small-max-bytes must be >= 0, got {args.small_max_bytes}")
     shipped = shm_small.NATIVE_SMALL_MAX_BYTES if shm_native.library() else shm_small.SMALL_MAX_BYTES
     small_max = shipped if args.small_max_bytes is None else args.small_max_bytes
-    old_sources = {name: _git_show(args.old_rev, name) for name in ("shm", "shm_wait")}
+    old_sources = {name: _git_show(args.old_rev, name) for name in ("shm", *OLD_MODULES)}
     old_sources = {name: text for name, text in old_sources.items() if text is not None}
     if "shm" not in old_sources:
         parser.error(

@@ -162,3 +162,67 @@ def test_ranks_sharing_one_cpu_spin_only_briefly_and_still_sum():
     for cap, value in run_ranks(pinned_to_one_cpu, 2, timeout_s=120):
         assert cap == shm_wait._BLOCK_SPIN_MIN
         assert value == 3.0
+
+
+def _in_place_transport() -> SharedMemoryTransport:
+    before = shm_small.SMALL_MAX_BYTES
+    shm_small.SMALL_MAX_BYTES = 0
+    try:
+        return SharedMemoryTransport(timeout_s=60)
+    finally:
+        shm_small.SMALL_MAX_BYTES = before
+
+
+def same_address_other_tensors(rank: int, world: int) -> list[tuple]:
+    """Tensors that share the address of one reduced before, but not its size, dtype, layout or
+    segment: each must be reduced as itself (a binding is reused for its key alone)."""
+    shipped, in_place = SharedMemoryTransport(timeout_s=60), _in_place_transport()
+    out = []
+
+    def check(what: str, make) -> None:
+        # twice (the second call takes the hot path), as the in-place path sums the same values;
+        # the Future's value is the tensor passed (`make` may give a new view of it each time)
+        for seed in (1, 2):
+            x = make()
+            x.copy_(_data(rank, x.numel(), x.dtype, seed).view(x.shape))
+            reference = _data(rank, x.numel(), x.dtype, seed).view(x.shape).clone()
+            fut = shipped.all_reduce(x)
+            in_place.all_reduce(reference)
+            out.append((what, seed, x.clone(), reference, fut.value() is x and fut.wait() is x))
+
+    store = torch.zeros(16)  # a caller's memory, viewed in several ways at one address
+    check("private float32", lambda: store[:4])
+    check("private float64, same address", lambda: store.view(torch.float64)[:4])
+    check("private float32, same address, transposed", lambda: store[:4].view(2, 2).t())
+    check("private float32, same address, fewer", lambda: store[:3])
+    seg = shipped.alloc(16, torch.float32)
+    check("segment float32", lambda: seg[:4])
+    check("segment float64, same address", lambda: seg.view(torch.float64)[:4])
+    check("segment float32, same address, transposed", lambda: seg[:4].view(2, 2).t())
+    # released and mapped again, likely at the same address: small (mailboxes) and in place (the
+    # peers' segments, which must be the new ones)
+    numel = 16 + 2 * shm_small.NATIVE_SMALL_MAX_BYTES // 4
+    for _ in range(2):
+        old_ptr = seg.data_ptr()
+        shipped.release(seg)
+        del seg
+        seg = shipped.alloc(numel, torch.float32)
+        again = f"(same address: {seg.data_ptr() == old_ptr})"
+        check(f"segment after release {again}", lambda seg=seg: seg[:4])
+        check(f"segment after release, in place {again}", lambda seg=seg: seg)
+    shipped.close()
+    in_place.close()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_binding_serves_only_the_address_size_dtype_and_layout_it_was_made_for(world):
+    per_rank = run_ranks(same_address_other_tensors, world, timeout_s=120)
+    for rank, cases in enumerate(per_rank):
+        for what, seed, got, want, future_is_tensor in cases:
+            assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)), (
+                rank,
+                what,
+                seed,
+            )
+            assert future_is_tensor, (rank, what, seed)

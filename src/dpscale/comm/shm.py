@@ -274,16 +274,41 @@ class SharedMemoryTransport:
     # -- collectives -------------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, between_hosts=None) -> torch.futures.Future:
         """Sum in place. `between_hosts(part)`, if given, reduces my summed part across hosts."""
-        region = self._region(tensor)
-        if between_hosts is None:
-            small = region.small if region is not None else self._small_private(tensor)
+        if between_hosts is None and tensor.is_contiguous():
+            # The hot path: a small tensor reduced before is one look-up by what its binding was
+            # made for (every pointer in it derives from the key's address) and one call into C.
+            # At a few bytes the call's Python costs more than its bytes, so _region and
+            # SmallAllReduce.run are inlined here (BENCHMARKS.md, "Small messages in one round").
+            key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+            region = self._regions.get(key)
+            if region is not None:
+                small = region.small
+            elif self._last_private is not None and self._last_private[0] == key:
+                small = self._last_private[1]
+            else:
+                small = self._bind_small(tensor)
             if small is not None:
-                small.run(self._ctl)
-                return completed(tensor) if region is None else region.completed(tensor)
+                native = small.native
+                if native is None:
+                    small.run(self._ctl)
+                elif native.all_reduce(native.plan):  # a peer did not arrive within the C spin
+                    small.finish(self._ctl)
+                return small.future if tensor is small.tensor else small.completed(tensor)
+        return self._all_reduce_two_barriers(tensor, between_hosts)
+
+    def _bind_small(self, tensor: torch.Tensor) -> SmallAllReduce | None:
+        """The one-round all-reduce of contiguous `tensor` on its first call, or None if too large."""
+        region = self._region(tensor)
+        return region.small if region is not None else self._small_private(tensor)
+
+    def _all_reduce_two_barriers(self, tensor: torch.Tensor, between_hosts) -> torch.futures.Future:
+        """The all-reduce of a tensor the one-round path does not take (too large, not contiguous,
+        or reduced across hosts too): in place, or in a staging copy."""
+        region = self._region(tensor)
         if region is None:  # a tensor of the caller's: reduced in a staging copy
             staging = self._staged(tensor)
             self._all_reduce_in_place(staging, between_hosts)
-            tensor.view(-1).copy_(staging.views[self.rank])
+            tensor.copy_(staging.views[self.rank].view(tensor.shape))  # staged in logical order
             return completed(tensor)
         self._all_reduce_in_place(region, between_hosts)
         return region.completed(tensor)

@@ -64,7 +64,10 @@ class Helper:
     """The loaded helper's two calls: `all_reduce(byref(plan))` -> 0 (done) or 1 (wait, then
     `sum(byref(plan), slot)`). Their arguments are left undeclared (no `argtypes`): ctypes then
     passes a `byref` and a small int as they are, where declared types cost ~0.2 us a call in
-    conversions, most of the helper's own time (callers pass nothing else)."""
+    conversions, most of the helper's own time (callers pass nothing else). Loaded as a `PyDLL`: its
+    calls keep the GIL, which a plain `CDLL` releases and takes back around each call (~0.03 us,
+    and a wait for any other thread that took it meanwhile); the longest they hold it is the
+    helper's spin for its peers, a few us, and the Python wait that follows sleeps without it."""
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib  # kept: the functions below live in it
@@ -82,7 +85,7 @@ def library() -> Helper | None:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return None  # the shm transport runs only there (select.shm_is_safe)
     try:
-        return Helper(ctypes.CDLL(str(_built())))
+        return Helper(ctypes.PyDLL(str(_built())))
     except (OSError, subprocess.SubprocessError) as e:
         log.info("shm: C helper unavailable (%s); small all-reduces run in Python", e)
         return None

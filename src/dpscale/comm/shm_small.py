@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpscale.comm.base import completed
 from dpscale.comm.shm_native import Helper, Plan
 from dpscale.comm.shm_wait import Counters
 from dpscale.comm.sum_order import ranges_in_order, sum_into
@@ -37,10 +38,11 @@ from dpscale.comm.sum_order import ranges_in_order, sum_into
 # a few KiB the second barrier is the cheaper price; where on a host: benchmarks/shm_ab.py
 # --small-max-bytes.
 SMALL_MAX_BYTES = 1 << 13
-# The limit for float32/float64 where the C helper runs them: its copy and sum cost a fraction of
-# the Python path's calls, so the one-round path pays further (per-rank CPU still below the
-# in-place path's at 64 KiB, above at 128 KiB; BENCHMARKS.md, "Small messages in one round").
-NATIVE_SMALL_MAX_BYTES = 1 << 16
+# The limit for float32/float64 where the C helper runs them. Its one round saves a barrier but
+# moves world_size copies across cores where the in-place path moves one, so past ~10 KiB the
+# in-place path is faster: 2 ranks, shm_ab.py block against inplace, 2026-12-03, 0.93x at 10 KiB,
+# 1.05x at 12 KiB, 1.28x at 16 KiB, 2.9x at 64 KiB (BENCHMARKS.md, "Small messages in one round").
+NATIVE_SMALL_MAX_BYTES = 10 << 10
 # summed with numpy (a fraction of torch's per-call cost); other dtypes through torch (`sum_into`)
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 # summed by the C helper, with its dtype code (shm_small.c)
@@ -189,10 +191,15 @@ class _NativeCall:
 class SmallAllReduce:
     """The one-round all-reduce of one tensor: `run(counters)` does it all; its steps, for tests:
     `post(slot)` copies it into my mailbox `slot`; once every peer has posted, `sum(slot)` writes
-    the sum of all mailboxes `slot` into it."""
+    the sum of all mailboxes `slot` into it. With the C helper (`native`), a caller may instead
+    call `native.all_reduce(native.plan)` itself and, if that returns 1, `finish(counters)`: what
+    `run` does, one Python call fewer (the transport's hot path, shm.py)."""
 
     def __init__(self, tensor: torch.Tensor, terms: _Terms, native: _NativeCall | None = None):
         self.native = native
+        # the last tensor reduced through this binding and its completed Future (`completed`)
+        self.tensor = tensor
+        self.future = completed(tensor)
         flat = tensor.detach().view(-1)
         self._source = flat.view(torch.uint8).numpy()
         self._inboxes = terms.inboxes
@@ -210,15 +217,28 @@ class SmallAllReduce:
         """The all-reduce: post, arrive, wait for every peer (`counters`' policy), sum."""
         native = self.native
         if native is not None:
-            if native.all_reduce(native.plan):  # a peer did not arrive within the helper's spin
-                seq = counters.seq  # the helper's arrival
-                counters.wait_all(seq, _WHAT)
-                native.sum(native.plan, seq & 1)
+            if native.all_reduce(native.plan):
+                self.finish(counters)
             return
         slot = (counters.seq + 1) & 1  # mailboxes alternate with the arrival this call makes
         self.post(slot)
         counters.wait_all(counters.arrive(), _WHAT)
         self.sum(slot)
+
+    def finish(self, counters: Counters) -> None:
+        """After the C helper's call returned 1 (a peer did not arrive within its spin): wait for
+        every peer with `counters`' policy, then sum."""
+        assert self.native is not None
+        seq = counters.seq  # the helper's arrival
+        counters.wait_all(seq, _WHAT)
+        self.native.sum(self.native.plan, seq & 1)
+
+    def completed(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """A completed Future of `tensor`, the same one while the caller passes the same tensor (a
+        completed Future runs callbacks added later at once and keeps none, so one serves all)."""
+        if tensor is not self.tensor:
+            self.tensor, self.future = tensor, completed(tensor)
+        return self.future
 
     def post(self, slot: int) -> None:
         np.copyto(self._inboxes[slot], self._source)
