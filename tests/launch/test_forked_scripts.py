@@ -111,8 +111,9 @@ def ended(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
     launches |= {name: ("2", args) for name, args in SUCCESSES.items()}
     code = (
         "import sys\n"
-        "from dpscale.cli.main import main\n"
         "from dpscale.launch import fork_start\n"
+        "fork_start.start_server()  # first, as the command does (cli/main.py: run)\n"
+        "from dpscale.cli.main import main\n"
         f"for name, (nproc, args) in {launches!r}.items():\n"
         f"    print({MARK!r} + name, flush=True)\n"
         f"    print({MARK!r} + name, file=sys.stderr, flush=True)\n"
@@ -173,6 +174,8 @@ def test_a_runs_log_of_its_own_gets_the_workers_output(tmp_path, way):
     """`dpscale scale` writes each run's output to a log of its own (run_script's log_path)."""
     log = tmp_path / "run.log"
     code = (
+        # the server first, as `dpscale scale` starts it (cli/main.py: run)
+        "from dpscale.launch import fork_start; fork_start.start_server(); "
         "import sys; from pathlib import Path; from dpscale.launch.run import run_script; "
         f"sys.exit(run_script({AS_MAIN!r}, ['raise'], nproc=2, log_path=Path({str(log)!r})))"
     )
