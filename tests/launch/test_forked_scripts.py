@@ -10,8 +10,8 @@ and where its output goes with a log of its own (inherited file descriptors, or 
 worker opens itself). The others run forked only: their expectations are what a fresh interpreter
 does, which is what an exec'd worker is (its threads follow OMP_NUM_THREADS as torch reads it at
 import, its exit code is CPython's, it owes the agent no result), and `-m` is resolved to a file
-by the command before any worker starts. Each exec'd case starts interpreters that import torch
-afresh, which made that half of this file the larger part of its time (issue #28).
+by the command before any worker starts. Every case both ways had doubled the file's time, the
+slowest of the main lane of `make test` (issue #28).
 """
 
 import json
