@@ -196,6 +196,7 @@ def stuck_message(rank, world, done_path):
     return "no error"
 
 
+@pytest.mark.waits  # on the transport's timeout, with rank 1 asleep
 def test_timeout_message_names_the_missing_rank(tmp_path):
     msg, slept = run_ranks(stuck_message, 2, str(tmp_path / "done"), timeout_s=60)
     assert slept == "slept"
