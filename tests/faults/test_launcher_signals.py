@@ -67,7 +67,7 @@ def _sigterm_ends_with_one_line(proc, tag: str) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == "dpscale train: stopped by SIGTERM", err
-    assert not wait_until_gone(tag, 5)
+    assert not wait_until_gone(tag, 2 * process_baseline_once_s())
 
 
 def _catches(pid: int, sig: int) -> bool:
@@ -195,7 +195,7 @@ def test_sigusr1_stops_after_a_step_with_a_checkpoint_and_exits_138(tmp_path):
         step = last_json(out)["steps"]
         line = f"dpscale train: stopped by SIGUSR1 after step {step}; checkpoint {ckpt}/step-{step:08d}"
         assert line in err.splitlines()[-1], err
-        assert not wait_until_gone(tag, 5)
+        assert not wait_until_gone(tag, 2 * process_baseline_once_s())
     finally:
         kill_tagged(tag)
         proc.wait()
