@@ -234,6 +234,11 @@ def main(argv: list[str] | None = None, *, start_workers_server: bool = False) -
                 # whole, so that run() knows the server to end whenever a signal comes
                 with signals_deferred():
                     fork_start.start_server()
+        # whole too: torch's C++ part imports numpy and drops an exception raised meanwhile (a
+        # signal's: the command went on training) or leaves numpy half imported (the next import of
+        # it fails); every command imports torch anyway (build_parser)
+        with signals_deferred():
+            import torch  # noqa: F401
         return _main(argv)
     except Interrupted as e:  # what the command started is ended already (launch/job.py)
         print(f"{' '.join(['dpscale', *words[:1]])}: {e}", file=sys.stderr, flush=True)

@@ -141,7 +141,11 @@ def signals_deferred() -> Iterator[None]:
     """While the block runs, an INTERRUPTING signal is noted and raised as `Interrupted` only once
     the block is done (main thread only): for a step that must not be cut in half, such as starting
     the workers' server, which an exception between its start and its pid being kept would leave
-    running with nobody to end it. Not a blocked mask: the processes the block starts inherit that."""
+    running with nobody to end it, or importing torch (cli/main.py). Not a blocked mask: the
+    processes the block starts inherit that."""
+    if threading.current_thread() is not threading.main_thread():  # signal.signal would refuse
+        yield
+        return
     noted: list[int] = []
     previous: dict[int, Any] = {
         sig: signal.signal(sig, lambda signum, frame: noted.append(signum)) for sig in INTERRUPTING
