@@ -110,7 +110,6 @@ def test_the_first_signal_is_a_request_and_the_second_is_passed_on():
     assert (signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")) == (143, 130)
 
 
-@pytest.mark.slow
 def test_a_signal_while_signals_are_deferred_is_raised_once_the_block_is_done():
     # the workers' server starts in such a block (cli/main.py): cut in half, it would be left running
     previous = interrupt_on_signals()
@@ -130,6 +129,7 @@ def test_a_signal_while_signals_are_deferred_is_raised_once_the_block_is_done():
         restore_signals(previous)
 
 
+@pytest.mark.slow
 def test_exit_now_flushes_and_keeps_the_exit_code():
     code = "import sys; from dpscale.launch.process_life import exit_now; print('done', end=''); exit_now(3)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
