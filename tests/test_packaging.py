@@ -39,7 +39,7 @@ def test_the_engine_needs_torch_and_numpy_only_and_the_lab_extra_brings_the_rest
 
 def test_the_dpscale_command_and_the_torchrun_handler_resolve_to_the_entry_points():
     (script,) = importlib.metadata.entry_points(group="console_scripts", name="dpscale")
-    from dpscale.cli.main import run
+    from _dpscale_cli import run
 
     assert script.load() is run
     (handler,) = importlib.metadata.entry_points(group="torchrun.handlers", name="dpscale-c10d")
@@ -82,7 +82,8 @@ def test_the_wheel_is_typed_and_carries_the_command_and_only_torch_and_numpy(tmp
     assert "dpscale/py.typed" in names
     assert "dpscale/comm/shm_small.c" in names  # the shm transport's C helper, built at first use
     assert _requirements(metadata.get_all("Requires-Dist")) == ({"numpy", "torch"}, LAB)
-    assert "dpscale = dpscale.cli.main:run" in entry_points
+    assert "dpscale = _dpscale_cli:run" in entry_points
+    assert "_dpscale_cli.py" in names  # the entry point, beside the package
     assert "dpscale-c10d = dpscale.launch.torchrun_plugin:torchrun_handler" in entry_points
 
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from dpscale.comm import PeerTimeoutError, SharedMemoryTransport, chunk_bounds
 from dpscale.comm.shm import WAIT_POLICIES
 from dpscale.lab.multirank import MultiRankError, run_ranks
+from support.timing import cpu_baseline_s
 
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
@@ -172,7 +173,10 @@ def test_killed_peer_is_named_within_the_timeout_and_leaves_nothing_behind(tmp_p
         run_ranks(dies_mid_run, 2, str(report), timeout_s=60)
     assert "--- rank 1: exited with code -9" in str(err.value)
     waited, msg = report.read_text().split("\n", 1)
-    assert 1.5 <= float(waited) < 3.0
+    # the transport's 1.5 s timeout, plus the scheduling of a few wake-ups on a busy host (~1 s
+    # quiet); past the harness's 3 s grace for survivors rank 0 is killed before it reports, which
+    # fails the test as well
+    assert 1.5 <= float(waited) < 1.5 + 100 * cpu_baseline_s(), waited
     assert "for rank 1" in msg
     assert not [n for n in os.listdir("/dev/shm") if "dpscale" in n]
 

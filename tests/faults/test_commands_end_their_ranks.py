@@ -1,7 +1,8 @@
 """Every command that starts ranks ends them (#34): `dpscale run`, `scale` and `bench allreduce`
 (and so every bench and `study`, through the lab's ranks) sent SIGKILL, SIGTERM or SIGINT leave
-nothing of the job running 5 s later, no port open, nothing in /dev/shm or the temp dir; a
-SIGTERM or SIGINT also ends the command with 128 + the signal and one line saying so.
+nothing of the job running two process starts later (5 s on a quiet host), no port open, nothing
+in /dev/shm or the temp dir; a SIGTERM or SIGINT also ends the command with 128 + the signal and
+one line saying so.
 
 Before, `run` and `scale` left a `torchelastic_*` directory (and, on SIGTERM, exited silently),
 and `bench allreduce` left both ranks spinning at 100% CPU, multiprocessing's forkserver and
@@ -26,10 +27,13 @@ from support.cli_runs import (
     wait_until_gone,
 )
 from support.sockets import listening
+from support.timing import process_baseline_once_s
 
 pytestmark = pytest.mark.slow  # starts processes (the CLI and its ranks)
 
-GONE_WITHIN_S = 5
+# the issue's "5 s later" on a quiet host, where one process start takes ~3 s: two starts of this
+# host now, so that a host at load 4 (everything slower, the kills' reaper included) gets as long
+GONE_WITHIN_PROCESS_STARTS = 2
 STARTED_WITHIN_S = 120
 
 # a script that joins the group, says it is in, then waits for ever (what a signal ends)
@@ -86,8 +90,9 @@ def test_a_signal_to_the_command_ends_its_whole_job(tmp_path, command, sig):
         shm = shm_paths_in_use(job)
         proc.send_signal(sig)
         proc.wait(timeout=60)
-        left = wait_until_gone(tag, GONE_WITHIN_S)
-        assert not left, f"still running {GONE_WITHIN_S} s after {sig.name}: {describe(left)}"
+        within_s = GONE_WITHIN_PROCESS_STARTS * process_baseline_once_s()
+        left = wait_until_gone(tag, within_s)
+        assert not left, f"still running {within_s:.0f} s after {sig.name}: {describe(left)}"
         assert not ports & _listening_ports(), f"ports of the job still open: {ports & _listening_ports()}"
         assert not [p for p in shm if os.path.exists(p)], f"left in /dev/shm: {shm}"
         # torch's compile cache is meant to outlive every run (in /tmp, unless TMPDIR says otherwise)
@@ -144,7 +149,7 @@ def test_ctrl_c_at_the_terminal_reaches_each_worker_once_and_lets_it_save(tmp_pa
         for rank in (0, 1):
             assert (ready / f"sigint-{rank}").read_text() == "x", f"rank {rank}: SIGINT more than once"
             assert (ready / f"saved-{rank}").exists(), f"rank {rank} was killed before it saved"
-        assert not wait_until_gone(tag, GONE_WITHIN_S)
+        assert not wait_until_gone(tag, GONE_WITHIN_PROCESS_STARTS * process_baseline_once_s())
     finally:
         kill_tagged(tag)
         proc.wait()

@@ -10,7 +10,14 @@ import time
 
 import pytest
 
-from dpscale.launch.process_life import StopRequest, signal_exit_code
+from dpscale.launch.process_life import (
+    Interrupted,
+    StopRequest,
+    interrupt_on_signals,
+    restore_signals,
+    signal_exit_code,
+    signals_deferred,
+)
 
 
 def _alive(pid: int) -> bool:
@@ -101,6 +108,25 @@ def test_the_first_signal_is_a_request_and_the_second_is_passed_on():
         stop.restore()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert (signal_exit_code("SIGTERM"), signal_exit_code("SIGINT")) == (143, 130)
+
+
+def test_a_signal_while_signals_are_deferred_is_raised_once_the_block_is_done():
+    # the workers' server starts in such a block (cli/main.py): cut in half, it would be left running
+    previous = interrupt_on_signals()
+    try:
+        finished = False
+        with pytest.raises(Interrupted) as stopped:
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                time.sleep(0.01)  # Python runs the handler here, between two bytecodes
+                finished = True
+        assert finished and stopped.value.name == "SIGUSR1"
+        assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL  # the handler before is back
+        with pytest.raises(Interrupted):  # and raises at once again
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.01)
+    finally:
+        restore_signals(previous)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import uuid
 from pathlib import Path
 
@@ -105,11 +106,27 @@ def describe(pids: list[int]) -> list[str]:
     return [f"{pid}: {command_line(pid)[:200]}" for pid in pids]
 
 
+def installed_command() -> list[str]:
+    """`dpscale` as its installed console script starts it: the entry point named in pyproject's
+    [project.scripts] imported and called, as the script pip writes does. Read from the tree, so a
+    test follows a changed entry point without a reinstall."""
+    target = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["dpscale"]
+    module, function = target.split(":")
+    return [sys.executable, "-c", f"import sys\nfrom {module} import {function}\nsys.exit({function}())"]
+
+
 def start_cli(
-    args: list[str], *, faults: str | None = None, env: dict[str, str] | None = None, cwd=ROOT, **popen
+    args: list[str],
+    *,
+    faults: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd=ROOT,
+    installed: bool = False,
+    **popen,
 ) -> tuple[subprocess.Popen, str]:
     """Start `python -m dpscale.cli.main ARGS` (DPSCALE_FAULTS=`faults`) in `cwd`, with `env`
-    (default: this process's); returns it and its process tag."""
+    (default: this process's); returns it and its process tag. `installed`: start it as the
+    installed `dpscale` command starts (installed_command), from its entry point's first line."""
     tag = uuid.uuid4().hex
     base = os.environ if env is None else env
     env = {k: v for k, v in base.items() if k not in ("DPSCALE_FAULTS", "DPSCALE_CALLBACKS")}
@@ -118,7 +135,8 @@ def start_cli(
         env["DPSCALE_FAULTS"] = faults
         env["DPSCALE_CALLBACKS"] = "dpscale.testing.faults:FaultInjector"
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
-    proc = subprocess.Popen([sys.executable, "-m", "dpscale.cli.main", *args], cwd=cwd, env=env, **popen)
+    command = installed_command() if installed else [sys.executable, "-m", "dpscale.cli.main"]
+    proc = subprocess.Popen([*command, *args], cwd=cwd, env=env, **popen)
     return proc, tag
 
 

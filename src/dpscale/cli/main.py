@@ -205,14 +205,40 @@ def _version() -> str:
     return f"dpscale {__version__}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    from dpscale.launch.process_life import Interrupted, interrupt_on_signals, restore_signals
+def main(argv: list[str] | None = None, *, start_workers_server: bool = False) -> int:
+    """Run `dpscale ARGV` (default: sys.argv[1:]) in this process; its exit code.
+
+    `start_workers_server`: as the command does (run()), start the workers' fork server first where
+    the flags say workers will start (launch/fork_start.py); not for calls from other code, which
+    would be left with a server."""
+    from dpscale.launch.process_life import (
+        Interrupted,
+        interrupt_on_signals,
+        release_held_signals,
+        restore_signals,
+        signals_deferred,
+    )
 
     # before anything slow: a signal from here on ends what the command started and says so
     # (train's launcher turns SIGTERM, SIGUSR1 and SIGINT into a stop request while it trains)
     previous = interrupt_on_signals() if threading.current_thread() is threading.main_thread() else {}
     words = sys.argv[1:] if argv is None else argv
     try:
+        # inside the try: a signal the entry point held since the command's start is raised here
+        release_held_signals()
+        if start_workers_server:
+            from dpscale.launch import fork_start
+
+            if fork_start.starts_workers(words):
+                # before anything imports torch: the server imports it on the other core meanwhile;
+                # whole, so that run() knows the server to end whenever a signal comes
+                with signals_deferred():
+                    fork_start.start_server()
+        # whole too: torch's C++ part imports numpy and drops an exception raised meanwhile (a
+        # signal's: the command went on training) or leaves numpy half imported (the next import of
+        # it fails); every command imports torch anyway (build_parser)
+        with signals_deferred():
+            import torch  # noqa: F401
         return _main(argv)
     except Interrupted as e:  # what the command started is ended already (launch/job.py)
         print(f"{' '.join(['dpscale', *words[:1]])}: {e}", file=sys.stderr, flush=True)
@@ -241,19 +267,17 @@ def _main(argv: list[str] | None) -> int:
 
 
 def run() -> None:
-    """The `dpscale` command (console entry point): main(), then exit with its code.
+    """The `dpscale` command, once its entry point (src/_dpscale_cli.py) has held the stopping
+    signals: main(), then exit with its code.
 
     `dpscale train` leaves through os._exit once its output is flushed: a process that trained
     keeps torch's gloo threads alive past destroy_process_group (torch._dynamo, imported with the
     optimizer, holds the group), and one of them needing the GIL during interpreter shutdown can
     abort a run that succeeded (see dpscale/launch/process_life.py). Other commands exit normally.
     """
+    code = main(start_workers_server=True)
     from dpscale.launch import fork_start
 
-    if fork_start.starts_workers(sys.argv[1:]):
-        # before anything imports torch: the workers' server imports it on the other core meanwhile
-        fork_start.start_server()
-    code = main()
     if sys.argv[1:2] == ["train"]:
         from dpscale.launch.process_life import exit_now
 

@@ -15,7 +15,9 @@
   that started it, whatever the signal, and its workers end with the agent.
 - `interrupt_on_signals`: a command's first line of defence, from its start: SIGTERM, SIGINT,
   SIGHUP and SIGUSR1 raise `Interrupted` in its main thread, so the command ends the processes
-  it started (job.py) and says in one line what stopped it, instead of dying silently.
+  it started (job.py) and says in one line what stopped it, instead of dying silently. Until
+  then the command's entry point holds those signals (src/_dpscale_cli.py), and
+  `release_held_signals` lets them through.
 - `StopRequest`: SIGTERM (what a preempting scheduler sends), SIGUSR1 (what SLURM's
   `--signal=USR1@T` sends ahead of a job's end) and SIGINT (Ctrl-C) to the launcher
   become a request that the training loop honours at the next step boundary, after a checkpoint,
@@ -29,6 +31,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import runpy
@@ -36,6 +39,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -123,6 +127,35 @@ def interrupt_on_signals() -> dict[int, Any]:
 
     Returns the handlers they had, for `restore_signals`."""
     return {sig: signal.signal(sig, _interrupt) for sig in INTERRUPTING}
+
+
+def release_held_signals() -> None:
+    """Let through the INTERRUPTING signals that the `dpscale` command's entry point held while the
+    command started (src/_dpscale_cli.py): one that came meanwhile is delivered now, to the
+    handler in place. Call it where that handler's exception is caught, after interrupt_on_signals."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTING)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """While the block runs, an INTERRUPTING signal is noted and raised as `Interrupted` only once
+    the block is done (main thread only): for a step that must not be cut in half, such as starting
+    the workers' server, which an exception between its start and its pid being kept would leave
+    running with nobody to end it, or importing torch (cli/main.py). Not a blocked mask: the
+    processes the block starts inherit that."""
+    if threading.current_thread() is not threading.main_thread():  # signal.signal would refuse
+        yield
+        return
+    noted: list[int] = []
+    previous: dict[int, Any] = {
+        sig: signal.signal(sig, lambda signum, frame: noted.append(signum)) for sig in INTERRUPTING
+    }
+    try:
+        yield
+    finally:
+        restore_signals(previous)
+    if noted:
+        raise Interrupted(noted[0])
 
 
 def restore_signals(previous: dict[int, Any]) -> None:
