@@ -252,7 +252,7 @@ def run() -> None:
 
     if fork_start.starts_workers(sys.argv[1:]):
         # before anything imports torch: the workers' server imports it on the other core meanwhile
-        fork_start.start_server()
+        fork_start.start_server(fork_start.worker_module(sys.argv[1:]))
     code = main()
     if sys.argv[1:2] == ["train"]:
         from dpscale.launch.process_life import exit_now
