@@ -1,7 +1,7 @@
 """Workers forked from a preloaded server against started afresh, A vs B (train and run).
 
     flock /tmp/dpscale-bench.lock python benchmarks/worker_start.py [--rounds 6] [--json out.json]
-        [--commands short,restart,run]
+        [--commands short,restart,run,run1-ddp,run2-ddp,run1-torch,run2-torch]
 
 Each round runs two commands per variant, the variants alternating (which goes first rotates):
 
@@ -10,7 +10,10 @@ Each round runs two commands per variant, the variants alternating (which goes f
 - `restart`: the same with 30 steps, `--max-restarts 1` and rank 1 killed at step 10 of the first
   attempt (dpscale.testing.faults): the agent stops the survivor and starts both workers again;
 - `run`: `dpscale run --nproc 2 examples/nanogpt_style.py` for 5 iterations (a user's script,
-  launch/script_main.py); the losses it prints are checked equal across variants.
+  launch/script_main.py); the losses it prints are checked equal across variants;
+- `run{1,2}-{ddp,torch}`: `dpscale run --nproc 1|2` of the smallest scripts (DDP_SCRIPT: a DDP
+  model and three SGD steps; TORCH_SCRIPT: `import torch` only): what the server's preload costs a
+  script that needs less than `train` does.
 
 Variants (launch/fork_start.py, DPSCALE_WORKER_START): `fork` (the default: the command starts
 multiprocessing's forkserver before it imports torch; the agent forks each worker from it) and
@@ -67,6 +70,31 @@ COMMANDS = {
         None,
     ),
 }
+# the smallest scripts a user runs: a DDP model and a few SGD steps (dpscale's engine stands in for
+# DDP), and one that imports only torch; at one worker and at two, {tmp}/s.py written per run
+DDP_SCRIPT = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.ones(8, 16)).pow(2).sum().backward()
+    opt.step()
+if dist.get_rank() == 0:
+    print("loss", round(float(model(torch.ones(8, 16)).pow(2).sum()), 4))
+dist.destroy_process_group()
+"""
+TORCH_SCRIPT = """
+import os, torch
+if os.environ["RANK"] == "0":
+    print("loss", torch.ones(2).sum().item())
+"""
+SCRIPTS = {"ddp": DDP_SCRIPT, "torch": TORCH_SCRIPT}
+for _name in SCRIPTS:
+    for _n in (1, 2):
+        COMMANDS[f"run{_n}-{_name}"] = (["run", "--nproc", str(_n), "{tmp}/s.py"], None)
 VARIANTS = ("fork", "exec")
 
 
@@ -78,6 +106,9 @@ def run(variant: str, command: str) -> tuple[float, float, str]:
     if faults:
         env.update(DPSCALE_FAULTS=faults, DPSCALE_CALLBACKS="dpscale.testing.faults:FaultInjector")
     with tempfile.TemporaryDirectory() as tmp:
+        if command.startswith("run") and "-" in command:
+            with open(os.path.join(tmp, "s.py"), "w") as f:
+                f.write(SCRIPTS[command.split("-")[1]])
         cmd = [sys.executable, "-m", "dpscale.cli.main", *(a.format(tmp=tmp) for a in flags)]
         cpu = _children_cpu_s()
         start = time.monotonic()
@@ -86,7 +117,7 @@ def run(variant: str, command: str) -> tuple[float, float, str]:
         cpu = _children_cpu_s() - cpu
     if p.returncode != 0:
         raise SystemExit(f"{variant} {command} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    if command == "run":
+    if command.startswith("run"):
         return (
             wall,
             cpu,

@@ -58,6 +58,9 @@ def test_the_script_runs_as_main_with_its_argv_path_and_environment(tmp_path, wa
         assert r["argv"] == [AS_MAIN, "report", "x y"]  # torchrun's sys.argv: the script, its arguments
         assert r["path0"] == str(SCRIPTS) and r["file"] == AS_MAIN and r["name"] == "__main__"
         assert r["world"] == "2" and r["launcher_var"] == "set"  # the agent's variables and the command's
+        # what a script may never need is not preloaded for it (fork_start.SCRIPT_PRELOAD): it would cost
+        # every run, the first fork waiting for it
+        assert r["preloaded"] == {"torch._dynamo": False, "dpscale.train.trainer": False}
         # classes of the script pickle: in this process, into a spawned pool, into DataLoader's workers
         assert (
             r["pickled"] == "__main__" and r["spawned"] == [2, 8] and r["batches"] == [[0.0, 1.0], [4.0, 9.0]]
@@ -112,7 +115,7 @@ def ended(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
     code = (
         "import sys\n"
         "from dpscale.launch import fork_start\n"
-        "fork_start.start_server()  # first, as the command does (cli/main.py: run)\n"
+        "fork_start.start_server('dpscale.launch.run_child')  # first, as `dpscale run` does (cli/main.py)\n"
         "from dpscale.cli.main import main\n"
         f"for name, (nproc, args) in {launches!r}.items():\n"
         f"    print({MARK!r} + name, flush=True)\n"
@@ -175,7 +178,7 @@ def test_a_runs_log_of_its_own_gets_the_workers_output(tmp_path, way):
     log = tmp_path / "run.log"
     code = (
         # the server first, as `dpscale scale` starts it (cli/main.py: run)
-        "from dpscale.launch import fork_start; fork_start.start_server(); "
+        "from dpscale.launch import fork_start; fork_start.start_server('dpscale.launch.run_child'); "
         "import sys; from pathlib import Path; from dpscale.launch.run import run_script; "
         f"sys.exit(run_script({AS_MAIN!r}, ['raise'], nproc=2, log_path=Path({str(log)!r})))"
     )

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None, *, start_workers_server: bool = False) -
                 # before anything imports torch: the server imports it on the other core meanwhile;
                 # whole, so that run() knows the server to end whenever a signal comes
                 with signals_deferred():
-                    fork_start.start_server()
+                    fork_start.start_server(fork_start.worker_module(words))
         # whole too: torch's C++ part imports numpy and drops an exception raised meanwhile (a
         # signal's: the command went on training) or leaves numpy half imported (the next import of
         # it fails); every command imports torch anyway (build_parser)

@@ -95,7 +95,7 @@ def run_agent(spec: AgentSpec) -> dict[int, Any]:
     forked = spec.forked and fork_start.enabled()
     launch_cfg = _launch_config(spec, forked)
     if forked:
-        fork_start.start_server()  # a no-op where the command started it already
+        fork_start.start_server(spec.args[spec.args.index("-m") + 1])  # a no-op where the command started it
     stopped = (
         StoppedWorkers(spec.stopped_limit_s, launch_cfg.run_id, fork_start.server_pid() if forked else None)
         if spec.stopped_limit_s is not None

@@ -42,12 +42,13 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import forkserver, resource_tracker
 
 START_ENV = "DPSCALE_WORKER_START"
-# what the server imports before it forks anything: this module first (its _SERVER_ENV is the
-# server's environment), then torch, torch._dynamo (torch's optimizers import it on their first
-# parameter group: ~1.2 s of CPU in each process that builds one), dpscale's engine, trainer and
-# worker (`dpscale` imports its public names on first use). None of them starts a thread, so a
-# forked process is as clean as a spawned one. The lab's ranks use this list too
-# (lab/multirank.py): a process has one forkserver, and whichever starts it sets its preload.
+# what the server of `dpscale train` imports before it forks anything: this module first (its
+# _SERVER_ENV is the server's environment), then torch, torch._dynamo (torch's optimizers import
+# it on their first parameter group: ~1.2 s of CPU in each process that builds one), dpscale's
+# engine, trainer and worker (`dpscale` imports its public names on first use). None of them (nor
+# of SCRIPT_PRELOAD's) starts a thread, so a forked process is as clean as a spawned one. The lab's
+# ranks use this list too (lab/multirank.py): a process has one forkserver, and whichever starts
+# it sets its preload.
 PRELOAD = [
     "dpscale.launch.fork_start",
     "torch",
@@ -59,6 +60,20 @@ PRELOAD = [
     "dpscale.launch.worker",
     "dpscale.launch.run_child",
 ]
+# what the server of `dpscale run` and `scale` imports: not dpscale's trainer, nor torch._dynamo,
+# which a script without an optimizer never imports: the first fork waits for the whole list, and
+# for a script that only imports torch, torch._dynamo cost more CPU than an exec'd worker's whole
+# start (BENCHMARKS.md, "Starting workers": a script's); a script's optimizer imports it in the worker
+SCRIPT_PRELOAD = [
+    "dpscale.launch.fork_start",
+    "torch",
+    "torch.distributed",
+    "dpscale",
+    "dpscale.engine",
+    "dpscale.launch.run_child",
+]
+# the module each worker runs -> what its server preloads
+PRELOADS = {"dpscale.launch.worker": PRELOAD, "dpscale.launch.run_child": SCRIPT_PRELOAD}
 _EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 # imported in the server (PRELOAD): its environment before any fork, and that this is so
@@ -77,8 +92,9 @@ def enabled() -> bool:
     return os.environ.get(START_ENV, "fork") != "exec"
 
 
-def start_server() -> None:
-    """Start the process's fork server now, if it is not running (it imports PRELOAD meanwhile).
+def start_server(module: str = "dpscale.launch.worker") -> None:
+    """Start the process's fork server now, if it is not running, for workers that run `module`
+    (it imports PRELOADS[module] meanwhile).
 
     Inside a job (launch/job.py) the server starts outside it, as the lab's does: it serves this
     process's later launches too, and ends when this process does."""
@@ -86,7 +102,7 @@ def start_server() -> None:
         return
     from dpscale.launch.job import current_job
 
-    multiprocessing.set_forkserver_preload(PRELOAD)
+    multiprocessing.set_forkserver_preload(PRELOADS[module])
     job = current_job()
     if job is None:
         forkserver.ensure_running()
@@ -96,6 +112,11 @@ def start_server() -> None:
     job.add_path(multiprocessing.util.get_temp_dir())  # the server's socket, should this process die
     if pid := server_pid():
         job.add(pid)  # and the server itself
+
+
+def worker_module(argv: list[str]) -> str:
+    """The module the workers of `dpscale ARGV` run (one that `starts_workers`)."""
+    return "dpscale.launch.run_child" if argv[:1] in (["run"], ["scale"]) else "dpscale.launch.worker"
 
 
 def starts_workers(argv: list[str]) -> bool:

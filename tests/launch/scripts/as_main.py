@@ -56,6 +56,7 @@ if __name__ == "__main__":
                 "spawned": spawned,
                 "batches": batches,
                 "torchs_ddp": torch.nn.parallel.DistributedDataParallel.__module__.startswith("torch."),
+                "preloaded": {m: m in sys.modules for m in ("torch._dynamo", "dpscale.train.trainer")},
             }
             # one write of the whole line: the ranks share the terminal
             os.write(1, (json.dumps(report) + "\n").encode())
