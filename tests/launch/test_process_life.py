@@ -11,6 +11,7 @@ import time
 import pytest
 
 from dpscale.launch.process_life import (
+    INTERRUPTING,
     Interrupted,
     StopRequest,
     interrupt_on_signals,
@@ -130,6 +131,14 @@ def test_a_signal_while_signals_are_deferred_is_raised_once_the_block_is_done():
 
 
 @pytest.mark.slow
+def test_the_entry_point_holds_exactly_the_signals_the_command_releases():
+    # src/_dpscale_cli.py cannot import the package for its list (that is its point): a signal it
+    # held but release_held_signals does not unblock would stay blocked in every worker
+    import _dpscale_cli
+
+    assert set(_dpscale_cli._HELD) == set(INTERRUPTING)
+
+
 def test_exit_now_flushes_and_keeps_the_exit_code():
     code = "import sys; from dpscale.launch.process_life import exit_now; print('done', end=''); exit_now(3)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -114,9 +114,13 @@ def start_server(module: str = "dpscale.launch.worker") -> None:
         job.add(pid)  # and the server itself
 
 
+# the commands whose workers run a user's script (run_child), not dpscale's trainer (worker)
+_SCRIPT_COMMANDS = (["run"], ["scale"])
+
+
 def worker_module(argv: list[str]) -> str:
     """The module the workers of `dpscale ARGV` run (one that `starts_workers`)."""
-    return "dpscale.launch.run_child" if argv[:1] in (["run"], ["scale"]) else "dpscale.launch.worker"
+    return "dpscale.launch.run_child" if argv[:1] in _SCRIPT_COMMANDS else "dpscale.launch.worker"
 
 
 def starts_workers(argv: list[str]) -> bool:
@@ -124,7 +128,7 @@ def starts_workers(argv: list[str]) -> bool:
     with more than one worker, restarts, or a job across hosts, read from the flags alone: what
     `dpscale` checks before it imports torch (cli/main.py). A wrong guess costs only time: the
     flags are parsed again, properly."""
-    if argv[:1] in (["run"], ["scale"]):
+    if argv[:1] in _SCRIPT_COMMANDS:
         return not {"-h", "--help"} & set(argv)
     if argv[:1] != ["train"]:
         return False
