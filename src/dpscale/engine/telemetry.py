@@ -33,7 +33,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -338,7 +337,10 @@ def bucket_spans(stats: StepStats | None, origin: float | None) -> list[dict] | 
 
 @dataclass
 class _CommTimes:
-    process_group: dist.ProcessGroup | None
+    # No process group here: a bucket's completion callback holds this, and gloo destroys that
+    # callback on its worker thread after running it. Were the callback the group's last owner
+    # (the script already past destroy_process_group), the group's destructor would run on its own
+    # worker thread and join it: "Resource deadlock avoided", the process aborted (1 run in ~100).
     clock: Clock = field(default_factory=HostClock)
     last_launch: Any = None
     last_done: Any = None
@@ -350,9 +352,8 @@ def _timed(hook):
     """Wrap a comm hook: stamp each bucket's launch and completion in the state's `_CommTimes`."""
 
     def timed_hook(state: tuple[_CommTimes, Any], bucket):
-        times, inner_state = state
+        times, inner = state
         times.last_launch = launch = times.clock.stamp()
-        inner = inner_state if hook is not allreduce_hook else times.process_group
         span = None
         if times.spans is not None:
             if bucket.index() == 0:  # a new backward: the last one's spans were read or not wanted
@@ -385,10 +386,12 @@ class TorchTelemetryDDP(_Timed, nn.parallel.DistributedDataParallel):
         super().__init__(*args, **kwargs)
         clock = clock_for(next(self.module.parameters()).device)
         self.telemetry = StepTelemetry(clock=clock)
-        self._comm = _CommTimes(self.process_group, clock)
+        self._comm = _CommTimes(clock)
         self._hooked = False
 
     def register_comm_hook(self, state: object, hook) -> None:
+        if hook is allreduce_hook and state is None:
+            state = self.process_group  # this module's group, as torch's reducer would use
         super().register_comm_hook((self._comm, state), _timed(hook))
         self._hooked = True
 
