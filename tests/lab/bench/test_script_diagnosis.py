@@ -16,29 +16,33 @@ from support.scale_records import measure, rank, step
 ONE = {"forward_ms": 10.0, "backward_ms": 20.0, "optimizer_ms": 2.0}
 
 
-def _big(r: dict) -> dict:
-    return {**r, "param_count": 25_000_000, "param_bytes": 100_000_000}  # 100 MB of gradients
+def _big(r: dict, mb: int = 100) -> dict:
+    return {**r, "param_count": mb * 250_000, "param_bytes": mb * 1_000_000}  # 100 MB of gradients
 
 
-def _runs(exposed_ms: float, *, lr2: float = 0.1, per_rank_at_2: int = 16) -> dict:
+def _runs(
+    exposed_ms: float, *, lr2: float = 0.1, per_rank_at_2: int = 16, transport: str = "shm", mb: int = 100
+) -> dict:
     facts = {n: asdict(ScriptFacts(world_size=n, lrs=[0.1 if n == 1 else lr2] * 8)) for n in (1, 2)}
     one = [step(ONE, samples=16)] * 8
     two = [step({**ONE, "exposed_comm_ms": exposed_ms}, samples=per_rank_at_2)] * 8
-    return {
-        1: [_big(rank(one, script=facts[1]))],
-        2: [_big(rank(two, 0, 2, script=facts[2])), _big(rank(two, 1, 2, script=facts[2]))],
-    }
+    at_2 = [{**rank(two, r, 2, script=facts[2]), "transport": transport} for r in (0, 1)]
+    return {1: [_big(rank(one, script=facts[1]), mb)], 2: [_big(r, mb) for r in at_2]}
 
 
 def test_exposed_communication_is_ranked_with_the_gains_predict_expects(monkeypatch):
-    result = measure(monkeypatch, _runs(exposed_ms=16.0), 8)
+    result = measure(monkeypatch, _runs(exposed_ms=16.0, transport="gloo"), 8)
     (first, *_) = script_diagnosis.causes(result)
     assert first.what == "exposed communication" and first.point.world_size == 2
     assert first.ms == pytest.approx(16.0) and first.points == pytest.approx(100 * 16 / 48)
     for fix in ("fp16 compression predicted +", "accumulation 2 predicted +"):
         assert fix in first.fix
-    # larger buckets start later: predicted to lose, so not advised, with the reason
+    # gloo reduces beside backward, and larger buckets start later: predicted to lose, so not
+    # advised, with the reason
     assert "; not bucket_cap_mb 50: predicted -" in first.fix and "(--try bucket_cap_mb=50)" not in first.fix
+    # shm reduces on backward's own thread: nothing overlaps, so there is no overlap to lose
+    on_shm = script_diagnosis.causes(measure(monkeypatch, _runs(exposed_ms=16.0), 8))[0]
+    assert "bucket_cap_mb 50 predicted +" in on_shm.fix
     # fp16 halves the bytes of 100 MB of gradients: predict expects a gain
     assert script_diagnosis.predicted_gain(result, first.point, script_diagnosis.parse_try("fp16")) > 0
     text = format_table(result)
@@ -69,6 +73,33 @@ def test_try_prints_predicted_next_to_measured(monkeypatch):
     assert lines[0] == "--try at N=2: efficiency without a fix 66.7% (measured)"
     assert (
         lines[1].startswith("  fp16 compression: predicted ") and "measured 80.0% (+13.3 points)" in lines[1]
+    )
+
+
+def test_the_accumulation_trial_is_predicted_as_what_it_runs_beside_real_accumulation(monkeypatch):
+    # the trial drops the all-reduce of 1 step in 2 and keeps each step's work (the script's
+    # optimizer still steps): 2 x 32 ms of compute + one 16 ms exposed reduction per 32 samples.
+    # 50 MB of gradients: the ~16 ms predict expects them to take on shm
+    runs = _runs(exposed_ms=16.0, mb=50)
+    trial = [step({k: 2 * v for k, v in ONE.items()} | {"exposed_comm_ms": 16.0}, samples=32)] * 8
+    runs[("try", "accumulation=2")] = [_big(rank(trial, r, 2), 50) for r in (0, 1)]  # type: ignore[index]
+    result = measure(monkeypatch, runs, 8, tries=["accumulation=2"])
+    assert result.tries[0].efficiency == pytest.approx(0.8)
+    fix = script_diagnosis.parse_try("accumulation=2")
+    at_2 = result.points[1]
+    trial_gain = script_diagnosis.predicted_gain(result, at_2, fix, trial=True)
+    real_gain = script_diagnosis.predicted_gain(result, at_2, fix)
+    assert trial_gain == pytest.approx(13.3, abs=1.0)  # the +13.3 points the trial measures
+    assert real_gain is not None and real_gain > trial_gain  # a larger batch amortizes per-step costs too
+    (_, line) = script_diagnosis.tries(result)
+    predicted = f"{at_2.efficiency + trial_gain / 100:.1%} ({trial_gain:+.1f} points)"
+    assert line.startswith(f"  accumulation 2: predicted {predicted} for the trial (one all-reduce per 2")
+    assert f"real accumulation {real_gain:+.1f} points), measured 80.0% (+13.3 points)" in line
+    # the advice predicts real accumulation and says which part of it the trial shows
+    (first, *_) = script_diagnosis.causes(result)
+    assert (
+        f"accumulation 2 predicted {real_gain:+.1f} points (its communication part {trial_gain:+.1f}: "
+        "what --try accumulation=2 measures)" in first.fix
     )
 
 

@@ -10,7 +10,12 @@ Each has its ms per step and the efficiency points it costs (its share of the co
 A fix's gain is `dpscale predict`'s (lab/predict/model.py) with the profile scale measured at N=1
 on this machine's links (the cpu-shm or cpu-loopback-gloo preset, with the compute growth measured
 at N as contention): the predicted efficiency with the fix minus the predicted one without. It is
-labelled as predicted; `--try` measures it (the tries' rows). fp16's gain counts what casting to
+labelled as predicted; `--try` measures it (the tries' rows). `--try accumulation=K` is a timing
+trial (launch/engine_try.py): it drops the all-reduce of K - 1 of every K steps while the script's
+work per step stays, so its rows are predicted as that (`trial=True`: the step without its exposed
+communication and the interference on K - 1 of K steps); the advice predicts real accumulation
+(each rank's batch K times larger: per-step costs amortized too), and says how much of that the
+trial can show. fp16's gain counts what casting to
 fp16 and back costs this host's cores (predict/compression_cost.py, measured by scale after the
 N=1 run): on a CPU it can exceed what the halved transfer saves. A fix predicted to lose is not
 advised; its line says why. Where the model has no term for a
@@ -30,7 +35,8 @@ from dpscale.lab.bench.script_phases import COMPUTE, lost_points
 from dpscale.lab.bench.script_scaling import ScalePoint, ScaleResult
 from dpscale.lab.predict.cluster import preset_cluster
 from dpscale.lab.predict.compression_cost import CompressionCost
-from dpscale.lab.predict.model import PredictConfig, predict
+from dpscale.lab.predict.degrade import INTERFERENCE
+from dpscale.lab.predict.model import PredictConfig, Prediction, predict
 from dpscale.lab.predict.profile import ModelProfile
 from dpscale.launch.engine_try import EngineTry, parse_try
 
@@ -64,8 +70,13 @@ def _contention(p: ScalePoint, base: ScalePoint, work: float) -> float:
     return max(1.0, fastest / one) if one > 0 else 1.0
 
 
-def predicted_gain(result: ScaleResult, p: ScalePoint, fix: EngineTry) -> float | None:
-    """Efficiency points `dpscale predict` expects `fix` to add at `p`'s world size (None: no profile)."""
+def predicted_gain(
+    result: ScaleResult, p: ScalePoint, fix: EngineTry, *, trial: bool = False
+) -> float | None:
+    """Efficiency points `dpscale predict` expects `fix` to add at `p`'s world size (None: no profile).
+
+    `trial`: for accumulation, what `--try` runs (the all-reduce of K - 1 of K steps dropped, the
+    same work per step) rather than real accumulation (a K times larger batch per rank)."""
     base = next((b for b in result.points if b.world_size == 1 and b.engine == p.engine), None)
     if result.profile is None or base is None or not (p.phases and base.phases):
         return None
@@ -74,8 +85,15 @@ def predicted_gain(result: ScaleResult, p: ScalePoint, fix: EngineTry) -> float 
     except (ConfigError, TypeError, KeyError):
         return None
     n, work = p.world_size, p.samples_per_step / p.world_size / base.samples_per_step
-    # the script leaves DDP's buckets at their default: a 1 MiB first bucket, then 25 MiB
-    plain = PredictConfig(world_sizes=[n], first_bucket_mb=1.0, contention=_contention(p, base, work))
+    # the script leaves DDP's buckets at their default: a 1 MiB first bucket, then 25 MiB. The shm
+    # transport reduces on the thread that runs backward (engine/reducer.py): nothing of it
+    # overlaps, so its reductions add to the step as if each waited for the end of backward
+    plain = PredictConfig(
+        world_sizes=[n],
+        first_bucket_mb=1.0,
+        contention=_contention(p, base, work),
+        overlap=p.transport != "shm",
+    )
     tried, tried_profile = plain, profile
     if fix.kind == "fp16":
         tried = replace(plain, compression=2.0, compression_cost=_cast_cost(result, p))
@@ -88,8 +106,18 @@ def predicted_gain(result: ScaleResult, p: ScalePoint, fix: EngineTry) -> float 
     per_host = n // (result.config.nnodes or 1)
     cluster = replace(preset_cluster(_cluster_name(p)), workers_per_node=max(1, per_host))
     before = predict(profile, cluster, plain)[0]
+    if fix.kind == "accumulation" and trial:
+        return 100 * (_trial_efficiency(before, int(fix.value or 1)) - before.efficiency)
     after = predict(tried_profile, cluster, tried)[0]
     return 100 * (after.efficiency - before.efficiency)
+
+
+def _trial_efficiency(before: Prediction, k: int) -> float:
+    """The accumulation trial: one step in k as predicted, k - 1 without their exposed reductions
+    and the slowdown reductions cause beside backward; the same samples in each step."""
+    quiet_ms = before.step_ms - before.exposed_comm_ms - before.losses_ms.get(INTERFERENCE, 0.0)
+    trial_ms = (before.step_ms + (k - 1) * quiet_ms) / k
+    return before.efficiency * before.step_ms / trial_ms
 
 
 def _cast_cost(result: ScaleResult, p: ScalePoint) -> CompressionCost | None:
@@ -105,7 +133,7 @@ def _comm_fix(result: ScaleResult, p: ScalePoint) -> str:
     gains.sort(key=lambda fg: -(fg[1] if fg[1] is not None else float("-inf")))  # the best first
     parts = [
         f"{fix.label} {f'predicted {gain:+.1f} points' if gain is not None else 'not predicted'} "
-        f"(--try {fix.flag})"
+        f"{_tried_by(result, p, fix)}"
         for fix, gain in gains
         if gain is None or gain >= 0
     ]
@@ -116,6 +144,15 @@ def _comm_fix(result: ScaleResult, p: ScalePoint) -> str:
         if gain is not None and gain < 0
     ]
     return "; ".join(filter(None, ["try " + "; ".join(parts) if parts else "", *worse]))
+
+
+def _tried_by(result: ScaleResult, p: ScalePoint, fix: EngineTry) -> str:
+    """How --try measures the fix: accumulation's trial shows only its communication part."""
+    if fix.kind != "accumulation":
+        return f"(--try {fix.flag})"
+    part = predicted_gain(result, p, fix, trial=True)
+    said = f"{part:+.1f}" if part is not None else "not predicted"
+    return f"(its communication part {said}: what --try {fix.flag} measures)"
 
 
 def _why_worse(fix: EngineTry) -> str:
@@ -203,7 +240,8 @@ def _compute_causes(result: ScaleResult, p: ScalePoint, lost: dict, ms: dict) ->
     if base is not None and each < base.samples_per_step:
         fix = parse_try("accumulation=2")
         gain = predicted_gain(result, p, fix)
-        said = f"predicted {gain:+.1f} points (--try {fix.flag})" if gain is not None else "not predicted"
+        said = f"predicted {gain:+.1f} points" if gain is not None else "not predicted"
+        said += f" {_tried_by(result, p, fix)}"
         return [
             Cause(
                 p,
@@ -294,8 +332,17 @@ def tries(result: ScaleResult) -> list[str]:
     lines = [f"--try at N={n}: efficiency without a fix {at_n.efficiency:.1%} (measured)"]
     for t in result.tries:
         fix = parse_try(t.note or "")
-        gain = predicted_gain(result, at_n, fix)
+        gain = predicted_gain(result, at_n, fix, trial=True)
         predicted = f"{at_n.efficiency + gain / 100:.1%} ({gain:+.1f} points)" if gain is not None else "-"
+        if fix.kind == "accumulation":
+            # what the trial runs; the advice's figure is real accumulation's, a larger batch per rank
+            real = predicted_gain(result, at_n, fix)
+            predicted += (
+                f" for the trial (one all-reduce per {fix.value:g} steps, the same work per step; "
+                f"real accumulation {real:+.1f} points)"
+                if real is not None
+                else ""
+            )
         measured = (
             f"{t.efficiency:.1%} ({100 * (t.efficiency - at_n.efficiency):+.1f} points)"
             if t.efficiency is not None
