@@ -2,7 +2,7 @@
 
     python benchmarks/engine_ab.py [--models mlp] [--rounds 20] [--steps 5] [--json out.json]
     python benchmarks/engine_ab.py --base REF [--transport gloo|shm] [--models mlp,transformer] ...
-                                  [--no-noise-scale]
+                                  [--no-noise-scale] [--workers N] [--per-process]
 
 With `--base REF` the variants are `torch` (torch DDP), `base` (dpscale's engine as it is at git
 REF, loaded from `git archive REF src/dpscale` as a package of its own) and `head` (the engine in
@@ -12,6 +12,11 @@ gradient-noise-scale measurement off in base and head (`set_noise_scale_observer
 Trainer's --no-noise-scale does): the engines then do the work torch's does, nothing more.
 A step is bench/scaling_rank.timed_step (zero_grad
 + forward + mean loss + backward + SGD step) on a fixed batch, as in `dpscale bench engine`.
+
+`--per-process` starts each variant in ranks of its own, afresh every round (variants rotating):
+in one process the variants share the allocator and the caches, so one's freed blocks are the
+next one's, which can hide what a model's own memory reuse costs (benchmarks/engine_fresh_ab.py
+starts each in a fresh interpreter instead, as torchrun starts workers).
 
 Without `--base`, the variants of the 2026-12-01 per-parameter question:
 
@@ -191,6 +196,67 @@ def _rank_base(
     }
 
 
+def _rank_alone(
+    rank: int,
+    world: int,
+    variant: str,
+    name: str,
+    steps: int,
+    base_dir: str,
+    transport: str,
+    noise_scale: bool,
+) -> dict:
+    """One variant in a process of its own (--per-process): its allocator and caches hold only its
+    own model, as in a training job; in a process shared by the variants one's freed memory is
+    the next one's."""
+    sys.path.insert(0, base_dir)
+    torch.set_num_threads(1)
+    work = load_recipe(name)
+    x, y = work.make_batch(PER_WORKER_BATCH, torch.Generator().manual_seed(100 + rank))
+    torch.manual_seed(0)
+    model = _wrap_base(variant, work.build_model(), transport, noise_scale)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    for _ in range(max(2, steps // 5)):  # warm-up
+        timed_step(model, opt, work.loss, x, y, PER_WORKER_BATCH)
+    cpu = time.process_time()
+    wall = [timed_step(model, opt, work.loss, x, y, PER_WORKER_BATCH) for _ in range(steps)]
+    cpu_ms = (time.process_time() - cpu) * 1e3 / steps
+    if variant != "torch":
+        model.close()
+    return {"batch": PER_WORKER_BATCH, "wall": statistics.median(wall), "cpu": cpu_ms}
+
+
+def run_per_process(
+    name: str, rounds: int, steps: int, workers: int, base: str, transport: str, noise_scale: bool
+) -> EngineAB:
+    """--per-process: each round starts every variant in fresh ranks, in a rotating order; a
+    round's figure is the median step of its slower rank."""
+    per_round: dict[str, list[float]] = {v: [] for v in BASE_VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in BASE_VARIANTS}
+    with tempfile.TemporaryDirectory(prefix="engine-ab-") as tmp:
+        extract_base(base, Path(tmp))
+        for k in range(rounds):
+            order = BASE_VARIANTS[k % 3 :] + BASE_VARIANTS[: k % 3]
+            for v in order:
+                args = (v, name, steps, tmp, transport, noise_scale)
+                ranks = run_ranks(_rank_alone, workers, *args, timeout_s=3600)
+                per_round[v].append(max(r["wall"] for r in ranks))
+                cpu[v].append(statistics.mean(r["cpu"] for r in ranks))
+    figures = []
+    for v in BASE_VARIANTS:
+        ratios = [a / t for a, t in zip(per_round[v], per_round["torch"], strict=True)]
+        figures.append(VariantFigure(v, statistics.median(per_round[v]), *median_p10_p90(ratios)))
+    change = median_p10_p90([h / b for h, b in zip(per_round["head"], per_round["base"], strict=True)])
+    cpu_ms = {
+        v: [
+            statistics.median(cpu[v]),
+            *median_p10_p90([a / t for a, t in zip(cpu[v], cpu["torch"], strict=True)]),
+        ]
+        for v in BASE_VARIANTS
+    }
+    return EngineAB(name, workers, PER_WORKER_BATCH, rounds, steps, figures, change, cpu_ms)
+
+
 def run(
     name: str,
     rounds: int,
@@ -244,6 +310,14 @@ def main() -> None:
     parser.add_argument(
         "--no-noise-scale", action="store_true", help="with --base: dpscale measures no gradient noise scale"
     )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="ranks (1: each engine's cost with nothing to wait for)"
+    )
+    parser.add_argument(
+        "--per-process",
+        action="store_true",
+        help="with --base: every variant in ranks of its own, fresh each round (--steps a round)",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     names = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -255,10 +329,17 @@ def main() -> None:
         parser.error("--transport needs --base")
     if args.no_noise_scale and args.base is None:
         parser.error("--no-noise-scale needs --base")
+    if args.per_process and args.base is None:
+        parser.error("--per-process needs --base")
+    if not 1 <= args.workers <= 8:
+        parser.error(f"--workers must be from 1 to 8, got {args.workers}")
     results = []
     for name in names:
         options = {"base": args.base, "transport": args.transport, "noise_scale": not args.no_noise_scale}
-        result = run(name, args.rounds, args.steps, **options)
+        if args.per_process:
+            result = run_per_process(name, args.rounds, args.steps, args.workers, **options)  # type: ignore[arg-type]
+        else:
+            result = run(name, args.rounds, args.steps, args.workers, **options)
         results.append(result)
         print(
             f"{name}: {result.workers} workers x {result.per_worker_batch} samples, {args.transport}, "

@@ -124,17 +124,10 @@ def test_a_pool_gradient_set_to_none_after_forward_contributes_zeros():
     assert model.a.grad is None and model.b.grad is None
 
 
-@pytest.mark.parametrize("keep_on_cpu", [True, False])
-def test_a_fresh_gradient_is_freed_once_copied_into_its_bucket_view_where_the_allocator_caches(
-    keep_on_cpu, monkeypatch
-):
+def test_a_fresh_gradient_is_freed_once_copied_into_its_bucket_view():
     # zero_grad(set_to_none=True), then backward: autograd makes a gradient of its own for each
-    # large tensor, copied into the bucket. Kept to the next step (the CPU: see release_spent), all
-    # of them would sit beside the buckets at the peak, double the gradient memory on a GPU
-    from dpscale.engine import reducer
-
-    if not keep_on_cpu:  # the CPU standing in for a GPU, whose caching allocator frees for free
-        monkeypatch.setattr(reducer, "KEEP_SPENT_ON", frozenset())
+    # large tensor, copied into the bucket and freed at once, as torch's reducer does (kept, they
+    # would sit beside the buckets at the peak, and backward's next gradients would miss the cache)
     model = nn.Linear(128, 128, bias=False)
     fresh = []
     model.weight.register_post_accumulate_grad_hook(lambda p: fresh.append(weakref.ref(p.grad)))
@@ -146,5 +139,4 @@ def test_a_fresh_gradient_is_freed_once_copied_into_its_bucket_view_where_the_al
         ddp(torch.randn(4, 128)).sum().backward()
     view = model.weight.grad
     assert view.data_ptr() == ddp.reducer.buckets[0].buffer.data_ptr()  # .grad is the bucket view
-    assert fresh[-1]() is not view
-    assert (fresh[-1]() is not None) == keep_on_cpu
+    assert fresh[-1]() is None and fresh[0]() is None

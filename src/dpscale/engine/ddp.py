@@ -242,7 +242,6 @@ class DistributedDataParallel(_TorchDDP):
             inputs, kwargs = move_to(inputs, self._input_device), move_to(kwargs, self._input_device)
         if sync_grads and self._autotuner is not None and not self._autotuner.done:
             self._autotune_step()
-        self.reducer.release_spent()  # before forward allocates, as a plain model's would be
         # the engine's clock (events on a GPU: host time would measure the launch), and the host's
         # wall clock for where the forward began (torch's forward_compute_time_start)
         clock, t0_epoch_ns = self.reducer.clock, time.time_ns()

@@ -58,10 +58,6 @@ from dpscale.engine.stats import BucketTiming, StepStats, StepWindow
 # (see Reducer._preset_grads): around here per-tensor Python work costs about what copying the
 # tensor does (~5 us against 32 KiB at a few GB/s)
 SMALL_TENSOR_NUMEL = 8192
-# devices whose spent gradients are kept to the next step (see release_spent): the CPU's allocator
-# hands freed pages back to the OS. A GPU's caching allocator reuses a freed block at once, and
-# keeping every autograd gradient beside its bucket view would double gradient memory at the peak.
-KEEP_SPENT_ON = frozenset({"cpu"})
 
 
 class UnusedParametersError(RuntimeError):
@@ -152,7 +148,6 @@ class Reducer:
         self._next_bucket = 0
         self._in_flight: list[Bucket] = []  # launched and not yet seen complete
         self._callback_queued = False
-        self._spent: list[torch.Tensor] = []
         self._t_forward_end: object = None
         self.last_stats: StepStats | None = None
         self._step = 0
@@ -233,7 +228,6 @@ class Reducer:
         `outputs` is accepted for code written against torch's reducer (Lightning's manual
         optimization, Accelerate's trigger_sync_in_backward call it); unused parameters are found
         after backward here, so it is not needed."""
-        self.release_spent()
         self._deliver_ready()  # what the device finished since: the last steps' stats
         self._expecting = True
         self._ready = [False] * len(self.params)
@@ -313,14 +307,6 @@ class Reducer:
             b.pool = GradPool(b.buffer, b.offsets, b.views)
             return b.pool
         return b.pool.zeroed(missing)
-
-    def release_spent(self) -> None:
-        # Autograd's own gradient tensors, already copied into the buckets, are freed here, at the
-        # start of the next step, rather than one by one in the middle of backward: freeing large
-        # blocks while backward still allocates lets the C allocator hand pages back to the OS and
-        # fault them in again (measured: ~10,000 page faults and several ms per transformer step).
-        # Freed here, they are reused like the gradients of a model without DDP.
-        self._spent.clear()
 
     def _rebuild_buckets(self) -> bool:
         """torch's reducer re-orders buckets once; callers only need to know none was rebuilt."""
@@ -407,9 +393,10 @@ class Reducer:
             if as_view or (self._expecting and large):
                 self._copy_in(grad, view, divide)
             if as_view:
+                # autograd's own tensor is freed here, as torch's reducer frees it (kept to the
+                # next step, as before 2026-12-03, they sat beside the buckets at the peak and
+                # saved no time one model per process: BENCHMARKS.md, "Spent gradients")
                 param.grad = view
-                if grad.device.type in KEEP_SPENT_ON:
-                    self._spent.append(grad)
                 if not self._expecting:
                     self._viewed_unsynced.add(i)
         elif divide:
