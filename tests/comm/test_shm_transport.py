@@ -98,6 +98,10 @@ def other_collectives(rank, world):
     b = x.clone()
     t.broadcast(b, src=world - 1)
     out["broadcast"] = b
+    # a tensor of the caller's, not contiguous: staged in logical order, copied back in place
+    m = (torch.arange(12, dtype=torch.float32).view(3, 4) + 100 * rank).t()
+    t.broadcast(m, src=world - 1)
+    out["broadcast_transposed"] = m
     g = torch.empty(world * n)
     t.all_gather(g, x)
     out["all_gather"] = g
@@ -116,6 +120,8 @@ def test_broadcast_all_gather_reduce_scatter(world):
     total = sum(base + 10 * r for r in range(world))
     for rank, out in enumerate(run_ranks(other_collectives, world)):
         torch.testing.assert_close(out["broadcast"], base + 10 * (world - 1))
+        expected = (torch.arange(12, dtype=torch.float32).view(3, 4) + 100 * (world - 1)).t()
+        torch.testing.assert_close(out["broadcast_transposed"], expected)
         torch.testing.assert_close(out["all_gather"], torch.cat([base + 10 * r for r in range(world)]))
         lo, hi = chunk_bounds(n, world, rank)
         torch.testing.assert_close(out["reduce_scatter"], total[lo:hi])

@@ -338,8 +338,8 @@ class SharedMemoryTransport:
         if self.rank != src:
             views[self.rank].copy_(views[src])
         self._wait_all(self._arrive(), "broadcast: copied")
-        if staged:
-            tensor.view(-1).copy_(views[self.rank])
+        if staged:  # staged in logical order, so back through the tensor's own shape and strides
+            tensor.copy_(views[self.rank].view(tensor.shape))
 
     def all_gather(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
         region, _ = self._region_for(tensor)
