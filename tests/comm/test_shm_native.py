@@ -7,6 +7,7 @@ in the same all-reduce. Tests that need the helper built are `slow`: the first b
 compiler, a process the fast tier does not allow.
 """
 
+import ctypes
 import mmap
 import os
 import stat
@@ -22,11 +23,17 @@ OFFSET = 4096  # as the transport: the control line's page first
 CAPACITY = 8192
 
 
-@pytest.fixture
-def helper() -> shm_native.Helper:
+@pytest.fixture(params=["module", "ctypes"])
+def helper(request) -> shm_native.Helper:
+    """The helper as library() loads it here (an extension module where the interpreter's headers
+    are installed), and as the plain library called through ctypes (where they are not)."""
     built = shm_native.library()
     if built is None:
         pytest.skip("no C compiler: the helper cannot be built")
+    if request.param == "ctypes":
+        return shm_native.Helper(ctypes.PyDLL(str(shm_native._built(as_module=False))))
+    if not built.module:
+        pytest.skip("no Python.h: the helper is not built as a module here")
     return built
 
 
@@ -139,6 +146,19 @@ def test_the_build_is_cached_per_user_and_reused(fresh_build):
     assert shm_native.library() is not None
     assert built.stat().st_mtime_ns == first  # loaded, not rebuilt
     assert [p.name for p in fresh_build.iterdir()] == [built.name]  # no temp file left
+
+
+@pytest.mark.slow  # starts the compiler
+def test_without_the_interpreters_headers_the_helper_is_called_through_ctypes(fresh_build, monkeypatch):
+    first = shm_native.library()
+    assert first is not None
+    if not first.module:
+        pytest.skip("no Python.h here: the helper is called through ctypes already")
+    shm_native.library.cache_clear()
+    monkeypatch.setattr(shm_native.sysconfig, "get_paths", lambda: {"include": str(fresh_build / "none")})
+    second = shm_native.library()
+    assert second is not None and not second.module
+    assert len(list(fresh_build.glob("shm_small-*.so"))) == 2  # each build cached under its own name
 
 
 def test_no_compiler_means_the_python_path(fresh_build, monkeypatch):

@@ -4,6 +4,10 @@ The one-round path's work is a few microseconds of copying, one store and a sum;
 takes ~20 interpreter calls that cost more than the bytes (docs/architecture.md, "Why a C helper
 for small all-reduces"). shm_small.c does it in one foreign call through ctypes.
 
+It is built as a CPython extension module where this interpreter's headers are installed (its two
+calls then cost ~20 ns each, against ~90 through ctypes: a tenth of a 4 B all-reduce), else as a
+plain shared library called through ctypes.
+
 The C file ships in the package and is compiled at first use with the system C compiler (`$CC`,
 else `cc`) into `$XDG_CACHE_HOME/dpscale` (default `~/.cache/dpscale`), a file named by the hash
 of the source, compiler and flags, so an upgrade or another compiler builds afresh and ranks that
@@ -18,14 +22,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.machinery
+import importlib.util
 import os
 import platform
 import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 from dpscale.log import get_logger
 
@@ -36,6 +44,7 @@ _SOURCE = Path(__file__).with_name("shm_small.c")
 _FLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
 _BUILD_TIMEOUT_S = 120
 ENV_SWITCH = "DPSCALE_SHM_NATIVE"  # "0": never build or load the helper
+_MODULE = "_dps_shm_small"  # its PyInit_ function's name in shm_small.c
 
 log = get_logger(__name__)
 
@@ -61,20 +70,28 @@ class Plan(ctypes.Structure):
 
 
 class Helper:
-    """The loaded helper's two calls: `all_reduce(byref(plan))` -> 0 (done) or 1 (wait, then
-    `sum(byref(plan), slot)`). Their arguments are left undeclared (no `argtypes`): ctypes then
-    passes a `byref` and a small int as they are, where declared types cost ~0.2 us a call in
-    conversions, most of the helper's own time (callers pass nothing else). Loaded as a `PyDLL`: its
-    calls keep the GIL, which a plain `CDLL` releases and takes back around each call (~0.03 us,
-    and a wait for any other thread that took it meanwhile); the longest they hold it is the
-    helper's spin for its peers, a few us, and the Python wait that follows sleeps without it."""
+    """The loaded helper's two calls: `all_reduce(plan_arg(plan))` -> 0 (done) or 1 (wait, then
+    `sum(plan_arg(plan), slot)`). Through ctypes their arguments are left undeclared (no
+    `argtypes`): ctypes then passes a `byref` and a small int as they are, where declared types
+    cost ~0.2 us a call in conversions. Loaded as a `PyDLL`, or as a module: its calls keep the
+    GIL, which a plain `CDLL` releases and takes back around each call (~0.03 us, and a wait for
+    any other thread that took it meanwhile); the longest they hold it is the helper's spin for
+    its peers, a few us, and the Python wait that follows sleeps without it."""
 
-    def __init__(self, lib: ctypes.CDLL):
+    def __init__(self, lib: ctypes.CDLL | ModuleType):
         self.lib = lib  # kept: the functions below live in it
-        self.all_reduce = lib.dps_small_all_reduce
-        self.all_reduce.restype = ctypes.c_int
-        self.sum = lib.dps_small_sum
-        self.sum.restype = None
+        self.module = isinstance(lib, ModuleType)
+        if isinstance(lib, ModuleType):
+            self.all_reduce, self.sum = lib.all_reduce, lib.sum
+        else:
+            self.all_reduce = lib.dps_small_all_reduce
+            self.all_reduce.restype = ctypes.c_int
+            self.sum = lib.dps_small_sum
+            self.sum.restype = None
+
+    def plan_arg(self, plan: ctypes.Structure) -> object:
+        """How the calls take `plan`: its address (the module), or a ctypes reference."""
+        return ctypes.addressof(plan) if self.module else ctypes.byref(plan)
 
 
 @functools.cache
@@ -85,10 +102,32 @@ def library() -> Helper | None:
     if sys.platform != "linux" or platform.machine() != "x86_64":
         return None  # the shm transport runs only there (select.shm_is_safe)
     try:
-        return Helper(ctypes.PyDLL(str(_built())))
+        return Helper(_load_module(_built(as_module=True)))
+    except (OSError, subprocess.SubprocessError, ImportError) as e:
+        log.info("shm: C helper as an extension module unavailable (%s); trying ctypes", e)
+    try:
+        return Helper(ctypes.PyDLL(str(_built(as_module=False))))
     except (OSError, subprocess.SubprocessError) as e:
         log.info("shm: C helper unavailable (%s); small all-reduces run in Python", e)
         return None
+
+
+def _load_module(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(path))
+    spec = importlib.util.spec_from_loader(_MODULE, loader)
+    if spec is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _module_flags() -> tuple[str, ...]:
+    include = sysconfig.get_paths()["include"]
+    if not os.path.isfile(os.path.join(include, "Python.h")):
+        raise OSError(f"no Python.h in {include} (the interpreter's headers are not installed)")
+    # the interpreter's ABI is in the cache name too: another Python builds its own
+    return ("-DDPS_PYTHON_MODULE", f"-I{include}", f"-DDPS_ABI={sys.implementation.cache_tag}")
 
 
 def _compiler() -> str:
@@ -110,10 +149,11 @@ def _cache_dir() -> Path:
     return folder
 
 
-def _built() -> Path:
+def _built(*, as_module: bool) -> Path:
     cc = _compiler()
     source = _SOURCE.read_bytes()
-    tag = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(_FLAGS).encode()])).hexdigest()[:16]
+    flags = (*_FLAGS, *_module_flags()) if as_module else _FLAGS
+    tag = hashlib.sha256(b"\0".join([source, cc.encode(), " ".join(flags).encode()])).hexdigest()[:16]
     folder = _cache_dir()
     lib = folder / f"shm_small-{tag}.so"
     if lib.exists():
@@ -122,7 +162,7 @@ def _built() -> Path:
     os.close(fd)
     try:
         subprocess.run(
-            [cc, *_FLAGS, "-o", tmp, str(_SOURCE)],
+            [cc, *flags, "-o", tmp, str(_SOURCE)],
             check=True,
             capture_output=True,
             timeout=_BUILD_TIMEOUT_S,

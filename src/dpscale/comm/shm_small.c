@@ -13,6 +13,10 @@
  * Built without -ffast-math and with -ffp-contract=off: every addition is one IEEE addition of
  * the same two numbers as numpy's, so the bits equal the Python path's.
  */
+#ifdef DPS_PYTHON_MODULE /* built as an extension module: Python.h comes before any other header */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#endif
 #include <limits.h>
 #include <stdint.h>
 #include <string.h>
@@ -140,3 +144,46 @@ int dps_small_all_reduce(const struct dps_small_plan *p) {
     dps_small_sum(p, (int)(seq & 1));
     return 0;
 }
+
+#ifdef DPS_PYTHON_MODULE
+/* The same two calls as functions of a CPython extension module, the plan passed by its address
+ * (an int): a METH_O call costs ~20 ns where a ctypes call costs ~90, at 4 B about a tenth of the
+ * whole all-reduce. The GIL stays held, as under ctypes.PyDLL. */
+static PyObject *py_all_reduce(PyObject *self, PyObject *address) {
+    const struct dps_small_plan *p = PyLong_AsVoidPtr(address);
+    if (p == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "null plan");
+        }
+        return NULL;
+    }
+    return PyLong_FromLong(dps_small_all_reduce(p));
+}
+
+static PyObject *py_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sum(plan_address, slot)");
+        return NULL;
+    }
+    const struct dps_small_plan *p = PyLong_AsVoidPtr(args[0]);
+    long slot = PyLong_AsLong(args[1]);
+    if (p == NULL || (slot != 0 && slot != 1)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "sum: a plan and a slot of 0 or 1");
+        }
+        return NULL;
+    }
+    dps_small_sum(p, (int)slot);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef dps_methods[] = {
+    {"all_reduce", py_all_reduce, METH_O, "dps_small_all_reduce(plan): 0 when done, else 1"},
+    {"sum", (PyCFunction)(void (*)(void))py_sum, METH_FASTCALL, "dps_small_sum(plan, slot)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef dps_module = {PyModuleDef_HEAD_INIT, "_dps_shm_small", NULL, -1, dps_methods};
+
+PyMODINIT_FUNC PyInit__dps_shm_small(void) { return PyModule_Create(&dps_module); }
+#endif

@@ -183,7 +183,7 @@ class _NativeCall:
 
     def __init__(self, native: NativeCalls, refs: _PlanRefs):
         self.refs = refs
-        self.plan = ctypes.byref(refs.plan)
+        self.plan = native.helper.plan_arg(refs.plan)
         self.all_reduce = native.helper.all_reduce
         self.sum = native.helper.sum
 
