@@ -104,7 +104,8 @@ def library() -> Helper | None:
     try:
         return Helper(_load_module(_built(as_module=True)))
     except (OSError, subprocess.SubprocessError, ImportError) as e:
-        log.info("shm: C helper as an extension module unavailable (%s); trying ctypes", e)
+        # not worth a line in every rank's output: the ctypes build below does the same work
+        log.debug("shm: C helper as an extension module unavailable (%s); trying ctypes", e)
     try:
         return Helper(ctypes.PyDLL(str(_built(as_module=False))))
     except (OSError, subprocess.SubprocessError) as e:
