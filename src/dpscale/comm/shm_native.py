@@ -2,7 +2,7 @@
 
 The one-round path's work is a few microseconds of copying, one store and a sum; in Python it
 takes ~20 interpreter calls that cost more than the bytes (docs/architecture.md, "Why a C helper
-for small all-reduces"). shm_small.c does it in one foreign call through ctypes.
+for small all-reduces"). shm_small.c does it in one foreign call.
 
 It is built as a CPython extension module where this interpreter's headers are installed (its two
 calls then cost ~20 ns each, against ~90 through ctypes: a tenth of a 4 B all-reduce), else as a
