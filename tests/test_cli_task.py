@@ -124,6 +124,7 @@ def test_trainer_api_under_torchrun(tmp_path):
     """)
     )
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    torchrun += ["--log-dir", str(tmp_path / "torchrun")]  # else a folder in /tmp, never removed
     p = run(torchrun + [str(script)], cwd=tmp_path)
     # torch's own interpreter teardown can abort a finished script of the user's (a gloo thread
     # that torch._dynamo keeps alive after destroy_process_group: docs/fault-tolerance.md); dpscale's
@@ -136,8 +137,9 @@ def test_trainer_api_under_torchrun(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_worker_takes_a_task_under_plain_torchrun():
+def test_the_worker_takes_a_task_under_plain_torchrun(tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    torchrun += ["--log-dir", str(tmp_path)]  # else a folder in /tmp, never removed
     p = run(
         torchrun
         + [

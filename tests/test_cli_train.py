@@ -66,8 +66,9 @@ def test_digits_with_two_workers_reaches_95_percent(tmp_path):
     assert "test accuracy" in p.stderr  # the summary table
 
 
-def test_ddp_style_example_under_torchrun():
-    p = run(TORCHRUN + ["--nproc-per-node", "2", "examples/train_ddp_style.py"])
+def test_ddp_style_example_under_torchrun(tmp_path):
+    # --log-dir: torchrun's own log folder, in /tmp and never removed otherwise
+    p = run(TORCHRUN + ["--log-dir", str(tmp_path), "--nproc-per-node", "2", "examples/train_ddp_style.py"])
     assert p.returncode == 0, p.stderr
     acc = float(p.stdout.strip().splitlines()[-1].split()[-1].rstrip("%"))
     assert acc >= 95.0

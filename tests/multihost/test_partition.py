@@ -127,6 +127,7 @@ def test_a_short_outage_costs_a_slow_step_and_nothing_else(hosts, tmp_path):
     flags += ["--progress", "plain", "--json", "--collective-timeout-s", "60"]
     reference = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + ["--log-dir", str(tmp_path / "torchrun")]  # else a folder in /tmp, never removed
         + ["-m", "dpscale.launch.worker", *flags],
         capture_output=True,
         text=True,

@@ -100,7 +100,7 @@ def host_logs(request, tmp_path) -> Path:
     return Path(base) / name if base else tmp_path / "hosts"
 
 
-def _one_host(extra: list[str]) -> dict:
+def _one_host(extra: list[str], log_dir: Path) -> dict:
     one_host = subprocess.run(
         [
             sys.executable,
@@ -109,6 +109,8 @@ def _one_host(extra: list[str]) -> dict:
             "--standalone",
             "--nproc-per-node",
             "2",
+            "--log-dir",  # torchrun's own log folder, else in /tmp and never removed
+            str(log_dir),
             *WORKER,
             *extra,
         ],
@@ -136,7 +138,7 @@ def _two_hosts(
         "--rdzv-id",
         f"test-{uuid.uuid4().hex[:8]}",
     ]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *rdzv]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--log-dir", str(logs / "torchrun")]
     # host 0 holds the store: the host name does not resolve to the link's address in a namespace,
     # so torchrun's own guess would say no
     torchrun += extra_torchrun
@@ -168,9 +170,9 @@ KEYS = ("steps", "samples_seen", "final_loss", "test_accuracy", "param_sha256")
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict:
+def reference(tmp_path_factory) -> dict:
     """The one-host run without extra flags: two tests compare with it, and it is the same run."""
-    return _one_host([])
+    return _one_host([], tmp_path_factory.mktemp("torchrun"))
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +180,7 @@ def checkpointed_reference(tmp_path_factory) -> dict:
     """The one-host run saving a checkpoint every step, what a recovered run must equal (once
     per module: the repeated kill-and-recover tries compare with the same run)."""
     where = tmp_path_factory.mktemp("one-host")
-    return _one_host(["--checkpoint-dir", str(where / "ck"), "--checkpoint-every", "1"])
+    return _one_host(["--checkpoint-dir", str(where / "ck"), "--checkpoint-every", "1"], where / "torchrun")
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
