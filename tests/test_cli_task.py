@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dpscale.cli.main import main
+from support.torchrun import torchrun
 
 TASKS = Path(__file__).resolve().parent / "train"  # user_tasks.py lives there
 DPSCALE = [sys.executable, "-m", "dpscale.cli.main"]
@@ -123,9 +124,8 @@ def test_trainer_api_under_torchrun(tmp_path):
         dist.destroy_process_group()
     """)
     )
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    torchrun += ["--log-dir", str(tmp_path / "torchrun")]  # else a folder in /tmp, never removed
-    p = run(torchrun + [str(script)], cwd=tmp_path)
+    command = torchrun(tmp_path / "torchrun", "--standalone", "--nproc-per-node", "2", str(script))
+    p = run(command, cwd=tmp_path)
     # torch's own interpreter teardown can abort a finished script of the user's (a gloo thread
     # that torch._dynamo keeps alive after destroy_process_group: docs/fault-tolerance.md); dpscale's
     # workers leave through exit_now, a user's script does not. Seen once in ~5 fresh-clone runs of
@@ -138,10 +138,8 @@ def test_trainer_api_under_torchrun(tmp_path):
 
 @pytest.mark.slow
 def test_the_worker_takes_a_task_under_plain_torchrun(tmp_path):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    torchrun += ["--log-dir", str(tmp_path)]  # else a folder in /tmp, never removed
     p = run(
-        torchrun
+        torchrun(tmp_path, "--standalone", "--nproc-per-node", "2")
         + [
             "-m",
             "dpscale.launch.worker",

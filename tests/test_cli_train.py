@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from support.torchrun import torchrun
+
 pytestmark = pytest.mark.slow  # starts processes (spawned ranks or the CLI)
 
 ROOT = Path(__file__).resolve().parents[1]
 DPSCALE = [sys.executable, "-m", "dpscale.cli.main"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
 
 def run(args, **kw):
@@ -67,8 +68,7 @@ def test_digits_with_two_workers_reaches_95_percent(tmp_path):
 
 
 def test_ddp_style_example_under_torchrun(tmp_path):
-    # --log-dir: torchrun's own log folder, in /tmp and never removed otherwise
-    p = run(TORCHRUN + ["--log-dir", str(tmp_path), "--nproc-per-node", "2", "examples/train_ddp_style.py"])
+    p = run(torchrun(tmp_path, "--standalone", "--nproc-per-node", "2", "examples/train_ddp_style.py"))
     assert p.returncode == 0, p.stderr
     acc = float(p.stdout.strip().splitlines()[-1].split()[-1].rstrip("%"))
     assert acc >= 95.0

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from support.timing import process_baseline_s
+from support.torchrun import torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -126,8 +127,7 @@ def test_a_short_outage_costs_a_slow_step_and_nothing_else(hosts, tmp_path):
     flags = ["--workload", "digits", "--global-batch", "32", "--max-steps", "200", "--log-every", "20"]
     flags += ["--progress", "plain", "--json", "--collective-timeout-s", "60"]
     reference = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + ["--log-dir", str(tmp_path / "torchrun")]  # else a folder in /tmp, never removed
+        torchrun(tmp_path / "torchrun", "--standalone", "--nproc-per-node", "2")
         + ["-m", "dpscale.launch.worker", *flags],
         capture_output=True,
         text=True,

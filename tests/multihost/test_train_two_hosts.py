@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from support.torchrun import torchrun
+
 pytestmark = pytest.mark.slow
 
 WORKER = ["-m", "dpscale.launch.worker", "--workload", "digits", "--global-batch", "32", "--max-steps", "4"]
@@ -102,18 +104,7 @@ def host_logs(request, tmp_path) -> Path:
 
 def _one_host(extra: list[str], log_dir: Path) -> dict:
     one_host = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--log-dir",  # torchrun's own log folder, else in /tmp and never removed
-            str(log_dir),
-            *WORKER,
-            *extra,
-        ],
+        torchrun(log_dir, "--standalone", "--nproc-per-node", "2", *WORKER, *extra),
         capture_output=True,
         text=True,
         timeout=HOSTS_WAIT_S,
@@ -138,16 +129,15 @@ def _two_hosts(
         "--rdzv-id",
         f"test-{uuid.uuid4().hex[:8]}",
     ]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", *rdzv, "--log-dir", str(logs / "torchrun")]
+    command = torchrun(logs / "torchrun", *rdzv, *extra_torchrun)
     # host 0 holds the store: the host name does not resolve to the link's address in a namespace,
     # so torchrun's own guess would say no
-    torchrun += extra_torchrun
     first = hosts.start(
-        0, [*torchrun, "--rdzv-conf", "is_host=1", "--local-addr", hosts.addrs[0], *WORKER, *extra_worker]
+        0, [*command, "--rdzv-conf", "is_host=1", "--local-addr", hosts.addrs[0], *WORKER, *extra_worker]
     )
     second = hosts.start(
         1,
-        [*torchrun, "--rdzv-conf", "is_host=0", "--local-addr", hosts.addrs[1], *WORKER, *extra_worker],
+        [*command, "--rdzv-conf", "is_host=0", "--local-addr", hosts.addrs[1], *WORKER, *extra_worker],
         env=hosts.env(1, **(env1 or {})),
     )
     outputs = _wait([first, second], HOSTS_WAIT_S)
