@@ -156,6 +156,19 @@ def _wrap_base(variant: str, module: nn.Module, transport: str, noise_scale: boo
     return ddp
 
 
+def built_variant(variant: str, work, transport: str, noise_scale: bool) -> tuple[nn.Module, torch.optim.SGD]:
+    """`variant` of the recipe's model, seeded alike for every variant (the same initial weights),
+    and its optimizer."""
+    torch.manual_seed(0)
+    model = _wrap_base(variant, work.build_model(), transport, noise_scale)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+
+
+def rank_batch(work, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed batch every variant of rank `rank` trains on."""
+    return work.make_batch(PER_WORKER_BATCH, torch.Generator().manual_seed(100 + rank))
+
+
 def _rank_base(
     rank: int,
     world: int,
@@ -170,12 +183,10 @@ def _rank_base(
     torch.set_num_threads(1)
     work = load_recipe(name)
     batch = PER_WORKER_BATCH
-    x, y = work.make_batch(batch, torch.Generator().manual_seed(100 + rank))
+    x, y = rank_batch(work, rank)
     models, opts = {}, {}
     for v in BASE_VARIANTS:
-        torch.manual_seed(0)  # same initial weights for every variant
-        models[v] = _wrap_base(v, work.build_model(), transport, noise_scale)
-        opts[v] = torch.optim.SGD(models[v].parameters(), lr=1e-4, momentum=0.9)
+        models[v], opts[v] = built_variant(v, work, transport, noise_scale)
 
     def step(v: str) -> tuple[float, float]:
         # wall time, and the CPU time of the whole rank (backward's thread and gloo's): on a host
@@ -212,10 +223,8 @@ def _rank_alone(
     sys.path.insert(0, base_dir)
     torch.set_num_threads(1)
     work = load_recipe(name)
-    x, y = work.make_batch(PER_WORKER_BATCH, torch.Generator().manual_seed(100 + rank))
-    torch.manual_seed(0)
-    model = _wrap_base(variant, work.build_model(), transport, noise_scale)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+    x, y = rank_batch(work, rank)
+    model, opt = built_variant(variant, work, transport, noise_scale)
     for _ in range(max(2, steps // 5)):  # warm-up
         timed_step(model, opt, work.loss, x, y, PER_WORKER_BATCH)
     cpu = time.process_time()

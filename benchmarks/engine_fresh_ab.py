@@ -36,7 +36,7 @@ def child(variant: str, model: str, steps: int, base_dir: str) -> None:
 
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, base_dir)
-    from engine_ab import PER_WORKER_BATCH, _wrap_base
+    from engine_ab import PER_WORKER_BATCH, built_variant, rank_batch
 
     from dpscale.lab.bench.scaling_rank import timed_step
     from dpscale.lab.recipe import load_recipe
@@ -44,10 +44,8 @@ def child(variant: str, model: str, steps: int, base_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     work = load_recipe(model)
-    x, y = work.make_batch(PER_WORKER_BATCH, torch.Generator().manual_seed(100))
-    torch.manual_seed(0)
-    ddp = _wrap_base(variant, work.build_model(), "gloo", True)
-    opt = torch.optim.SGD(ddp.parameters(), lr=1e-4, momentum=0.9)
+    x, y = rank_batch(work, 0)
+    ddp, opt = built_variant(variant, work, "gloo", True)
     for _ in range(max(3, steps // 5)):
         timed_step(ddp, opt, work.loss, x, y, PER_WORKER_BATCH)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
