@@ -10,6 +10,7 @@ count the calls instead: each is a sync the same code makes on a device. Calls i
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+import dpscale
+
+# dpscale's own frames: their files' paths start so (as the package was imported, like co_filename)
+_PACKAGE = os.path.dirname(dpscale.__file__) + os.sep
 _READS = ("item", "tolist", "__float__", "__bool__", "__int__", "new_tensor")
 
 
@@ -43,8 +48,8 @@ def _site() -> str | None:
         name = frame.f_code.co_filename
         if "torch/optim/" in name and first is None:
             return None
-        if "/dpscale/" in name:
-            return f"{name.rsplit('/dpscale/', 1)[1]}:{frame.f_lineno}"
+        if name.startswith(_PACKAGE):  # not "/dpscale/" in name: a checkout may be named dpscale
+            return f"{name[len(_PACKAGE) :]}:{frame.f_lineno}"
         first = first or name
         frame = frame.f_back
     return first
