@@ -3,7 +3,7 @@
     python benchmarks/peers/allreduce_peers.py --out DIR [--world-sizes 2,4] [--rounds 6]
         [--sizes 4,16,...,256M] [--peers dpscale,dpscale-staged,gloo-2.13,gloo-2.14.1,deepspeed,mpi]
         [--peers-python /work/venvs/peers/bin/python] [--t2141-python .venv-compat/bin/python]
-        [--busy 0] [--threads N] [--iter-bytes 64M] [--no-stream]
+        [--busy 0] [--threads N] [--iter-bytes 64M] [--no-stream] [--base-src WORKTREE/src]
 
 Run it with dpscale's interpreter from the repository root (benchmarks/peers/README.md sets up the
 peers' environment). Every peer runs as its own set of ranks, each with its interpreter
@@ -17,8 +17,9 @@ algbw = bytes / time, busbw = algbw x 2(n-1)/n.
 
 The memory bound: a STREAM-style copy and add (stream.c, built with gcc) at 1 and as many threads
 as ranks, and busbw <= B (n-1)/n^2 for an in-place all-reduce through shared memory (README.md
-derives it). Writes DIR/results.json, DIR/results.md and DIR/busbw.png (peers_report.py renders
-the last two from the first).
+derives it). Peer `dpscale-base` is dpscale from another checkout (`--base-src`), for an A/B of a
+change in the same rounds as the peers. Writes DIR/results.json, DIR/results.md and DIR/busbw.png
+(peers_report.py renders the last two from the first).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ sys.path.insert(0, str(HERE))
 
 from peers_report import render  # noqa: E402
 
-PEERS = ("dpscale", "dpscale-staged", "gloo-2.13", "gloo-2.14.1", "deepspeed", "mpi")
+PEERS = ("dpscale", "dpscale-base", "dpscale-staged", "gloo-2.13", "gloo-2.14.1", "deepspeed", "mpi")
 DEFAULT_SIZES = [4 * 4**k for k in range(14)]  # 4 B, 16 B, ..., 64 MiB, 256 MiB
 WARMUP = 3
 READY_TIMEOUT_S = 900  # DeepSpeed builds its op with gcc on first use (minutes on a small host)
@@ -167,7 +168,9 @@ class PeerSet:
 
 def _interpreter(peer: str, args) -> tuple[str | None, str]:
     """(python, why not) for a peer."""
-    if peer in ("dpscale", "dpscale-staged", "gloo-2.13"):
+    if peer == "dpscale-base" and not (args.base_src and (Path(args.base_src) / "dpscale").is_dir()):
+        return None, f"--base-src {args.base_src!r} is not a source tree holding dpscale/"
+    if peer in ("dpscale", "dpscale-base", "dpscale-staged", "gloo-2.13"):
         return sys.executable, ""
     path = args.t2141_python if peer == "gloo-2.14.1" else args.peers_python
     if not path or not os.access(path, os.X_OK):
@@ -182,7 +185,7 @@ def _launch_spec(peer: str, python: str, world: int, ctl: Path, args) -> tuple[l
     threads = str(args.threads)
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, OPENBLAS_NUM_THREADS=threads)
     if peer.startswith("dpscale"):
-        env["PYTHONPATH"] = str(REPO / "src")
+        env["PYTHONPATH"] = str(args.base_src if peer == "dpscale-base" else REPO / "src")
     if peer == "mpi":
         mpirun = ["mpirun", "-n", str(world), "--bind-to", "none", "--mca", "btl", "self,vader"]
         mpirun += ["--oversubscribe"] if world > (os.cpu_count() or 1) else []
@@ -330,6 +333,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="threads per rank (default: cores / ranks, >= 1)")
     p.add_argument("--wait", default="block", help="dpscale's shm wait policy (block or spin)")
     p.add_argument("--busy", type=int, default=0, help="busy-looping processes to run meanwhile")
+    p.add_argument(
+        "--base-src",
+        help="peer dpscale-base: another checkout's src folder (a git worktree of the base revision), "
+        "timed beside this one's dpscale in the same rounds",
+    )
     p.add_argument("--peers-python", default="/work/venvs/peers/bin/python")
     p.add_argument("--t2141-python", default=str(REPO / ".venv-compat/bin/python"))
     p.add_argument("--stream-mib", type=int, default=512, help="MiB per STREAM array (3 arrays)")

@@ -171,8 +171,8 @@ def _make(args) -> Peer:
         return GlooPeer(args)
     if args.peer == "deepspeed":
         return DeepSpeedPeer(args)
-    if args.peer in ("dpscale", "dpscale-staged"):
-        return DpscalePeer(args, in_segment=args.peer == "dpscale")
+    if args.peer in ("dpscale", "dpscale-base", "dpscale-staged"):
+        return DpscalePeer(args, in_segment=args.peer != "dpscale-staged")
     raise SystemExit(f"peer_worker: unknown peer {args.peer!r}")
 
 

@@ -27,9 +27,11 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 def _sizes(dtype: torch.dtype) -> list[int]:
     item = torch.empty(0, dtype=dtype).element_size()
-    # around both limits (the Python path's, the C helper's): the one above each goes another way
+    # around every limit (payload in the control line, the Python path's, the C helper's): the one
+    # above each goes another way
     limits = {shm_small.SMALL_MAX_BYTES // item, shm_small.NATIVE_SMALL_MAX_BYTES // item}
-    return [1, 5, 1000] + [n for most in sorted(limits) for n in (most - 1, most, most + 1)]
+    line = shm_small.LINE_PAYLOAD_BYTES // item
+    return [1, line, line + 1, 1000] + [n for most in sorted(limits) for n in (most - 1, most, most + 1)]
 
 
 def _data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -114,6 +116,7 @@ def _transport(python_only: bool) -> SharedMemoryTransport:
 def many_small_calls(rank: int, world: int, calls: int, python_ranks: tuple[int, ...] = ()) -> list[str]:
     t = _transport(rank in python_ranks)
     buf = t.alloc(64, torch.float32)
+    tiny = t.alloc(shm_small.LINE_PAYLOAD_BYTES // 4, torch.float32)  # rides in the control line
     big = t.alloc(shm_small.NATIVE_SMALL_MAX_BYTES, torch.float32)  # 4x the larger limit: in place
     pause = random.Random(rank + 100)
     wrong = []
@@ -125,6 +128,13 @@ def many_small_calls(rank: int, world: int, calls: int, python_ranks: tuple[int,
         want = torch.arange(64, dtype=torch.float32) * (world * (world + 1) / 2) + world * i
         if not torch.equal(buf, want):
             wrong.append(f"call {i}: {buf[:4].tolist()} != {want[:4].tolist()}")
+        for k in range(2):  # back to back: the second fills the line's other slot
+            if pause.random() < 0.2:
+                time.sleep(pause.choice([0.00005, 0.0005]))
+            tiny.fill_(float(rank + i + k))
+            t.all_reduce(tiny)
+            if not bool((tiny == world * (world - 1) / 2 + world * (i + k)).all()):
+                wrong.append(f"call {i}.{k}: tiny {tiny.tolist()}")
         if i % 7 == 0:
             big.fill_(1.0)
             t.all_reduce(big)

@@ -16,15 +16,17 @@ from dpscale.comm import shm_wait
 from dpscale.comm.shm import SharedMemoryTransport
 from dpscale.comm.shm_wait import Counters, PeerTimeoutError
 
+CTL = shm_wait._LINE * 8  # bytes of a rank's control lines
+
 
 def two_ranks(wait: str, timeout_s: float = 60.0) -> list[Counters]:
     fds = [os.memfd_create("dpscale-test-ctl", os.MFD_CLOEXEC) for _ in range(2)]
     try:
         for fd in fds:
-            os.ftruncate(fd, 64)
+            os.ftruncate(fd, CTL)
         # rank r's view of every line: its own mapping of each rank's file
         return [
-            Counters([mmap.mmap(fd, 64) for fd in fds], r, timeout_s=timeout_s, wait=wait) for r in range(2)
+            Counters([mmap.mmap(fd, CTL) for fd in fds], r, timeout_s=timeout_s, wait=wait) for r in range(2)
         ]
     finally:
         for fd in fds:
@@ -119,8 +121,8 @@ def test_block_spins_less_after_a_long_sleep_and_more_after_a_short_one():
 
 def test_ranks_that_share_cpus_spin_only_briefly():
     fd = os.memfd_create("dpscale-test-ctl", os.MFD_CLOEXEC)
-    os.ftruncate(fd, 64)
-    c = Counters([mmap.mmap(fd, 64)] * 2, 0, timeout_s=1, wait="block", oversubscribed=True)
+    os.ftruncate(fd, CTL)
+    c = Counters([mmap.mmap(fd, CTL)] * 2, 0, timeout_s=1, wait="block", oversubscribed=True)
     os.close(fd)
     assert c.spin_budget == shm_wait._BLOCK_SPIN_MIN
     c._adapt(0.0)

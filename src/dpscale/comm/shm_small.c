@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #define COUNT 0     /* control-line slot: collectives this rank has reached */
-#define ASLEEP_ON 1 /* control-line slot: 1 + the rank this one sleeps on, 0 if none */
+#define ASLEEP_ON 8 /* slot (of the second line): 1 + the rank this one sleeps on, 0 if none */
 #define FUTEX_WAKE_OP 1
 
 /* Field order and types are mirrored by shm_native.Plan. */

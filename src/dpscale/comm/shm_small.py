@@ -14,6 +14,11 @@ Each rank adds every part in the order of `sum_order` (rank p's value first for 
 additions the in-place path makes, so the bits do not depend on which path a size takes and are
 the same on every rank (up to the payload of a NaN that is the sum of two NaNs, see sum_order.py).
 
+A tensor of up to `LINE_PAYLOAD_BYTES` rides in the sender's control line itself, after its arrival
+counter (shm_wait.py), in two slots that alternate like the mailboxes: a peer that sees the counter
+has the payload in the same cache-line transfer, where a mailbox costs a second one (at a few bytes
+these transfers between cores are most of the call).
+
 For float32 and float64 the whole call is one call into C where the helper could be built
 (shm_native.py, shm_small.c): the same copy, counter and additions, without ~20 Python calls.
 """
@@ -48,6 +53,10 @@ _NUMPY_DTYPES = (torch.float32, torch.float64)
 # summed by the C helper, with its dtype code (shm_small.c)
 _NATIVE_DTYPES = {torch.float32: 0, torch.float64: 1}
 _WHAT = "all_reduce: inputs posted"
+# Payloads up to this size go in the control line (64 B: the 8 B counter, two 24 B slots; 24 keeps
+# float64 aligned), at these byte offsets, by the parity of the collective as the mailboxes
+LINE_PAYLOAD_BYTES = 24
+_LINE_SLOTS = (8, 32)
 # Operand lists remembered at most (by size and dtype; a job reduces a fixed set of them)
 _MAX_SHAPES = 1024
 
@@ -77,7 +86,8 @@ class NativeCalls:
 
 class Mailboxes:
     """Every rank's two mailboxes of `capacity` bytes, at `offset` in its control segment
-    (`maps[j]` is rank j's, mapped here; its first bytes are rank j's control line). With `native`
+    (`maps[j]` is rank j's, mapped here; its first bytes are rank j's control line, which holds
+    two more mailboxes of `LINE_PAYLOAD_BYTES` for the smallest tensors). With `native`
     the float32/float64 all-reduces run in the C helper, up to `capacity` bytes; the rest up to
     `python_max_bytes` (default: `capacity`)."""
 
@@ -97,14 +107,18 @@ class Mailboxes:
         # boxes[slot][j]: rank j's mailbox `slot`, as bytes (none when the path is turned off)
         starts = (offset, offset + capacity)
         self.boxes = [[_bytes(m, at, capacity) for m in maps] for at in starts] if capacity else []
+        # the same, in the control lines (line_boxes[slot][j]), for tensors of <= LINE_PAYLOAD_BYTES
+        self.line_boxes = (
+            [[_bytes(m, at, LINE_PAYLOAD_BYTES) for m in maps] for at in _LINE_SLOTS] if capacity else []
+        )
         self._terms: dict[tuple[int, torch.dtype], _Terms] = {}
         self.native = native if capacity else None
         if self.native is not None:
             # the C helper's view of the layout: control lines and mailboxes by address
             lines = [_bytes(m, 0, 8).data_ptr() for m in maps]
             self._lines = (ctypes.c_void_p * len(maps))(*lines)
-            boxes = [b.data_ptr() for bs in self.boxes for b in bs]
-            self._boxes = (ctypes.c_void_p * len(boxes))(*boxes)
+            self._boxes = _addresses(self.boxes)
+            self._line_boxes = _addresses(self.line_boxes)
 
     def fits(self, tensor: torch.Tensor) -> bool:
         in_c = self.native is not None and tensor.dtype in _NATIVE_DTYPES
@@ -129,13 +143,15 @@ class Mailboxes:
         flat = tensor.detach().view(-1)
         flat_bounds = [i for b in terms.bounds for i in b]
         flat_orders = [j for o in terms.orders for j in o]
+        nbytes = flat.numel() * flat.element_size()
+        boxes = self._line_boxes if nbytes <= LINE_PAYLOAD_BYTES else self._boxes
         bounds = (ctypes.c_int64 * len(flat_bounds))(*flat_bounds)
         orders = (ctypes.c_int32 * len(flat_orders))(*flat_orders)
         plan = Plan(
             lines=ctypes.addressof(self._lines),
-            boxes=ctypes.addressof(self._boxes),
+            boxes=ctypes.addressof(boxes),
             tensor=flat.data_ptr(),
-            nbytes=flat.numel() * flat.element_size(),
+            nbytes=nbytes,
             bounds=ctypes.addressof(bounds),
             orders=ctypes.addressof(orders),
             nranges=len(terms.bounds),
@@ -146,7 +162,7 @@ class Mailboxes:
             spin_ns=self.native.spin_ns,
         )
         # everything the plan points to, kept alive as long as it
-        return _PlanRefs(plan, (self._lines, self._boxes, self.boxes, bounds, orders, flat))
+        return _PlanRefs(plan, (self._lines, boxes, self.boxes, self.line_boxes, bounds, orders, flat))
 
     def _terms_of(self, numel: int, dtype: torch.dtype) -> _Terms:
         key = (numel, dtype)
@@ -161,7 +177,7 @@ class Mailboxes:
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()
         ranges = ranges_in_order(numel, self.world_size)
         inboxes, copies = [], []
-        for boxes in self.boxes:
+        for boxes in self.line_boxes if nbytes <= LINE_PAYLOAD_BYTES else self.boxes:
             ranks: list[Any] = [box[:nbytes].view(dtype) for box in boxes]
             if dtype in _NUMPY_DTYPES:
                 ranks = [c.numpy() for c in ranks]
@@ -263,6 +279,12 @@ def _numpy_adds(out: np.ndarray, bounds: list[tuple[int, int]], copies: list[lis
         adds.append((first, second, acc))
         adds += [(acc, c, acc) for c in rest]
     return adds
+
+
+def _addresses(boxes: list[list[torch.Tensor]]) -> ctypes.Array:
+    """boxes[slot][j]'s addresses, slot by slot, as the C helper's `boxes` array."""
+    flat = [b.data_ptr() for bs in boxes for b in bs]
+    return (ctypes.c_void_p * len(flat))(*flat)
 
 
 def _bytes(m: mmap.mmap, offset: int, count: int) -> torch.Tensor:

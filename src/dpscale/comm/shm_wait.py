@@ -1,9 +1,12 @@
 """The shm transport's barriers: per-rank arrival counters in shared memory, and how a rank waits.
 
-Each rank owns one 64-byte control line that every peer maps: slot 0 counts the collectives it
-has reached, slot 1 says which peer (rank + 1) it is asleep on, 0 if none. Each slot is written
-by its owner alone, so plain stores and loads suffice: x86-64 keeps stores in order (a peer that
-sees the counter also sees the data written before it).
+Each rank owns two 64-byte control lines that every peer maps: the first starts with the count of
+the collectives it has reached (the rest carries small payloads, shm_small.py), the second says
+which peer (rank + 1) it is asleep on, 0 if none. The two are apart because the counter changes
+every collective and the sleep slot almost never: a peer that checks whether this rank sleeps then
+reads a line still in its own cache instead of fetching the counter's line from this rank's core.
+Each slot is written by its owner alone, so plain stores and loads suffice: x86-64 keeps stores in
+order (a peer that sees the counter also sees the data written before it).
 
 Two ways to wait for a peer that is late (`WAIT_POLICIES`):
 
@@ -37,8 +40,8 @@ import time
 import numpy as np
 
 WAIT_POLICIES = ("block", "spin")
-_LINE = 8  # int64 slots per rank: one 64-byte cache line each, no false sharing
-_COUNT, _ASLEEP_ON = 0, 1  # slots of a control line
+_LINE = 16  # int64 slots per rank: two 64-byte cache lines (no line shared by two ranks' writes)
+_COUNT, _ASLEEP_ON = 0, 8  # slots: the first of each line
 
 # `spin`: busy checks before yielding (a peer microseconds behind), yields before sleeping
 _SPIN = 2000
