@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,6 +56,18 @@ _MAX_REGIONS = 4096
 # A rank's control segment: its barrier line (shm_wait.py) on a page of its own, then its two
 # mailboxes for small all-reduces (shm_small.py)
 _CTL_BYTES = 4096
+
+
+# How a tensor is all-reduced in one round, looked up by the hot path in one step: (the C helper's
+# call, its plan, the binding) where C runs it, (None, None, binding) where Python does, and
+# (None, None, None) for a tensor that takes the in-place path (typed loosely: which items are None
+# goes together, which mypy cannot follow without a check the hot path would pay for)
+_Bound = tuple[Any, Any, Any]
+
+
+def _bound(small: SmallAllReduce | None) -> _Bound:
+    native = small.native if small is not None else None
+    return (None, None, small) if native is None else (native.all_reduce, native.plan, small)
 
 
 class _Segment:
@@ -163,7 +176,10 @@ class SharedMemoryTransport:
         )
         native = None if helper is None else NativeCalls(helper, wait == "block", self._ctl.native_spin_ns)
         self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native, python_max)
-        self._last_private: tuple[tuple, SmallAllReduce] | None = None
+        # how each tensor in the segments is all-reduced in one round (`_bind_small`), and the last
+        # tensor of the caller's with its own
+        self._bound: dict[tuple[int, int, torch.dtype], _Bound] = {}
+        self._last_private: tuple[tuple, _Bound] | None = None
 
     @property
     def wait(self) -> str:
@@ -214,6 +230,7 @@ class SharedMemoryTransport:
         ptr = tensor.data_ptr()
         self._segments = [s for s in self._segments if not s.base <= ptr < s.base + max(s.nbytes, 1)]
         self._regions.clear()  # some held views of that segment; the others are rebuilt on use
+        self._bound.clear()
 
     # -- barriers ----------------------------------------------------------------------------
     def _arrive(self) -> int:
@@ -280,26 +297,35 @@ class SharedMemoryTransport:
             # At a few bytes the call's Python costs more than its bytes, so _region and
             # SmallAllReduce.run are inlined here (BENCHMARKS.md, "Small messages in one round").
             key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
-            region = self._regions.get(key)
-            if region is not None:
-                small = region.small
-            elif self._last_private is not None and self._last_private[0] == key:
-                small = self._last_private[1]
-            else:
-                small = self._bind_small(tensor)
-            if small is not None:
-                native = small.native
-                if native is None:
-                    small.run(self._ctl)
-                elif native.all_reduce(native.plan):  # a peer did not arrive within the C spin
+            bound = self._bound.get(key)
+            if bound is None:
+                last = self._last_private
+                bound = last[1] if last is not None and last[0] == key else self._bind_small(tensor, key)
+            call, plan, small = bound
+            if call is not None:
+                if call(plan):  # a peer did not arrive within the C spin
                     small.finish(self._ctl)
+                return small.future if tensor is small.tensor else small.completed(tensor)
+            if small is not None:
+                small.run(self._ctl)
                 return small.future if tensor is small.tensor else small.completed(tensor)
         return self._all_reduce_two_barriers(tensor, between_hosts)
 
-    def _bind_small(self, tensor: torch.Tensor) -> SmallAllReduce | None:
-        """The one-round all-reduce of contiguous `tensor` on its first call, or None if too large."""
+    def _bind_small(self, tensor: torch.Tensor, key: tuple) -> _Bound:
+        """How contiguous `tensor` (`key`) is all-reduced in one round, found on its first call."""
         region = self._region(tensor)
-        return region.small if region is not None else self._small_private(tensor)
+        if region is not None:
+            bound = _bound(region.small)
+            if len(self._bound) >= _MAX_REGIONS:
+                self._bound.clear()
+            self._bound[key] = bound
+            return bound
+        if self._last_private is None or self._last_private[0] != key:
+            # A tensor of the caller's: only the last one's binding is kept (it holds the tensor, as
+            # the staging region holds the last staged one), for callers that reduce one tensor often.
+            small = self._mail.bind(tensor) if self._mail.fits(tensor) else None
+            self._last_private = (key, _bound(small))
+        return self._last_private[1]
 
     def _all_reduce_two_barriers(self, tensor: torch.Tensor, between_hosts) -> torch.futures.Future:
         """The all-reduce of a tensor the one-round path does not take (too large, not contiguous,
@@ -312,17 +338,6 @@ class SharedMemoryTransport:
             return completed(tensor)
         self._all_reduce_in_place(region, between_hosts)
         return region.completed(tensor)
-
-    def _small_private(self, tensor: torch.Tensor) -> SmallAllReduce | None:
-        """The one-round all-reduce of `tensor` (not in our segments), or None if it does not fit."""
-        if not self._mail.fits(tensor):
-            return None
-        # A tensor of the caller's: only the last one's binding is kept (it holds the tensor, as
-        # the staging region holds the last staged one), for callers that reduce one tensor often.
-        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
-        if self._last_private is None or self._last_private[0] != key:
-            self._last_private = (key, self._mail.bind(tensor))
-        return self._last_private[1]
 
     def _all_reduce_in_place(self, region: _Region, between_hosts) -> None:
         self._wait_all(self._arrive(), "all_reduce: inputs ready")
@@ -360,6 +375,7 @@ class SharedMemoryTransport:
     def close(self) -> None:
         self._segments.clear()
         self._regions.clear()
+        self._bound.clear()
         self._staging = None
         self._last_private = None
 
