@@ -56,7 +56,7 @@ def _maps(world: int) -> list[mmap.mmap]:
 
 
 def _native(helper: shm_native.Helper, spin_ns: int = 0) -> NativeCalls:
-    return NativeCalls(helper, wake=True, spin_ns=spin_ns)
+    return NativeCalls(helper, wake=True, wait=shm_native.Wait(spin_ns=spin_ns))
 
 
 def _one_round(boxes: list[Mailboxes], xs: list[torch.Tensor], slot: int) -> list[torch.Tensor]:

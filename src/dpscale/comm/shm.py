@@ -169,12 +169,16 @@ class SharedMemoryTransport:
         # with DPSCALE_SHM_NATIVE=0)
         if not self._on_every_rank(helper is not None):
             helper = None
-        capacity = python_max if helper is None else max(python_max, shm_small.NATIVE_SMALL_MAX_BYTES)
+        oversubscribed = self._oversubscribed()
+        native_max = shm_small.NATIVE_SMALL_MAX_BYTES
+        if oversubscribed:
+            native_max = shm_small.NATIVE_SMALL_MAX_BYTES_SHARED_CPUS
+        capacity = python_max if helper is None else max(python_max, native_max)
         maps = self._map_all(_CTL_BYTES + 2 * capacity)
-        self._ctl = Counters(
-            maps, self.rank, timeout_s=timeout_s, wait=wait, oversubscribed=self._oversubscribed()
-        )
-        native = None if helper is None else NativeCalls(helper, wait == "block", self._ctl.native_spin_ns)
+        self._ctl = Counters(maps, self.rank, timeout_s=timeout_s, wait=wait, oversubscribed=oversubscribed)
+        native = None
+        if helper is not None:
+            native = NativeCalls(helper, wait == "block", shm_native.Wait(**self._ctl.native_wait()))
         self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native, python_max)
         # how each tensor in the segments is all-reduced in one round (`_bind_small`), and the last
         # tensor of the caller's with its own

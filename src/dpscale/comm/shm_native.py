@@ -65,7 +65,25 @@ class Plan(ctypes.Structure):
         ("dtype", ctypes.c_int32),
         ("wake", ctypes.c_int32),
         ("unused", ctypes.c_int32),
+        ("wait", ctypes.c_void_p),
+    ]
+
+
+class Wait(ctypes.Structure):
+    """How the helper waits for its peers, as shm_small.c's `struct dps_wait`: one per transport,
+    which every plan points to. The first five are set by the transport (shm_wait.Counters); the
+    rest is the helper's (its backoff after slow yields, and counts for tests and probes)."""
+
+    _fields_ = [
         ("spin_ns", ctypes.c_int64),
+        ("yield_ns", ctypes.c_int64),
+        ("slow_ns", ctypes.c_int64),
+        ("backoff_min", ctypes.c_int64),
+        ("backoff_max", ctypes.c_int64),
+        ("skip", ctypes.c_int64),
+        ("backoff", ctypes.c_int64),
+        ("yielded", ctypes.c_int64),
+        ("slow", ctypes.c_int64),
     ]
 
 

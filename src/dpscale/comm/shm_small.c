@@ -4,7 +4,8 @@
  * In Python the call's few microseconds of work take ~20 interpreter calls, each costing more
  * than the bytes; here they are one foreign call: copy my tensor into my mailbox of this call's
  * parity, publish the new sequence number, wake a peer that sleeps on me, spin briefly for every
- * peer, and sum every rank's mailbox into the tensor in sum_order.py's order. The layout of the
+ * peer (or, when the ranks share CPUs, hand the CPU to them for a while: `struct dps_wait`), and
+ * sum every rank's mailbox into the tensor in sum_order.py's order. The layout of the
  * control lines and mailboxes and the wake-up protocol are shm_wait.py's and shm_small.py's; a
  * rank on this path and a rank on the Python path interoperate. If a peer has not arrived within
  * the spin, the call returns 1, the Python wait policy (futex sleep, timeout
@@ -27,6 +28,25 @@
 #define COUNT 0     /* control-line slot: collectives this rank has reached */
 #define ASLEEP_ON 8 /* slot (of the second line): 1 + the rank this one sleeps on, 0 if none */
 #define FUTEX_WAKE_OP 1
+/* How a rank waits for its peers in C, before it hands the wait to the Python policy: one per
+ * transport, shared by its plans, written only by this rank (the GIL is held). Field order and
+ * types are mirrored by shm_native.Wait. */
+struct dps_wait {
+    int64_t spin_ns;  /* busy-wait this long for the peers */
+    int64_t yield_ns; /* then, if > 0 (the ranks share CPUs), yield the CPU to them this long: a
+                         late peer is then often waiting for this very CPU, and a yield hands it
+                         over at once where a futex sleep costs a wake-up on its arrival (Open
+                         MPI's progress loop yields likewise when oversubscribed) */
+    int64_t slow_ns;  /* a yield that gave the CPU away longer ran something else than a peer that
+                         only had to arrive (a busy process sharing the CPU, or a peer computing):
+                         yielding then costs whole time slices, so the next calls do not yield */
+    int64_t backoff_min, backoff_max; /* calls without yields after a slow yield: the first ... */
+    int64_t skip;     /* (the helper's) calls left that do not yield */
+    int64_t backoff;  /* (the helper's) the next such pause: doubles at each slow yield, halves
+                         at each wait that a yield ended */
+    int64_t yielded;  /* (the helper's) waits that a yield ended, for tests and probes */
+    int64_t slow;     /* (the helper's) slow yields */
+};
 
 /* Field order and types are mirrored by shm_native.Plan. */
 struct dps_small_plan {
@@ -42,7 +62,7 @@ struct dps_small_plan {
     int32_t dtype; /* 0: float32, 1: float64 */
     int32_t wake;  /* 1: peers may sleep on my counter (the `block` wait) */
     int32_t unused;
-    int64_t spin_ns; /* how long to spin for the peers before handing the wait back */
+    struct dps_wait *wait; /* how long to wait for the peers before handing the wait back */
 };
 
 static inline void cpu_relax(void) {
@@ -70,10 +90,10 @@ static int spin_for_peers(const struct dps_small_plan *p, int64_t seq) {
     if (all_arrived(p, seq)) {
         return 1;
     }
-    if (p->spin_ns <= 0) {
+    if (p->wait->spin_ns <= 0) {
         return 0;
     }
-    int64_t deadline = now_ns() + p->spin_ns;
+    int64_t deadline = now_ns() + p->wait->spin_ns;
     for (;;) {
         for (int i = 0; i < 64; i++) { /* the clock only every few dozen checks */
             cpu_relax();
@@ -84,6 +104,39 @@ static int spin_for_peers(const struct dps_small_plan *p, int64_t seq) {
         if (now_ns() > deadline) {
             return 0;
         }
+    }
+}
+
+static int yield_for_peers(const struct dps_small_plan *p, int64_t seq) {
+    struct dps_wait *w = p->wait;
+    if (w->yield_ns <= 0) {
+        return 0;
+    }
+    if (w->skip > 0) {
+        w->skip--;
+        return 0;
+    }
+    int64_t start = now_ns(), last = start;
+    for (;;) {
+        syscall(SYS_sched_yield);
+        int64_t t = now_ns();
+        int arrived = all_arrived(p, seq);
+        if (t - last > w->slow_ns) {
+            int64_t pause = w->backoff < w->backoff_min ? w->backoff_min : w->backoff;
+            w->slow++;
+            w->skip = pause;
+            w->backoff = 2 * pause < w->backoff_max ? 2 * pause : w->backoff_max;
+            return arrived;
+        }
+        if (arrived) {
+            w->yielded++;
+            w->backoff /= 2;
+            return 1;
+        }
+        if (t - start > w->yield_ns) {
+            return 0;
+        }
+        last = t;
     }
 }
 
@@ -138,7 +191,7 @@ int dps_small_all_reduce(const struct dps_small_plan *p) {
             }
         }
     }
-    if (!spin_for_peers(p, seq)) {
+    if (!spin_for_peers(p, seq) && !yield_for_peers(p, seq)) {
         return 1;
     }
     dps_small_sum(p, (int)(seq & 1));

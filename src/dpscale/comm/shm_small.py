@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from dpscale.comm.base import completed
-from dpscale.comm.shm_native import Helper, Plan
+from dpscale.comm.shm_native import Helper, Plan, Wait
 from dpscale.comm.shm_wait import Counters
 from dpscale.comm.sum_order import ranges_in_order, sum_into
 
@@ -48,6 +48,11 @@ SMALL_MAX_BYTES = 1 << 13
 # in-place path is faster: 2 ranks, shm_ab.py block against inplace, 2026-12-03, 0.93x at 10 KiB,
 # 1.05x at 12 KiB, 1.28x at 16 KiB, 2.9x at 64 KiB (BENCHMARKS.md, "Small messages in one round").
 NATIVE_SMALL_MAX_BYTES = 10 << 10
+# The same limit where the ranks share CPUs: every barrier then costs switches between processes
+# (tens of us), so the barrier saved outweighs reading world_size copies further up. 4 ranks on 2
+# cores, one round against in place: 16 KiB 28 against 63 us, 64 KiB 58 against 63 (53 against
+# 62 in a second run), 128 KiB 96 against 71 (BENCHMARKS.md, "4 ranks on 2 cores").
+NATIVE_SMALL_MAX_BYTES_SHARED_CPUS = 64 << 10
 # summed with numpy (a fraction of torch's per-call cost); other dtypes through torch (`sum_into`)
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 # summed by the C helper, with its dtype code (shm_small.c)
@@ -76,12 +81,12 @@ class _Terms:
 @dataclass(frozen=True)
 class NativeCalls:
     """How the one-round path runs in C: the loaded helper, whether an arriving rank wakes peers
-    asleep on it (the `block` wait), and how long it spins for its peers before the Python wait
-    policy takes over (shm_wait.Counters.native_spin_ns)."""
+    asleep on it (the `block` wait), and how it waits for its peers before the Python wait policy
+    takes over (`wait`: spin and yield budgets from shm_wait.Counters, shared by every plan)."""
 
     helper: Helper
     wake: bool
-    spin_ns: int
+    wait: Wait
 
 
 class Mailboxes:
@@ -159,10 +164,11 @@ class Mailboxes:
             rank=self.rank,
             dtype=_NATIVE_DTYPES[flat.dtype],
             wake=int(self.native.wake),
-            spin_ns=self.native.spin_ns,
+            wait=ctypes.addressof(self.native.wait),
         )
         # everything the plan points to, kept alive as long as it
-        return _PlanRefs(plan, (self._lines, boxes, self.boxes, self.line_boxes, bounds, orders, flat))
+        keep = (self._lines, boxes, self.boxes, self.line_boxes, bounds, orders, flat, self.native.wait)
+        return _PlanRefs(plan, keep)
 
     def _terms_of(self, numel: int, dtype: torch.dtype) -> _Terms:
         key = (numel, dtype)

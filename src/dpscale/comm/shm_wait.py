@@ -66,6 +66,16 @@ _SHARED_CPU_YIELDS = 4
 # here: ranks in step on a quiet host arrive within a few us of each other, and a check in C costs
 # nanoseconds, so a few us catch them without a trip through Python
 _NATIVE_SPIN_NS = 5000
+# The C helper's time yielding the CPU to its peers, after that spin, when the ranks share CPUs
+# (shm_small.c, `struct dps_wait`): 4 ranks on 2 cores, a 4 B all-reduce took 7-9 us with it
+# against 22-55 us with a futex sleep after 4 yields (Open MPI 10-14 us)
+_SHARED_CPU_YIELD_NS = 200_000
+# A yield longer than this gave a time slice away (0.75-3 ms under Linux's scheduler) to something
+# other than a peer about to arrive: a busy process sharing the CPU, or a peer still computing.
+# The helper then stops yielding for _YIELD_BACKOFF[0] calls, twice as many after each further
+# slow yield (up to [1]), half as many after each wait a yield ended.
+_SLOW_YIELD_NS = 1_000_000
+_YIELD_BACKOFF = (16, 1 << 16)
 # A sleeper wakes at least this often to check its deadline; arrivals wake it at once.
 _BLOCK_SLICE_S = 0.01
 
@@ -122,9 +132,21 @@ class Counters:
         self._spin_cap = _BLOCK_SPIN_MIN if oversubscribed else _BLOCK_SPIN
         self.spin_budget = self._spin_cap
         self._yields = _SHARED_CPU_YIELDS if oversubscribed else 0
-        # the C helper's spin before it hands a wait to this class (shm_native.py): none when the
-        # ranks share CPUs (the late peer may need this one)
-        self.native_spin_ns = 0 if oversubscribed else _NATIVE_SPIN_NS
+        self._oversubscribed = oversubscribed
+
+    def native_wait(self) -> dict[str, int]:
+        """How the C helper waits before it hands a wait to this class (shm_native.Wait): it spins
+        where each rank has a CPU, and yields the CPU to its peers where they share CPUs (a late peer
+        may need this one)."""
+        if not self._oversubscribed:
+            return {"spin_ns": _NATIVE_SPIN_NS}
+        low, high = _YIELD_BACKOFF
+        return {
+            "yield_ns": _SHARED_CPU_YIELD_NS,
+            "slow_ns": _SLOW_YIELD_NS,
+            "backoff_min": low,
+            "backoff_max": high,
+        }
 
     @property
     def seq(self) -> int:
