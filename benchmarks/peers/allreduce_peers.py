@@ -320,7 +320,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="folder for results.json/.md and busbw.png")
     p.add_argument("--world-sizes", default="2", help="comma-separated, e.g. 2,4 (default 2)")
     p.add_argument("--sizes", type=_sizes, default=DEFAULT_SIZES, help="comma-separated, binary K/M/G")
-    p.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated from {', '.join(PEERS)}")
+    p.add_argument(
+        "--peers",
+        default=",".join(p for p in PEERS if p != "dpscale-base"),
+        help=f"comma-separated from {', '.join(PEERS)}",
+    )
     p.add_argument("--rounds", type=int, default=6, help="alternating rounds of the whole sweep")
     p.add_argument(
         "--iter-bytes",

@@ -8,7 +8,7 @@
  * sum every rank's mailbox into the tensor in sum_order.py's order. The layout of the
  * control lines and mailboxes and the wake-up protocol are shm_wait.py's and shm_small.py's; a
  * rank on this path and a rank on the Python path interoperate. If a peer has not arrived within
- * the spin, the call returns 1, the Python wait policy (futex sleep, timeout
+ * the spin (and the yields), the call returns 1, the Python wait policy (futex sleep, timeout
  * with the rank's name) takes over, and dps_small_sum finishes.
  *
  * Built without -ffast-math and with -ffp-contract=off: every addition is one IEEE addition of
@@ -19,6 +19,7 @@
 #include <Python.h>
 #endif
 #include <limits.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -40,7 +41,8 @@ struct dps_wait {
     int64_t slow_ns;  /* a yield that gave the CPU away longer ran something else than a peer that
                          only had to arrive (a busy process sharing the CPU, or a peer computing):
                          yielding then costs whole time slices, so the next calls do not yield */
-    int64_t backoff_min, backoff_max; /* calls without yields after a slow yield: the first ... */
+    int64_t backoff_min, backoff_max; /* calls without yields after a first slow yield, and the
+                                         most after many in a row */
     int64_t skip;     /* (the helper's) calls left that do not yield */
     int64_t backoff;  /* (the helper's) the next such pause: doubles at each slow yield, halves
                          at each wait that a yield ended */
@@ -118,7 +120,7 @@ static int yield_for_peers(const struct dps_small_plan *p, int64_t seq) {
     }
     int64_t start = now_ns(), last = start;
     for (;;) {
-        syscall(SYS_sched_yield);
+        sched_yield();
         int64_t t = now_ns();
         int arrived = all_arrived(p, seq);
         if (t - last > w->slow_ns) {
@@ -172,7 +174,7 @@ void dps_small_sum(const struct dps_small_plan *p, int slot) {
     }
 }
 
-/* Post my tensor, arrive, and sum if every peer arrives within the spin: 0 when done, else 1
+/* Post my tensor, arrive, and sum if every peer arrives within the wait: 0 when done, else 1
  * (then the caller waits for every peer to reach my counter's value, seq, and calls
  * dps_small_sum(p, seq & 1)). */
 int dps_small_all_reduce(const struct dps_small_plan *p) {
