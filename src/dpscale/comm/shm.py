@@ -307,7 +307,7 @@ class SharedMemoryTransport:
                 bound = last[1] if last is not None and last[0] == key else self._bind_small(tensor, key)
             call, plan, small = bound
             if call is not None:
-                if call(plan):  # a peer did not arrive within the C spin
+                if call(plan):  # a peer did not arrive within the C wait (spin or yields)
                     small.finish(self._ctl)
                 return small.future if tensor is small.tensor else small.completed(tensor)
             if small is not None:

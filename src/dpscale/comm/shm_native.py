@@ -94,7 +94,9 @@ class Helper:
     cost ~0.2 us a call in conversions. Loaded as a `PyDLL`, or as a module: its calls keep the
     GIL, which a plain `CDLL` releases and takes back around each call (~0.03 us, and a wait for
     any other thread that took it meanwhile); the longest they hold it is the helper's spin for
-    its peers, a few us, and the Python wait that follows sleeps without it."""
+    its peers, a few us, and the Python wait that follows sleeps without it. Where ranks share
+    CPUs the helper yields instead, up to 200 us, still holding it: letting it go around the
+    yields (the module can) cost 1-5 us a call at 4 ranks on 2 cores (BENCHMARKS.md)."""
 
     def __init__(self, lib: ctypes.CDLL | ModuleType):
         self.lib = lib  # kept: the functions below live in it
