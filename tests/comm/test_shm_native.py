@@ -127,6 +127,22 @@ def test_a_late_peer_hands_the_wait_to_the_python_policy(helper):
         call.run(ctl)
 
 
+@needs_helper
+def test_the_helpers_wait_alone_returns_once_every_peer_has_arrived(helper):
+    """The in-place path's barriers wait through `wait_all` where ranks share CPUs: 0 once the
+    peers' counters reach the collective, 1 when they do not within its spin or yields."""
+    maps = _maps(2)
+    peer = Counters(maps, 1, timeout_s=1, wait="block")
+    for wait in (shm_native.Wait(spin_ns=1000), shm_native.Wait(yield_ns=1_000_000, slow_ns=10**12)):
+        native = _native(helper)
+        waiter = Mailboxes(maps, OFFSET, CAPACITY, 0, native).waiter(wait)
+        seq = peer.seq + 1
+        assert waiter.wait_all(waiter.plan, seq) == 1  # the peer has not arrived
+        peer.arrive()
+        assert waiter.wait_all(waiter.plan, seq) == 0
+        assert wait.yielded == 0 and wait.slow == 0  # the peer was there at the first check
+
+
 @pytest.fixture
 def fresh_build(tmp_path, monkeypatch):
     """library() built afresh into an empty cache, its memo cleared before and after."""

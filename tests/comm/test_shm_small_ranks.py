@@ -180,18 +180,19 @@ def test_ranks_sharing_one_cpu_spin_only_briefly_and_still_sum():
         assert value == 3.0
 
 
-def small_calls_on_one_cpu(rank: int, world: int, calls: int) -> dict:
+def small_calls_on_one_cpu(rank: int, world: int, calls: int, numel: int = 1) -> dict:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     t = SharedMemoryTransport(timeout_s=60)
-    buf = torch.zeros(1)
+    buf = t.alloc(numel, torch.float32)
     wrong = 0
     for i in range(calls):
         buf.fill_(float(rank + i))
         t.all_reduce(buf)
-        wrong += float(buf[0]) != world * (world - 1) / 2 + world * i
-    native = t._mail.native
-    assert native is not None
+        wrong += not bool((buf == world * (world - 1) / 2 + world * i).all())
+    native, barriers = t._mail.native, t._barrier_wait
+    assert native is not None and barriers is not None
     out = {"wrong": wrong, "yielded": native.wait.yielded, "slow": native.wait.slow, "sleeps": t._ctl.sleeps}
+    out |= {"barrier_yielded": barriers.wait.yielded, "barrier_slow": barriers.wait.slow}
     t.close()
     return out
 
@@ -211,6 +212,15 @@ def test_ranks_sharing_one_cpu_hand_it_to_each_other_instead_of_sleeping(helper_
         # cost ~3x as much). Not every such call: another process that takes the CPU during a
         # yield (a busy test beside this one) stops the yielding for a while.
         assert got["yielded"] > (calls // 10 if got["slow"] == 0 else 0), got
+        assert got["sleeps"] < calls // 10, got
+
+
+def test_the_in_place_paths_barriers_yield_to_peers_on_a_shared_cpu_too(helper_or_skip):
+    calls, numel = 300, shm_small.NATIVE_SMALL_MAX_BYTES_SHARED_CPUS // 4 * 4  # 4x the one-round limit
+    for got in run_ranks(small_calls_on_one_cpu, 2, calls, numel, timeout_s=120):
+        assert got["wrong"] == 0 and got["yielded"] == 0  # no call took the one-round path
+        # two barriers a call: most end in the helper's yields, almost none in a futex sleep
+        assert got["barrier_yielded"] > (calls // 5 if got["barrier_slow"] == 0 else 0), got
         assert got["sleeps"] < calls // 10, got
 
 

@@ -88,26 +88,30 @@ class Wait(ctypes.Structure):
 
 
 class Helper:
-    """The loaded helper's two calls: `all_reduce(plan_arg(plan))` -> 0 (done) or 1 (wait, then
-    `sum(plan_arg(plan), slot)`). Through ctypes their arguments are left undeclared (no
-    `argtypes`): ctypes then passes a `byref` and a small int as they are, where declared types
-    cost ~0.2 us a call in conversions. Loaded as a `PyDLL`, or as a module: its calls keep the
-    GIL, which a plain `CDLL` releases and takes back around each call (~0.03 us, and a wait for
-    any other thread that took it meanwhile); the longest they hold it is the helper's spin for
-    its peers, a few us, and the Python wait that follows sleeps without it. Where ranks share
-    CPUs the helper yields instead, up to 200 us, still holding it: letting it go around the
-    yields (the module can) cost 1-5 us a call at 4 ranks on 2 cores (BENCHMARKS.md)."""
+    """The loaded helper's calls: `all_reduce(plan_arg(plan))` -> 0 (done) or 1 (wait, then
+    `sum(plan_arg(plan), slot)`), and `wait_all(plan_arg(plan), seq)` -> 0 (every peer reached
+    collective seq) or 1 (not within the helper's wait). Through ctypes the first two leave their
+    arguments undeclared (no `argtypes`): ctypes then passes a `byref` and a small int as they
+    are, where declared types cost ~0.2 us a call in conversions. Loaded as a `PyDLL`, or as a
+    module: its calls keep the GIL, which a plain `CDLL` releases and takes back around each call
+    (~0.03 us, and a wait for any other thread that took it meanwhile); the longest they hold it is
+    the helper's spin for its peers, a few us, and the Python wait that follows sleeps without it.
+    Where ranks share CPUs the helper yields instead, up to 200 us, still holding it: letting it
+    go around the yields (the module can) cost 1-5 us a call at 4 ranks on 2 cores (BENCHMARKS.md)."""
 
     def __init__(self, lib: ctypes.CDLL | ModuleType):
         self.lib = lib  # kept: the functions below live in it
         self.module = isinstance(lib, ModuleType)
         if isinstance(lib, ModuleType):
-            self.all_reduce, self.sum = lib.all_reduce, lib.sum
+            self.all_reduce, self.sum, self.wait_all = lib.all_reduce, lib.sum, lib.wait_all
         else:
             self.all_reduce = lib.dps_small_all_reduce
             self.all_reduce.restype = ctypes.c_int
             self.sum = lib.dps_small_sum
             self.sum.restype = None
+            wait_all = lib.dps_wait_all
+            wait_all.restype = ctypes.c_int
+            self.wait_all = lambda plan, seq: wait_all(plan, ctypes.c_int64(seq))
 
     def plan_arg(self, plan: ctypes.Structure) -> object:
         """How the calls take `plan`: its address (the module), or a ctypes reference."""

@@ -174,6 +174,13 @@ void dps_small_sum(const struct dps_small_plan *p, int slot) {
     }
 }
 
+/* Wait for every peer to reach collective `seq` as dps_small_all_reduce waits (spin, or yields
+ * where the ranks share CPUs): 0 when they have, else 1 (the caller's Python policy then waits).
+ * The plan's tensor is not touched. The in-place path's barriers wait through this. */
+int dps_wait_all(const struct dps_small_plan *p, int64_t seq) {
+    return spin_for_peers(p, seq) || yield_for_peers(p, seq) ? 0 : 1;
+}
+
 /* Post my tensor, arrive, and sum if every peer arrives within the wait: 0 when done, else 1
  * (then the caller waits for every peer to reach my counter's value, seq, and calls
  * dps_small_sum(p, seq & 1)). */
@@ -232,9 +239,26 @@ static PyObject *py_sum(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+static PyObject *py_wait_all(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "wait_all(plan_address, seq)");
+        return NULL;
+    }
+    const struct dps_small_plan *p = PyLong_AsVoidPtr(args[0]);
+    long long seq = PyLong_AsLongLong(args[1]);
+    if (p == NULL || PyErr_Occurred()) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "wait_all: null plan");
+        }
+        return NULL;
+    }
+    return PyLong_FromLong(dps_wait_all(p, (int64_t)seq));
+}
+
 static PyMethodDef dps_methods[] = {
     {"all_reduce", py_all_reduce, METH_O, "dps_small_all_reduce(plan): 0 when done, else 1"},
     {"sum", (PyCFunction)(void (*)(void))py_sum, METH_FASTCALL, "dps_small_sum(plan, slot)"},
+    {"wait_all", (PyCFunction)(void (*)(void))py_wait_all, METH_FASTCALL, "dps_wait_all(plan, seq): 0 when every peer reached seq, else 1"},
     {NULL, NULL, 0, NULL},
 };
 

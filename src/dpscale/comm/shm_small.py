@@ -170,6 +170,19 @@ class Mailboxes:
         keep = (self._lines, boxes, self.boxes, self.line_boxes, bounds, orders, flat, self.native.wait)
         return _PlanRefs(plan, keep)
 
+    def waiter(self, wait: Wait) -> _NativeCall:
+        """The C helper's wait alone (`wait_all(plan, seq)`), for barriers, with a budget of its
+        own: a plan of this layout over no tensor."""
+        assert self.native is not None
+        plan = Plan(
+            lines=ctypes.addressof(self._lines),
+            world=self.world_size,
+            rank=self.rank,
+            wait=ctypes.addressof(wait),
+        )
+        native = NativeCalls(self.native.helper, self.native.wake, wait)
+        return _NativeCall(native, _PlanRefs(plan, (self._lines, wait)))
+
     def _terms_of(self, numel: int, dtype: torch.dtype) -> _Terms:
         key = (numel, dtype)
         terms = self._terms.get(key)
@@ -201,13 +214,15 @@ class _PlanRefs:
 
 
 class _NativeCall:
-    """A bound plan and the helper's two calls on it, looked up once."""
+    """A bound plan and the helper's calls on it, looked up once, with the wait it points to."""
 
     def __init__(self, native: NativeCalls, refs: _PlanRefs):
         self.refs = refs
         self.plan = native.helper.plan_arg(refs.plan)
         self.all_reduce = native.helper.all_reduce
         self.sum = native.helper.sum
+        self.wait_all = native.helper.wait_all
+        self.wait = native.wait
 
 
 class SmallAllReduce:
