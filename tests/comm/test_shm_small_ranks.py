@@ -180,7 +180,7 @@ def test_ranks_sharing_one_cpu_spin_only_briefly_and_still_sum():
         assert value == 3.0
 
 
-def small_calls_on_one_cpu(rank: int, world: int, calls: int, numel: int = 1) -> dict:
+def calls_on_one_cpu(rank: int, world: int, calls: int, numel: int = 1) -> dict:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     t = SharedMemoryTransport(timeout_s=60)
     buf = t.alloc(numel, torch.float32)
@@ -205,7 +205,7 @@ def helper_or_skip():
 
 def test_ranks_sharing_one_cpu_hand_it_to_each_other_instead_of_sleeping(helper_or_skip):
     calls = 2000
-    for got in run_ranks(small_calls_on_one_cpu, 2, calls, timeout_s=120):
+    for got in run_ranks(calls_on_one_cpu, 2, calls, timeout_s=120):
         assert got["wrong"] == 0
         # a rank that arrives first (about every other call) finds its peer arrived once it has
         # yielded the CPU to it, and sleeps in the kernel almost never (a futex sleep and wake-up
@@ -217,7 +217,7 @@ def test_ranks_sharing_one_cpu_hand_it_to_each_other_instead_of_sleeping(helper_
 
 def test_the_in_place_paths_barriers_yield_to_peers_on_a_shared_cpu_too(helper_or_skip):
     calls, numel = 300, shm_small.NATIVE_SMALL_MAX_BYTES_SHARED_CPUS // 4 * 4  # 4x the one-round limit
-    for got in run_ranks(small_calls_on_one_cpu, 2, calls, numel, timeout_s=120):
+    for got in run_ranks(calls_on_one_cpu, 2, calls, numel, timeout_s=120):
         assert got["wrong"] == 0 and got["yielded"] == 0  # no call took the one-round path
         # two barriers a call: most end in the helper's yields, almost none in a futex sleep
         assert got["barrier_yielded"] > (calls // 5 if got["barrier_slow"] == 0 else 0), got
@@ -233,7 +233,7 @@ def test_a_busy_process_on_the_shared_cpu_stops_the_yielding_for_a_while(helper_
     try:
         os.sched_setaffinity(hog.pid, {cpu})
         calls = 1500
-        for got in run_ranks(small_calls_on_one_cpu, 2, calls, timeout_s=300):
+        for got in run_ranks(calls_on_one_cpu, 2, calls, timeout_s=300):
             assert got["wrong"] == 0
             assert got["slow"] > 0 and got["slow"] + got["yielded"] < calls // 20, got
     finally:
