@@ -139,6 +139,7 @@ def test_the_entry_point_holds_exactly_the_signals_the_command_releases():
     assert set(_dpscale_cli._HELD) == set(INTERRUPTING)
 
 
+@pytest.mark.slow  # starts a process
 def test_exit_now_flushes_and_keeps_the_exit_code():
     code = "import sys; from dpscale.launch.process_life import exit_now; print('done', end=''); exit_now(3)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
