@@ -70,12 +70,14 @@ _MAX_SHAPES = 1024
 class _Terms:
     """What the one-round sum of a (numel, dtype) reads: the ranges [lo, hi) added in one order
     (`sum_order.ranges_in_order`), and per mailbox slot my mailbox as bytes and for every range
-    the ranks' copies of it in the order they are added."""
+    the ranks' copies of it in the order they are added; `in_line`: the mailboxes are the slots
+    in the control lines (a tensor of <= LINE_PAYLOAD_BYTES)."""
 
     bounds: list[tuple[int, int]]
     inboxes: tuple[np.ndarray, np.ndarray]
     copies: tuple[list[list], list[list]]
     orders: list[list[int]]
+    in_line: bool
 
 
 @dataclass(frozen=True)
@@ -148,15 +150,14 @@ class Mailboxes:
         flat = tensor.detach().view(-1)
         flat_bounds = [i for b in terms.bounds for i in b]
         flat_orders = [j for o in terms.orders for j in o]
-        nbytes = flat.numel() * flat.element_size()
-        boxes = self._line_boxes if nbytes <= LINE_PAYLOAD_BYTES else self._boxes
+        boxes = self._line_boxes if terms.in_line else self._boxes
         bounds = (ctypes.c_int64 * len(flat_bounds))(*flat_bounds)
         orders = (ctypes.c_int32 * len(flat_orders))(*flat_orders)
         plan = Plan(
             lines=ctypes.addressof(self._lines),
             boxes=ctypes.addressof(boxes),
             tensor=flat.data_ptr(),
-            nbytes=nbytes,
+            nbytes=flat.numel() * flat.element_size(),
             bounds=ctypes.addressof(bounds),
             orders=ctypes.addressof(orders),
             nranges=len(terms.bounds),
@@ -195,8 +196,9 @@ class Mailboxes:
     def _new_terms(self, numel: int, dtype: torch.dtype) -> _Terms:
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()
         ranges = ranges_in_order(numel, self.world_size)
+        in_line = nbytes <= LINE_PAYLOAD_BYTES
         inboxes, copies = [], []
-        for boxes in self.line_boxes if nbytes <= LINE_PAYLOAD_BYTES else self.boxes:
+        for boxes in self.line_boxes if in_line else self.boxes:
             ranks: list[Any] = [box[:nbytes].view(dtype) for box in boxes]
             if dtype in _NUMPY_DTYPES:
                 ranks = [c.numpy() for c in ranks]
@@ -204,7 +206,7 @@ class Mailboxes:
             copies.append([[ranks[j][lo:hi] for j in order] for lo, hi, order in ranges])
         bounds = [(lo, hi) for lo, hi, _ in ranges]
         orders = [order for _, _, order in ranges]
-        return _Terms(bounds, (inboxes[0], inboxes[1]), (copies[0], copies[1]), orders)
+        return _Terms(bounds, (inboxes[0], inboxes[1]), (copies[0], copies[1]), orders, in_line)
 
 
 @dataclass(frozen=True)
