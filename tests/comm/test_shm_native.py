@@ -15,7 +15,7 @@ import stat
 import pytest
 import torch
 
-from dpscale.comm import shm_native
+from dpscale.comm import shm_native, shm_small
 from dpscale.comm.shm_small import Mailboxes, NativeCalls
 from dpscale.comm.shm_wait import Counters
 
@@ -77,7 +77,10 @@ def test_the_c_sum_gives_the_python_sums_bits(helper, world, dtype):
     maps = _maps(world)
     python = [Mailboxes(maps, OFFSET, CAPACITY, r) for r in range(world)]
     native = [Mailboxes(maps, OFFSET, CAPACITY, r, _native(helper)) for r in range(world)]
-    for seed, numel in enumerate([1, 3, 17, 1001, CAPACITY // item - 1, CAPACITY // item]):
+    flagged = shm_small.LL_MAX_BYTES // item
+    for seed, numel in enumerate(
+        [1, 3, 17, flagged, flagged + 1, 1001, CAPACITY // item - 1, CAPACITY // item]
+    ):
         xs = _data(world, numel, dtype, seed)
         for slot in (0, 1):
             want = _one_round(python, xs, slot)
@@ -106,11 +109,11 @@ def test_a_c_rank_and_a_python_rank_reduce_together_and_keep_one_count(helper):
         xs = _data(2, 37, torch.float32, call)
         outs = [x.clone() for x in xs]
         mine, theirs = c_rank.bind(outs[0]), py_rank.bind(outs[1])
-        slot = (ctl[1].seq + 1) & 1
-        theirs.post(slot)
+        seq = ctl[1].seq + 1
+        theirs.post(seq)
         ctl[1].arrive()
         mine.run(ctl[0])
-        theirs.sum(slot)
+        theirs.sum(seq & 1)
         assert ctl[0].seq == ctl[1].seq == call + 1
         assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
         assert torch.equal(outs[0], xs[0] + xs[1])

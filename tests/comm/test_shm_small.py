@@ -8,12 +8,13 @@ and the in-place path is run on copies, one rank's part after the other, as the 
 
 import mmap
 
+import numpy as np
 import pytest
 import torch
 
 from dpscale.comm import shm_small
 from dpscale.comm.shm import _Region
-from dpscale.comm.shm_small import SMALL_MAX_BYTES, Mailboxes
+from dpscale.comm.shm_small import LINE_PAYLOAD_BYTES, LL_MAX_BYTES, SMALL_MAX_BYTES, Mailboxes
 
 OFFSET = 4096  # as the transport: the control line's page first
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -55,8 +56,10 @@ def _one_round(boxes: list[Mailboxes], xs: list[torch.Tensor], slot: int) -> lis
 def _sizes(dtype: torch.dtype) -> list[int]:
     item = torch.empty(0, dtype=dtype).element_size()
     most = SMALL_MAX_BYTES // item
-    # one element, a few, sizes no world size divides, 4 KiB, and the largest the path takes
-    return [1, 3, 17, 1001, 4096 // item, most - 1, most]
+    # one element, a few, sizes no world size divides, around the flagged words' limit, 4 KiB, and
+    # the largest the path takes
+    flagged = LL_MAX_BYTES // item
+    return [1, 3, 17, flagged, flagged + 1, 1001, 4096 // item, most - 1, most]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -101,6 +104,26 @@ def test_what_fits():
     assert not boxes.fits(torch.zeros(4, 4).t())  # not contiguous
     assert not _ranks(1)[0].fits(torch.zeros(4))  # one rank: nothing to reduce
     assert not _ranks(2, capacity=0)[0].fits(torch.zeros(1))  # the path turned off
+
+
+def test_which_sizes_are_posted_as_flagged_words():
+    boxes = _ranks(2)[0]
+    assert not boxes.flagged(LINE_PAYLOAD_BYTES)  # the control line's slots
+    assert boxes.flagged(LINE_PAYLOAD_BYTES + 4) and boxes.flagged(LL_MAX_BYTES)
+    assert not boxes.flagged(LL_MAX_BYTES + 4)
+    assert not boxes.flagged(LINE_PAYLOAD_BYTES + 2)  # not whole 4-byte pieces
+    maps = [mmap.mmap(-1, OFFSET + 2 * SMALL_MAX_BYTES) for _ in range(2)]
+    shared = Mailboxes(maps, OFFSET, SMALL_MAX_BYTES, 0, ll_max_bytes=64)  # as where ranks share CPUs
+    assert shared.flagged(64) and not shared.flagged(68)
+
+
+def test_flagged_words_hold_the_pieces_and_the_collectives_number():
+    boxes = _ranks(2)[0]
+    x = torch.arange(10, dtype=torch.float64) - 2.5  # 80 B: 20 pieces
+    boxes.bind(x).post(7)
+    words = boxes.boxes[1][0][:160].numpy().view(np.uint32)  # mailbox 1: 7 is odd
+    assert (words[1::2] == 7).all()
+    assert np.array_equal(words[0::2], x.numpy().view(np.uint32))
 
 
 def test_operand_lists_are_shared_by_size_and_bounded(monkeypatch):

@@ -29,15 +29,18 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 def _sizes(dtype: torch.dtype) -> list[int]:
     item = torch.empty(0, dtype=dtype).element_size()
-    # around every limit (payload in the control line, the Python path's, the C helper's): the one
-    # above each goes another way
+    # around every limit (flagged words, the Python path's, the C helper's): the one above each goes
+    # another way
     limits = {
         shm_small.SMALL_MAX_BYTES // item,
         shm_small.NATIVE_SMALL_MAX_BYTES // item,  # ranks on CPUs of their own
         shm_small.NATIVE_SMALL_MAX_BYTES_SHARED_CPUS // item,  # more ranks than CPUs (3 or 4 here)
     }
     line = shm_small.LINE_PAYLOAD_BYTES // item
-    return [1, line, line + 1, 1000] + [n for most in sorted(limits) for n in (most - 1, most, most + 1)]
+    flagged = {shm_small.LL_MAX_BYTES // item, shm_small.LL_MAX_BYTES_SHARED_CPUS // item}
+    return [1, line, line + 1, *(n for most in sorted(flagged) for n in (most, most + 1)), 1000] + [
+        n for most in sorted(limits) for n in (most - 1, most, most + 1)
+    ]
 
 
 def _data(rank: int, numel: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -123,6 +126,7 @@ def many_small_calls(rank: int, world: int, calls: int, python_ranks: tuple[int,
     t = _transport(rank in python_ranks)
     buf = t.alloc(64, torch.float32)
     tiny = t.alloc(shm_small.LINE_PAYLOAD_BYTES // 4, torch.float32)  # rides in the control line
+    flagged = t.alloc(16, torch.float32)  # 64 B: posted as flagged words (as `buf`, 256 B)
     big = t.alloc(shm_small.NATIVE_SMALL_MAX_BYTES_SHARED_CPUS, torch.float32)  # 4x the largest limit
     pause = random.Random(rank + 100)
     wrong = []
@@ -134,13 +138,14 @@ def many_small_calls(rank: int, world: int, calls: int, python_ranks: tuple[int,
         want = torch.arange(64, dtype=torch.float32) * (world * (world + 1) / 2) + world * i
         if not torch.equal(buf, want):
             wrong.append(f"call {i}: {buf[:4].tolist()} != {want[:4].tolist()}")
-        for k in range(2):  # back to back: the second fills the line's other slot
+        for k in range(4):  # back to back: the second of each fills the other mailbox
             if pause.random() < 0.2:
                 time.sleep(pause.choice([0.00005, 0.0005]))
-            tiny.fill_(float(rank + i + k))
-            t.all_reduce(tiny)
-            if not bool((tiny == world * (world - 1) / 2 + world * (i + k)).all()):
-                wrong.append(f"call {i}.{k}: tiny {tiny.tolist()}")
+            small = tiny if k < 2 else flagged
+            small.fill_(float(rank + i + k))
+            t.all_reduce(small)
+            if not bool((small == world * (world - 1) / 2 + world * (i + k)).all()):
+                wrong.append(f"call {i}.{k}: {small.tolist()}")
         if i % 7 == 0:
             big.fill_(1.0)
             t.all_reduce(big)
@@ -193,6 +198,7 @@ def calls_on_one_cpu(rank: int, world: int, calls: int, numel: int = 1) -> dict:
     assert native is not None and barriers is not None
     out = {"wrong": wrong, "yielded": native.wait.yielded, "slow": native.wait.slow, "sleeps": t._ctl.sleeps}
     out |= {"barrier_yielded": barriers.wait.yielded, "barrier_slow": barriers.wait.slow}
+    out |= {"ll_max": t._mail.ll_max_bytes, "flagged": t._mail.flagged(numel * 4)}
     t.close()
     return out
 
@@ -203,10 +209,12 @@ def helper_or_skip():
         pytest.skip("no C compiler here: the C helper's wait is not in use")
 
 
-def test_ranks_sharing_one_cpu_hand_it_to_each_other_instead_of_sleeping(helper_or_skip):
+@pytest.mark.parametrize("numel", [1, 16], ids=["in-the-control-line", "flagged-words"])
+def test_ranks_sharing_one_cpu_hand_it_to_each_other_instead_of_sleeping(helper_or_skip, numel):
     calls = 2000
-    for got in run_ranks(calls_on_one_cpu, 2, calls, timeout_s=120):
+    for got in run_ranks(calls_on_one_cpu, 2, calls, numel, timeout_s=120):
         assert got["wrong"] == 0
+        assert got["ll_max"] == shm_small.LL_MAX_BYTES_SHARED_CPUS and got["flagged"] == (numel == 16)
         # a rank that arrives first (about every other call) finds its peer arrived once it has
         # yielded the CPU to it, and sleeps in the kernel almost never (a futex sleep and wake-up
         # cost ~3x as much). Not every such call: another process that takes the CPU during a
@@ -227,7 +235,8 @@ def test_the_in_place_paths_barriers_yield_to_peers_on_a_shared_cpu_too(helper_o
 def test_a_busy_process_on_the_shared_cpu_stops_the_yielding_for_a_while(helper_or_skip):
     # A yield that hands the CPU to a busy process costs its whole time slice; after one, the
     # helper stops yielding for a while, longer after each further one (without this backoff,
-    # 273 slow yields in 1500 calls here, against 6-18).
+    # 273 slow yields in 1500 calls here, against 6-37, and 75-96 yields in all on a later day's
+    # host: each yield that ends the wait halves the pause, so the two come in proportion).
     cpu = min(os.sched_getaffinity(0))
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -235,7 +244,7 @@ def test_a_busy_process_on_the_shared_cpu_stops_the_yielding_for_a_while(helper_
         calls = 1500
         for got in run_ranks(calls_on_one_cpu, 2, calls, timeout_s=300):
             assert got["wrong"] == 0
-            assert got["slow"] > 0 and got["slow"] + got["yielded"] < calls // 20, got
+            assert got["slow"] > 0 and got["slow"] + got["yielded"] < calls // 8, got
     finally:
         hog.kill()
         hog.wait()

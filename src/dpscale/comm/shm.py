@@ -179,7 +179,8 @@ class SharedMemoryTransport:
         native = None
         if helper is not None:
             native = NativeCalls(helper, wait == "block", shm_native.Wait(**self._ctl.native_wait()))
-        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native, python_max)
+        ll_max = shm_small.LL_MAX_BYTES_SHARED_CPUS if oversubscribed else shm_small.LL_MAX_BYTES
+        self._mail = Mailboxes(maps, _CTL_BYTES, capacity, self.rank, native, python_max, ll_max)
         # Where ranks share CPUs the in-place path's barriers first wait as the C helper does (it
         # yields to the peers), on a budget of their own: a peer that sums a large part for over a
         # millisecond then stops the barriers' yields, not the small all-reduces'. 4 ranks on 2

@@ -64,7 +64,7 @@ class Plan(ctypes.Structure):
         ("rank", ctypes.c_int32),
         ("dtype", ctypes.c_int32),
         ("wake", ctypes.c_int32),
-        ("unused", ctypes.c_int32),
+        ("ll", ctypes.c_int32),
         ("wait", ctypes.c_void_p),
     ]
 

@@ -14,10 +14,17 @@ Each rank adds every part in the order of `sum_order` (rank p's value first for 
 additions the in-place path makes, so the bits do not depend on which path a size takes and are
 the same on every rank (up to the payload of a NaN that is the sum of two NaNs, see sum_order.py).
 
-A tensor of up to `LINE_PAYLOAD_BYTES` rides in the sender's control line itself, after its arrival
-counter (shm_wait.py), in two slots that alternate like the mailboxes: a peer that sees the counter
-has the payload in the same cache-line transfer, where a mailbox costs a second one (at a few bytes
-these transfers between cores are most of the call).
+At a few bytes the transfers of cache lines between cores are most of the call, and a mailbox costs
+two in a row: a peer fetches the counter's line, sees the count, then fetches the mailbox's. So:
+- a tensor of up to `LINE_PAYLOAD_BYTES` rides in the sender's control line itself, after its
+  arrival counter (shm_wait.py), in two slots that alternate like the mailboxes: a peer that sees
+  the counter has the payload in the same transfer;
+- a larger one of up to `LL_MAX_BYTES` (a whole number of 4-byte pieces) is posted as flagged words,
+  after NCCL's LL ("low latency") protocol: each 8-byte word holds a 4-byte piece of the tensor and
+  the low 32 bits of the collective's number, so a peer waits on the words themselves and fetches
+  all of the mailbox's lines at once. The counter is still stored after the words, for a peer that
+  waits on it (the Python wait, a sleeper).
+Both paths lay out and read a size alike, so the layout depends on the tensor's size alone.
 
 For float32 and float64 the whole call is one call into C where the helper could be built
 (shm_native.py, shm_small.c): the same copy, counter and additions, without ~20 Python calls.
@@ -59,9 +66,21 @@ _NUMPY_DTYPES = (torch.float32, torch.float64)
 _NATIVE_DTYPES = {torch.float32: 0, torch.float64: 1}
 _WHAT = "all_reduce: inputs posted"
 # Payloads up to this size go in the control line (64 B: the 8 B counter, two 24 B slots; 24 keeps
-# float64 aligned), at these byte offsets, by the parity of the collective as the mailboxes
+# float64 aligned), at these byte offsets, by the parity of the collective as the mailboxes. (Below
+# it flagged words were slower, 0.75-0.78 against 0.70-0.72 us: they take a line besides the
+# counter's.)
 LINE_PAYLOAD_BYTES = 24
 _LINE_SLOTS = (8, 32)
+# Larger tensors up to this size (and a multiple of 4 bytes) are posted as flagged words, twice their
+# size in the mailbox. 2 ranks, C helper, against plain mailboxes in the same run (BENCHMARKS.md,
+# "Flagged words"): 28 B 0.75 against 0.89 us, 64 B 0.76 against 0.89, 128 B 0.85-0.91 against
+# 0.93-0.99, 256 B 0.93-0.97 against 0.94-0.99 (level: the doubled bytes cost what the transfer saves)
+LL_MAX_BYTES = 256
+# The same where the ranks share CPUs: 4 ranks on 2 cores, the time at 64 B against 4 B was the same
+# with flagged words as without (0.96x against 1.03x), but 1.10x against 0.98x at 128 B and 1.23x
+# against 1.05x at 256 B (6 runs each, in both orders)
+LL_MAX_BYTES_SHARED_CPUS = 64
+_LL_PIECE = 4  # bytes of the tensor in each 8-byte word
 # Operand lists remembered at most (by size and dtype; a job reduces a fixed set of them)
 _MAX_SHAPES = 1024
 
@@ -70,14 +89,19 @@ _MAX_SHAPES = 1024
 class _Terms:
     """What the one-round sum of a (numel, dtype) reads: the ranges [lo, hi) added in one order
     (`sum_order.ranges_in_order`), and per mailbox slot my mailbox as bytes and for every range
-    the ranks' copies of it in the order they are added; `in_line`: the mailboxes are the slots
-    in the control lines (a tensor of <= LINE_PAYLOAD_BYTES)."""
+    the ranks' copies of it in the order they are added; `in_line`: the mailboxes are the slots in
+    the control lines (a tensor of <= LINE_PAYLOAD_BYTES). With flagged words (`ll`) the mailboxes
+    are uint32 arrays (piece, flag, piece, flag, ...), `ll_boxes[slot][j]` rank j's, and the
+    copies are views of `decoded[j]`, where the Python sum first gathers rank j's pieces."""
 
     bounds: list[tuple[int, int]]
     inboxes: tuple[np.ndarray, np.ndarray]
     copies: tuple[list[list], list[list]]
     orders: list[list[int]]
     in_line: bool
+    ll: bool
+    ll_boxes: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+    decoded: list[np.ndarray] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +120,8 @@ class Mailboxes:
     (`maps[j]` is rank j's, mapped here; its first bytes are rank j's control line, which holds
     two more mailboxes of `LINE_PAYLOAD_BYTES` for the smallest tensors). With `native`
     the float32/float64 all-reduces run in the C helper, up to `capacity` bytes; the rest up to
-    `python_max_bytes` (default: `capacity`)."""
+    `python_max_bytes` (default: `capacity`). Tensors of `LINE_PAYLOAD_BYTES` < size <=
+    `ll_max_bytes` are posted as flagged words."""
 
     def __init__(
         self,
@@ -106,8 +131,10 @@ class Mailboxes:
         rank: int,
         native: NativeCalls | None = None,
         python_max_bytes: int | None = None,
+        ll_max_bytes: int = LL_MAX_BYTES,
     ):
         self.capacity = capacity
+        self.ll_max_bytes = min(ll_max_bytes, capacity // 2)
         self.python_max_bytes = capacity if python_max_bytes is None else min(python_max_bytes, capacity)
         self.rank = rank
         self.world_size = len(maps)
@@ -165,6 +192,7 @@ class Mailboxes:
             rank=self.rank,
             dtype=_NATIVE_DTYPES[flat.dtype],
             wake=int(self.native.wake),
+            ll=int(terms.ll),
             wait=ctypes.addressof(self.native.wait),
         )
         # everything the plan points to, kept alive as long as it
@@ -196,17 +224,35 @@ class Mailboxes:
     def _new_terms(self, numel: int, dtype: torch.dtype) -> _Terms:
         nbytes = numel * torch.empty(0, dtype=dtype).element_size()
         ranges = ranges_in_order(numel, self.world_size)
-        in_line = nbytes <= LINE_PAYLOAD_BYTES
-        inboxes, copies = [], []
-        for boxes in self.line_boxes if in_line else self.boxes:
-            ranks: list[Any] = [box[:nbytes].view(dtype) for box in boxes]
-            if dtype in _NUMPY_DTYPES:
-                ranks = [c.numpy() for c in ranks]
-            inboxes.append(boxes[self.rank][:nbytes].numpy())
-            copies.append([[ranks[j][lo:hi] for j in order] for lo, hi, order in ranges])
         bounds = [(lo, hi) for lo, hi, _ in ranges]
         orders = [order for _, _, order in ranges]
-        return _Terms(bounds, (inboxes[0], inboxes[1]), (copies[0], copies[1]), orders, in_line)
+        if self.flagged(nbytes):
+            # the sum reads every rank's pieces from `decoded`, gathered there from the words
+            words = [[box[: 2 * nbytes].numpy().view(np.uint32) for box in boxes] for boxes in self.boxes]
+            decoded = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(self.world_size)]
+            copies = _copies([d.view(dtype) for d in decoded], dtype, ranges)
+            inboxes = (words[0][self.rank], words[1][self.rank])
+            pieces = [d.numpy().view(np.uint32) for d in decoded]
+            return _Terms(
+                bounds, inboxes, (copies, copies), orders, False, True, (words[0], words[1]), pieces
+            )
+        in_line = nbytes <= LINE_PAYLOAD_BYTES
+        inboxes_, copies_ = [], []
+        for boxes in self.line_boxes if in_line else self.boxes:
+            inboxes_.append(boxes[self.rank][:nbytes].numpy())
+            copies_.append(_copies([box[:nbytes].view(dtype) for box in boxes], dtype, ranges))
+        return _Terms(bounds, (inboxes_[0], inboxes_[1]), (copies_[0], copies_[1]), orders, in_line, False)
+
+    def flagged(self, nbytes: int) -> bool:
+        """Whether a tensor of `nbytes` is posted as flagged words (on every rank alike)."""
+        return LINE_PAYLOAD_BYTES < nbytes <= self.ll_max_bytes and nbytes % _LL_PIECE == 0
+
+
+def _copies(ranks: list[torch.Tensor], dtype: torch.dtype, ranges: list) -> list[list]:
+    """For every range, the ranks' copies of it (`ranks[j]`: rank j's whole tensor) in the order
+    they are added; as numpy arrays where numpy sums."""
+    views: list[Any] = [c.numpy() for c in ranks] if dtype in _NUMPY_DTYPES else ranks
+    return [[views[j][lo:hi] for j in order] for lo, hi, order in ranges]
 
 
 @dataclass(frozen=True)
@@ -229,10 +275,11 @@ class _NativeCall:
 
 class SmallAllReduce:
     """The one-round all-reduce of one tensor: `run(counters)` does it all; its steps, for tests:
-    `post(slot)` copies it into my mailbox `slot`; once every peer has posted, `sum(slot)` writes
-    the sum of all mailboxes `slot` into it. With the C helper (`native`), a caller may instead
-    call `native.all_reduce(native.plan)` itself and, if that returns 1, `finish(counters)`: what
-    `run` does, one Python call fewer (the transport's hot path, shm.py)."""
+    `post(seq)` copies it into my mailbox for collective `seq` (its parity's); once every peer has
+    posted, `sum(seq & 1)` writes the sum of all those mailboxes into it. With the C helper
+    (`native`), a caller may instead call `native.all_reduce(native.plan)` itself and, if that
+    returns 1, `finish(counters)`: what `run` does, one Python call fewer (the transport's hot path,
+    shm.py)."""
 
     def __init__(self, tensor: torch.Tensor, terms: _Terms, native: _NativeCall | None = None):
         self.native = native
@@ -242,6 +289,9 @@ class SmallAllReduce:
         flat = tensor.detach().view(-1)
         self._source = flat.view(torch.uint8).numpy()
         self._inboxes = terms.inboxes
+        self._terms = terms
+        if terms.ll:
+            self._source = self._source.view(np.uint32)
         self._numpy = flat.dtype in _NUMPY_DTYPES
         if self._numpy:
             # per slot, the additions as (a, b, out) in order: one flat loop of numpy calls, whose
@@ -259,10 +309,10 @@ class SmallAllReduce:
             if native.all_reduce(native.plan):
                 self.finish(counters)
             return
-        slot = (counters.seq + 1) & 1  # mailboxes alternate with the arrival this call makes
-        self.post(slot)
+        seq = counters.seq + 1  # the arrival this call makes
+        self.post(seq)
         counters.wait_all(counters.arrive(), _WHAT)
-        self.sum(slot)
+        self.sum(seq & 1)
 
     def finish(self, counters: Counters) -> None:
         """After the C helper's call returned 1 (a peer did not arrive within its spin): wait for
@@ -279,13 +329,25 @@ class SmallAllReduce:
             self.tensor, self.future = tensor, completed(tensor)
         return self.future
 
-    def post(self, slot: int) -> None:
-        np.copyto(self._inboxes[slot], self._source)
+    def post(self, seq: int) -> None:
+        inbox = self._inboxes[seq & 1]
+        if self._terms.ll:
+            # every piece before any flag: a peer that sees a word's flag has its piece (x86-64
+            # keeps stores in order)
+            np.copyto(inbox[0::2], self._source)
+            inbox[1::2] = seq & 0xFFFFFFFF
+            return
+        np.copyto(inbox, self._source)
 
     def sum(self, slot: int) -> None:
         if self.native is not None:
             self.native.sum(self.native.plan, slot)
             return
+        terms = self._terms
+        if terms.ll:
+            assert terms.ll_boxes is not None and terms.decoded is not None
+            for words, decoded in zip(terms.ll_boxes[slot], terms.decoded, strict=True):
+                np.copyto(decoded, words[0::2])
         if self._numpy:
             # the additions of sum_into, with numpy's cheaper calls (the same IEEE adds in the same order)
             for a, b, out in self._adds[slot]:
