@@ -121,9 +121,20 @@ def test_flagged_words_hold_the_pieces_and_the_collectives_number():
     boxes = _ranks(2)[0]
     x = torch.arange(10, dtype=torch.float64) - 2.5  # 80 B: 20 pieces
     boxes.bind(x).post(7)
-    words = boxes.boxes[1][0][:160].numpy().view(np.uint32)  # mailbox 1: 7 is odd
+    words = boxes.ll_boxes[1][0][:160].numpy().view(np.uint32)  # mailbox 1: 7 is odd
     assert (words[1::2] == 7).all()
     assert np.array_equal(words[0::2], x.numpy().view(np.uint32))
+
+
+def test_flagged_words_have_mailboxes_no_plain_payload_writes():
+    # a plain payload may hold any bit pattern, the number of a later collective among them: in a
+    # mailbox the flagged words share, a peer could take it for a word already posted
+    boxes = _ranks(2)[0]
+    bits = torch.full((256,), 9, dtype=torch.int32)  # collective 9's flag, in every 4 bytes
+    for seq in (7, 8):
+        boxes.bind(bits.view(torch.float32)).post(seq)  # 1 KiB: a plain mailbox
+        boxes.bind(bits[:6].view(torch.float32)).post(seq)  # 24 B: the control line's slot
+    assert all(not bool(box.any()) for slot in boxes.ll_boxes for box in slot)
 
 
 def test_operand_lists_are_shared_by_size_and_bounded(monkeypatch):

@@ -53,8 +53,8 @@ _CHUNK_BYTES = 1 << 18  # a chunk's sum and the peer slice it is written to fit 
 # Regions remembered at most; a job reduces a fixed set (its buckets), so this only bounds a
 # caller that reduces ever-new tensors through the staging buffer.
 _MAX_REGIONS = 4096
-# A rank's control segment: its barrier line (shm_wait.py) on a page of its own, then its two
-# mailboxes for small all-reduces (shm_small.py)
+# A rank's control segment: its barrier line (shm_wait.py) and the mailboxes for flagged words on a
+# page of their own, then its two mailboxes for small all-reduces (shm_small.py)
 _CTL_BYTES = 4096
 
 

@@ -23,7 +23,11 @@ two in a row: a peer fetches the counter's line, sees the count, then fetches th
   after NCCL's LL ("low latency") protocol: each 8-byte word holds a 4-byte piece of the tensor and
   the low 32 bits of the collective's number, so a peer waits on the words themselves and fetches
   all of the mailbox's lines at once. The counter is still stored after the words, for a peer that
-  waits on it (the Python wait, a sleeper).
+  waits on it (the Python wait, a sleeper). These mailboxes are apart from the others, in the
+  control page, and hold nothing but flagged words: a word left from an earlier collective carries
+  that one's number, where a mailbox shared with plain payloads could hold any bit pattern, the
+  current number among them. (A stale word passes for a fresh one only after exactly a multiple of
+  2**32 collectives in between.)
 Both paths lay out and read a size alike, so the layout depends on the tensor's size alone.
 
 For float32 and float64 the whole call is one call into C where the helper could be built
@@ -81,6 +85,9 @@ LL_MAX_BYTES = 256
 # against 1.05x at 256 B (6 runs each, in both orders)
 LL_MAX_BYTES_SHARED_CPUS = 64
 _LL_PIECE = 4  # bytes of the tensor in each 8-byte word
+# their two mailboxes, in the control page (after the control lines, before `offset`), by parity
+_LL_SLOTS = (2048, 3072)
+_LL_BOX_BYTES = 1024  # flagged words of up to 512 B
 # Operand lists remembered at most (by size and dtype; a job reduces a fixed set of them)
 _MAX_SHAPES = 1024
 
@@ -118,7 +125,8 @@ class NativeCalls:
 class Mailboxes:
     """Every rank's two mailboxes of `capacity` bytes, at `offset` in its control segment
     (`maps[j]` is rank j's, mapped here; its first bytes are rank j's control line, which holds
-    two more mailboxes of `LINE_PAYLOAD_BYTES` for the smallest tensors). With `native`
+    two more mailboxes of `LINE_PAYLOAD_BYTES` for the smallest tensors, and the rest of the page
+    before `offset` two for flagged words). With `native`
     the float32/float64 all-reduces run in the C helper, up to `capacity` bytes; the rest up to
     `python_max_bytes` (default: `capacity`). Tensors of `LINE_PAYLOAD_BYTES` < size <=
     `ll_max_bytes` are posted as flagged words."""
@@ -134,7 +142,9 @@ class Mailboxes:
         ll_max_bytes: int = LL_MAX_BYTES,
     ):
         self.capacity = capacity
-        self.ll_max_bytes = min(ll_max_bytes, capacity // 2)
+        if not _LL_BOX_BYTES >= 2 * ll_max_bytes or offset < _LL_SLOTS[1] + _LL_BOX_BYTES:
+            raise ValueError(f"Mailboxes: no room for flagged words of {ll_max_bytes} B before {offset}")
+        self.ll_max_bytes = ll_max_bytes
         self.python_max_bytes = capacity if python_max_bytes is None else min(python_max_bytes, capacity)
         self.rank = rank
         self.world_size = len(maps)
@@ -145,6 +155,8 @@ class Mailboxes:
         self.line_boxes = (
             [[_bytes(m, at, LINE_PAYLOAD_BYTES) for m in maps] for at in _LINE_SLOTS] if capacity else []
         )
+        # and the flagged words' (ll_boxes[slot][j])
+        self.ll_boxes = [[_bytes(m, at, _LL_BOX_BYTES) for m in maps] for at in _LL_SLOTS] if capacity else []
         self._terms: dict[tuple[int, torch.dtype], _Terms] = {}
         self.native = native if capacity else None
         if self.native is not None:
@@ -153,6 +165,7 @@ class Mailboxes:
             self._lines = (ctypes.c_void_p * len(maps))(*lines)
             self._boxes = _addresses(self.boxes)
             self._line_boxes = _addresses(self.line_boxes)
+            self._ll_boxes = _addresses(self.ll_boxes)
 
     def fits(self, tensor: torch.Tensor) -> bool:
         in_c = self.native is not None and tensor.dtype in _NATIVE_DTYPES
@@ -177,7 +190,7 @@ class Mailboxes:
         flat = tensor.detach().view(-1)
         flat_bounds = [i for b in terms.bounds for i in b]
         flat_orders = [j for o in terms.orders for j in o]
-        boxes = self._line_boxes if terms.in_line else self._boxes
+        boxes = self._line_boxes if terms.in_line else self._ll_boxes if terms.ll else self._boxes
         bounds = (ctypes.c_int64 * len(flat_bounds))(*flat_bounds)
         orders = (ctypes.c_int32 * len(flat_orders))(*flat_orders)
         plan = Plan(
@@ -196,7 +209,8 @@ class Mailboxes:
             wait=ctypes.addressof(self.native.wait),
         )
         # everything the plan points to, kept alive as long as it
-        keep = (self._lines, boxes, self.boxes, self.line_boxes, bounds, orders, flat, self.native.wait)
+        mailboxes = (self.boxes, self.line_boxes, self.ll_boxes)
+        keep = (self._lines, boxes, mailboxes, bounds, orders, flat, self.native.wait)
         return _PlanRefs(plan, keep)
 
     def waiter(self, wait: Wait) -> _NativeCall:
@@ -228,7 +242,7 @@ class Mailboxes:
         orders = [order for _, _, order in ranges]
         if self.flagged(nbytes):
             # the sum reads every rank's pieces from `decoded`, gathered there from the words
-            words = [[box[: 2 * nbytes].numpy().view(np.uint32) for box in boxes] for boxes in self.boxes]
+            words = [[box[: 2 * nbytes].numpy().view(np.uint32) for box in boxes] for boxes in self.ll_boxes]
             decoded = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(self.world_size)]
             copies = _copies([d.view(dtype) for d in decoded], dtype, ranges)
             inboxes = (words[0][self.rank], words[1][self.rank])
