@@ -20,7 +20,8 @@ two in a row: a peer fetches the counter's line, sees the count, then fetches th
   arrival counter (shm_wait.py), in two slots that alternate like the mailboxes: a peer that sees
   the counter has the payload in the same transfer;
 - a larger one of up to `LL_MAX_BYTES` (a whole number of 4-byte pieces) is posted as flagged words,
-  after NCCL's LL ("low latency") protocol: each 8-byte word holds a 4-byte piece of the tensor and
+  after NCCL's LL ("low latency") protocol (`union ncclLLFifoLine`, src/include/device.h in
+  NVIDIA/nccl): each 8-byte word holds a 4-byte piece of the tensor and
   the low 32 bits of the collective's number, so a peer waits on the words themselves and fetches
   all of the mailbox's lines at once. The counter is still stored after the words, for a peer that
   waits on it (the Python wait, a sleeper). These mailboxes are apart from the others, in the
