@@ -186,6 +186,8 @@ def test_a_runs_log_of_its_own_gets_the_workers_output(tmp_path, way):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 1, p.stderr
     text = log.read_text()
-    assert "finally 0" in text and "finally 1" in text and "RuntimeError: the script's own error" in text
+    # both workers raise at once, but the agent stops the other one as soon as one has failed: a
+    # worker that had not reached its `finally` by then never prints it (seen once under load)
+    assert ("finally 0" in text or "finally 1" in text) and "RuntimeError: the script's own error" in text
     assert "dpscale: error: the script failed" in text  # the command's own line, after theirs
     assert "finally" not in p.stdout + p.stderr
