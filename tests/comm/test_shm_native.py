@@ -12,6 +12,7 @@ import mmap
 import os
 import stat
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,7 +107,7 @@ def test_a_c_rank_and_a_python_rank_reduce_together_and_keep_one_count(helper):
     c_rank = Mailboxes(maps, OFFSET, CAPACITY, 0, _native(helper, spin_ns=1_000_000))
     py_rank = Mailboxes(maps, OFFSET, CAPACITY, 1)
     for call in range(4):
-        xs = _data(2, 37, torch.float32, call)
+        xs = _data(2, 100, torch.float32, call)  # 400 B: above the flagged words, which only C posts
         outs = [x.clone() for x in xs]
         mine, theirs = c_rank.bind(outs[0]), py_rank.bind(outs[1])
         seq = ctl[1].seq + 1
@@ -117,6 +118,43 @@ def test_a_c_rank_and_a_python_rank_reduce_together_and_keep_one_count(helper):
         assert ctl[0].seq == ctl[1].seq == call + 1
         assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8))
         assert torch.equal(outs[0], xs[0] + xs[1])
+
+
+@needs_helper
+def test_which_sizes_are_posted_as_flagged_words(helper):
+    boxes = Mailboxes(_maps(2), OFFSET, CAPACITY, 0, _native(helper))
+    f32 = torch.float32
+    assert not boxes.flagged(shm_small.LINE_PAYLOAD_BYTES, f32)  # the control line's slots
+    assert boxes.flagged(shm_small.LINE_PAYLOAD_BYTES + 4, f32) and boxes.flagged(shm_small.LL_MAX_BYTES, f32)
+    assert not boxes.flagged(shm_small.LL_MAX_BYTES + 4, f32)
+    assert boxes.flagged(64, torch.float64) and not boxes.flagged(64, torch.bfloat16)  # C's dtypes only
+    shared = Mailboxes(_maps(2), OFFSET, CAPACITY, 0, _native(helper), ll_max_bytes=64)  # ranks share CPUs
+    assert shared.flagged(64, f32) and not shared.flagged(68, f32)
+    python = Mailboxes(_maps(2), OFFSET, CAPACITY, 0)  # no helper: the Python path posts plainly
+    assert not python.flagged(64, f32)
+
+
+@needs_helper
+def test_flagged_words_hold_the_pieces_and_the_collectives_number(helper):
+    boxes = Mailboxes(_maps(2), OFFSET, CAPACITY, 0, _native(helper))
+    x = torch.arange(10, dtype=torch.float64) - 2.5  # 80 B: 20 pieces
+    boxes.bind(x).post(7)
+    words = boxes.ll_boxes[1][0][:160].numpy().view(np.uint32)  # mailbox 1: 7 is odd
+    assert (words[1::2] == 7).all()
+    assert np.array_equal(words[0::2], x.numpy().view(np.uint32))
+
+
+@needs_helper
+def test_flagged_words_have_mailboxes_no_plain_payload_writes(helper):
+    # a plain payload may hold any bit pattern, the number of a later collective among them: in a
+    # mailbox the flagged words share, a peer could take it for a word already posted
+    boxes = Mailboxes(_maps(2), OFFSET, CAPACITY, 0, _native(helper))
+    bits = torch.full((256,), 9, dtype=torch.int32)  # collective 9's flag, in every 4 bytes
+    for seq in (7, 8):
+        boxes.bind(bits.view(torch.float32)).post(seq)  # 1 KiB: a plain mailbox
+        boxes.bind(bits[:6].view(torch.float32)).post(seq)  # 24 B: the control line's slot
+        boxes.bind(bits[:64].view(torch.bfloat16)).post(seq)  # 256 B, not C's: plain
+    assert all(not bool(box.any()) for slot in boxes.ll_boxes for box in slot)
 
 
 @needs_helper

@@ -8,13 +8,12 @@ and the in-place path is run on copies, one rank's part after the other, as the 
 
 import mmap
 
-import numpy as np
 import pytest
 import torch
 
 from dpscale.comm import shm_small
 from dpscale.comm.shm import _Region
-from dpscale.comm.shm_small import LINE_PAYLOAD_BYTES, LL_MAX_BYTES, SMALL_MAX_BYTES, Mailboxes
+from dpscale.comm.shm_small import LL_MAX_BYTES, SMALL_MAX_BYTES, Mailboxes
 
 OFFSET = 4096  # as the transport: the control line's page first
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -104,37 +103,6 @@ def test_what_fits():
     assert not boxes.fits(torch.zeros(4, 4).t())  # not contiguous
     assert not _ranks(1)[0].fits(torch.zeros(4))  # one rank: nothing to reduce
     assert not _ranks(2, capacity=0)[0].fits(torch.zeros(1))  # the path turned off
-
-
-def test_which_sizes_are_posted_as_flagged_words():
-    boxes = _ranks(2)[0]
-    assert not boxes.flagged(LINE_PAYLOAD_BYTES)  # the control line's slots
-    assert boxes.flagged(LINE_PAYLOAD_BYTES + 4) and boxes.flagged(LL_MAX_BYTES)
-    assert not boxes.flagged(LL_MAX_BYTES + 4)
-    assert not boxes.flagged(LINE_PAYLOAD_BYTES + 2)  # not whole 4-byte pieces
-    maps = [mmap.mmap(-1, OFFSET + 2 * SMALL_MAX_BYTES) for _ in range(2)]
-    shared = Mailboxes(maps, OFFSET, SMALL_MAX_BYTES, 0, ll_max_bytes=64)  # as where ranks share CPUs
-    assert shared.flagged(64) and not shared.flagged(68)
-
-
-def test_flagged_words_hold_the_pieces_and_the_collectives_number():
-    boxes = _ranks(2)[0]
-    x = torch.arange(10, dtype=torch.float64) - 2.5  # 80 B: 20 pieces
-    boxes.bind(x).post(7)
-    words = boxes.ll_boxes[1][0][:160].numpy().view(np.uint32)  # mailbox 1: 7 is odd
-    assert (words[1::2] == 7).all()
-    assert np.array_equal(words[0::2], x.numpy().view(np.uint32))
-
-
-def test_flagged_words_have_mailboxes_no_plain_payload_writes():
-    # a plain payload may hold any bit pattern, the number of a later collective among them: in a
-    # mailbox the flagged words share, a peer could take it for a word already posted
-    boxes = _ranks(2)[0]
-    bits = torch.full((256,), 9, dtype=torch.int32)  # collective 9's flag, in every 4 bytes
-    for seq in (7, 8):
-        boxes.bind(bits.view(torch.float32)).post(seq)  # 1 KiB: a plain mailbox
-        boxes.bind(bits[:6].view(torch.float32)).post(seq)  # 24 B: the control line's slot
-    assert all(not bool(box.any()) for slot in boxes.ll_boxes for box in slot)
 
 
 def test_operand_lists_are_shared_by_size_and_bounded(monkeypatch):

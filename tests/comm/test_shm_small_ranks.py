@@ -198,7 +198,7 @@ def calls_on_one_cpu(rank: int, world: int, calls: int, numel: int = 1) -> dict:
     assert native is not None and barriers is not None
     out = {"wrong": wrong, "yielded": native.wait.yielded, "slow": native.wait.slow, "sleeps": t._ctl.sleeps}
     out |= {"barrier_yielded": barriers.wait.yielded, "barrier_slow": barriers.wait.slow}
-    out |= {"ll_max": t._mail.ll_max_bytes, "flagged": t._mail.flagged(numel * 4)}
+    out |= {"ll_max": t._mail.ll_max_bytes, "flagged": t._mail.flagged(numel * 4, torch.float32)}
     t.close()
     return out
 

@@ -7,7 +7,8 @@
  * peer (or, when the ranks share CPUs, hand the CPU to them for a while: `struct dps_wait`), and
  * sum every rank's mailbox into the tensor in sum_order.py's order. The layout of the
  * control lines and mailboxes and the wake-up protocol are shm_wait.py's and shm_small.py's; a
- * rank on this path and a rank on the Python path interoperate. If a peer has not arrived within
+ * rank on this path and a rank on the Python path interoperate (but for flagged words, which only
+ * this path posts: a transport takes it on every rank or on none). If a peer has not arrived within
  * the spin (and the yields), the call returns 1, the Python wait policy (futex sleep, timeout
  * with the rank's name) takes over, and dps_small_sum finishes.
  *
