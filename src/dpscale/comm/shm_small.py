@@ -78,10 +78,11 @@ _WHAT = "all_reduce: inputs posted"
 # counter's.)
 LINE_PAYLOAD_BYTES = 24
 _LINE_SLOTS = (8, 32)
-# Larger tensors up to this size (and a multiple of 4 bytes) are posted as flagged words, twice their
-# size in the mailbox. 2 ranks, C helper, against plain mailboxes in the same run (BENCHMARKS.md,
-# "Flagged words"): 28 B 0.75 against 0.89 us, 64 B 0.76 against 0.89, 128 B 0.85-0.91 against
-# 0.93-0.99, 256 B 0.93-0.97 against 0.94-0.99 (level: the doubled bytes cost what the transfer saves)
+# Larger float32/float64 tensors up to this size are posted as flagged words by the C helper, twice
+# their size in the mailbox. 2 ranks, against plain mailboxes in the same runs (BENCHMARKS.md,
+# "Flagged words"): 28 B 0.72-0.73 against 0.87-0.90 us, 64 B 0.72 against 0.87-0.90, 128 B 0.78
+# against 0.90-0.91, 256 B 0.85-0.86 against 0.92-0.93; past it the doubled bytes cost what the
+# transfer saves (512 B level, 1-2 KiB 5-10% slower in a C harness)
 LL_MAX_BYTES = 256
 # The same where the ranks share CPUs: 4 ranks on 2 cores, the time at 64 B against 4 B was the same
 # with flagged words as without (0.96x against 1.03x), but 1.10x against 0.98x at 128 B and 1.23x
