@@ -130,8 +130,8 @@ class Mailboxes:
     two more mailboxes of `LINE_PAYLOAD_BYTES` for the smallest tensors, and the rest of the page
     before `offset` two for flagged words). With `native`
     the float32/float64 all-reduces run in the C helper, up to `capacity` bytes; the rest up to
-    `python_max_bytes` (default: `capacity`). Those of `LINE_PAYLOAD_BYTES` < size <=
-    `ll_max_bytes` are posted as flagged words."""
+    `python_max_bytes` (default: `capacity`). The C helper posts those of `LINE_PAYLOAD_BYTES` <
+    size <= `ll_max_bytes` as flagged words."""
 
     def __init__(
         self,
