@@ -17,7 +17,8 @@
  * the low 32 bits of the collective's number, stored at once, so a peer's word is valid as soon as
  * it carries this call's number. Peers then wait on the words themselves and fetch all of a
  * mailbox's lines at once, where waiting on the counter fetches the counter's line and only then
- * the mailbox's: 2 ranks, 28-64 B, 0.75 against 0.89 us a call (BENCHMARKS.md, "Flagged words").
+ * the mailbox's: 2 ranks, 28-64 B, 0.72 against 0.87-0.90 us a call (BENCHMARKS.md, "Flagged
+ * words").
  * The counter is still stored after the words, for sleepers and the Python wait.
  *
  * Built without -ffast-math and with -ffp-contract=off: every addition is one IEEE addition of

@@ -19,7 +19,7 @@ two in a row: a peer fetches the counter's line, sees the count, then fetches th
 - a tensor of up to `LINE_PAYLOAD_BYTES` rides in the sender's control line itself, after its
   arrival counter (shm_wait.py), in two slots that alternate like the mailboxes: a peer that sees
   the counter has the payload in the same transfer;
-- a larger one of up to `LL_MAX_BYTES` (a whole number of 4-byte pieces) is posted as flagged words,
+- a larger float32/float64 one of up to `LL_MAX_BYTES` is posted as flagged words by the C helper,
   after NCCL's LL ("low latency") protocol (`union ncclLLFifoLine`, src/include/device.h in
   NVIDIA/nccl): each 8-byte word holds a 4-byte piece of the tensor and
   the low 32 bits of the collective's number, so a peer waits on the words themselves and fetches
@@ -88,7 +88,6 @@ LL_MAX_BYTES = 256
 # with flagged words as without (0.96x against 1.03x), but 1.10x against 0.98x at 128 B and 1.23x
 # against 1.05x at 256 B (6 runs each, in both orders)
 LL_MAX_BYTES_SHARED_CPUS = 64
-_LL_PIECE = 4  # bytes of the tensor in each 8-byte word
 # their two mailboxes, in the control page (after the control lines, before `offset`), by parity
 _LL_SLOTS = (2048, 3072)
 _LL_BOX_BYTES = 1024  # flagged words of up to 512 B
@@ -144,7 +143,7 @@ class Mailboxes:
         ll_max_bytes: int = LL_MAX_BYTES,
     ):
         self.capacity = capacity
-        if not _LL_BOX_BYTES >= 2 * ll_max_bytes or offset < _LL_SLOTS[1] + _LL_BOX_BYTES:
+        if 2 * ll_max_bytes > _LL_BOX_BYTES or offset < _LL_SLOTS[1] + _LL_BOX_BYTES:
             raise ValueError(f"Mailboxes: no room for flagged words of {ll_max_bytes} B before {offset}")
         self.ll_max_bytes = ll_max_bytes
         self.python_max_bytes = capacity if python_max_bytes is None else min(python_max_bytes, capacity)
@@ -157,10 +156,14 @@ class Mailboxes:
         self.line_boxes = (
             [[_bytes(m, at, LINE_PAYLOAD_BYTES) for m in maps] for at in _LINE_SLOTS] if capacity else []
         )
-        # and the flagged words' (ll_boxes[slot][j])
-        self.ll_boxes = [[_bytes(m, at, _LL_BOX_BYTES) for m in maps] for at in _LL_SLOTS] if capacity else []
         self._terms: dict[tuple[int, torch.dtype], _Terms] = {}
         self.native = native if capacity else None
+        # and the flagged words' (ll_boxes[slot][j]), which only the C helper posts
+        self.ll_boxes = (
+            [[_bytes(m, at, _LL_BOX_BYTES) for m in maps] for at in _LL_SLOTS]
+            if self.native is not None
+            else []
+        )
         if self.native is not None:
             # the C helper's view of the layout: control lines and mailboxes by address
             lines = [_bytes(m, 0, 8).data_ptr() for m in maps]
@@ -243,22 +246,22 @@ class Mailboxes:
         bounds = [(lo, hi) for lo, hi, _ in ranges]
         orders = [order for _, _, order in ranges]
         if self.flagged(nbytes, dtype):
-            inboxes = tuple(boxes[self.rank][: 2 * nbytes].numpy().view(np.uint32) for boxes in self.ll_boxes)
-            return _Terms(bounds, (inboxes[0], inboxes[1]), ([], []), orders, in_line=False, ll=True)
+            words = [boxes[self.rank][: 2 * nbytes].numpy().view(np.uint32) for boxes in self.ll_boxes]
+            return _Terms(bounds, (words[0], words[1]), ([], []), orders, in_line=False, ll=True)
         in_line = nbytes <= LINE_PAYLOAD_BYTES
-        inboxes_, copies_ = [], []
+        inboxes, copies = [], []
         for boxes in self.line_boxes if in_line else self.boxes:
-            inboxes_.append(boxes[self.rank][:nbytes].numpy())
-            copies_.append(_copies([box[:nbytes].view(dtype) for box in boxes], dtype, ranges))
-        return _Terms(bounds, (inboxes_[0], inboxes_[1]), (copies_[0], copies_[1]), orders, in_line, ll=False)
+            inboxes.append(boxes[self.rank][:nbytes].numpy())
+            copies.append(_copies([box[:nbytes].view(dtype) for box in boxes], dtype, ranges))
+        return _Terms(bounds, (inboxes[0], inboxes[1]), (copies[0], copies[1]), orders, in_line, ll=False)
 
     def flagged(self, nbytes: int, dtype: torch.dtype) -> bool:
-        """Whether a tensor of `nbytes` and `dtype` is posted as flagged words (by the C helper)."""
+        """Whether a tensor of `nbytes` and `dtype` is posted as flagged words (by the C helper;
+        its dtypes are whole 4-byte pieces)."""
         return (
             self.native is not None
             and dtype in _NATIVE_DTYPES
             and LINE_PAYLOAD_BYTES < nbytes <= self.ll_max_bytes
-            and nbytes % _LL_PIECE == 0
         )
 
 
